@@ -1,0 +1,57 @@
+// Package gpu is the backend-neutral device interface of stablegraph.
+//
+// It plays the role that database/sql/driver plays for databases: it names
+// what a backend must provide (devices, streams, events, device memory,
+// virtual memory, host-visible timeline memory, modules and kernels, graphs)
+// and nothing else. Policy (allocation, replay strategies, stream caching,
+// locking above the driver) lives in the packages built on top of it.
+//
+// # Two audiences
+//
+// Users of stablegraph rarely touch this package directly: they write
+// programs against the root package and let it drive a Backend. Backend
+// authors implement Backend and register a Driver from an init function:
+//
+//	func init() { gpu.Register("sim", simDriver{}) }
+//
+// Open picks a registered driver by name; "auto" prefers "cuda" when a driver
+// library and at least one device are present and falls back to "sim",
+// returning the reason for its choice.
+//
+// # Handles
+//
+// Streams, events, allocations, graphs and so on are opaque typed handles
+// (Stream, Event, PhysMem, Graph, ...). Their numeric value means something
+// only to the backend that issued them. The zero value of every handle type
+// is invalid; a backend returns ErrInvalidHandle for it.
+//
+// # Concurrency
+//
+// A Backend is safe for concurrent use by multiple goroutines, with one
+// exception taken from the CUDA driver documentation: a Graph, and the
+// GraphExec instantiated from it, must not be used from two goroutines at
+// once (building, instantiating, cloning, updating and launching one graph
+// must be serialised by the caller). Work submitted to one Stream runs in
+// submission order; work on different streams may overlap.
+//
+// # Contexts
+//
+// Every handle belongs to one device. A backend makes that device's context
+// current on the calling OS thread for each call, including destruction and
+// queries made from other goroutines or finalizers; callers never manage
+// contexts themselves.
+//
+// # Errors
+//
+// Every error a backend returns wraps one of the sentinels in errors.go, so
+// callers test with errors.Is. Backend errors also name the entry point that
+// failed and, for CUDA, keep the CUresult name and number (see Error).
+//
+// # Optional capabilities
+//
+// Virtual memory management and stream memory operations are part of the
+// interface, but not every device supports them. Use VirtualMemoryOf and
+// StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
+// return ErrNotSupported with the reason when a device cannot do it.
+// Collectives will be an optional interface discovered the same way.
+package gpu
