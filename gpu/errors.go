@@ -40,6 +40,9 @@ var (
 	// refused; the error is an *UpdateError that says why. The executable
 	// graph is unchanged and still usable.
 	ErrGraphUpdate = errors.New("gpu: graph exec update refused")
+	// ErrNotReady: the work a query or EventElapsed asks about has not
+	// completed yet; ask again later.
+	ErrNotReady = errors.New("gpu: not ready")
 	// ErrNotFound: a named kernel or symbol does not exist in the module.
 	ErrNotFound = errors.New("gpu: not found")
 	// ErrTimeout: a wait passed its deadline.
