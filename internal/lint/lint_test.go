@@ -1,0 +1,164 @@
+// Package lint holds tests that enforce stablegraph's house rules over the
+// whole source tree, the way Pebble's internal/lint does: rules written as
+// tests fail CI instead of living in a style guide nobody rereads.
+package lint
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// getenvAllowed lists the files that may read the environment: options are
+// read in one place per backend (ARCHITECTURE.md rule 10).
+var getenvAllowed = map[string]bool{
+	"gpu/cuda/options.go":    true,
+	"cmd/stablegraph/env.go": true,
+}
+
+// panicAllowed lists the library files that may panic: registration of a
+// nil or duplicate driver at init is a programming error, as in database/sql.
+var panicAllowed = map[string]bool{
+	"gpu/registry.go": true,
+}
+
+type goFile struct {
+	rel  string
+	file *ast.File
+	fset *token.FileSet
+}
+
+func sourceFiles(t *testing.T) []goFile {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []goFile
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, path)
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		files = append(files, goFile{rel: filepath.ToSlash(rel), file: f, fset: fset})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 5 {
+		t.Fatalf("found only %d Go files under %s: the walk is broken", len(files), root)
+	}
+	return files
+}
+
+func isTest(rel string) bool {
+	return strings.HasSuffix(rel, "_test.go") || strings.Contains(rel, "/gputest/") ||
+		strings.HasPrefix(rel, "internal/lint/")
+}
+
+// callName returns "pkg.Func" for a selector call and "func" for a plain one.
+func callName(c *ast.CallExpr) string {
+	switch fn := c.Fun.(type) {
+	case *ast.SelectorExpr:
+		if id, ok := fn.X.(*ast.Ident); ok {
+			return id.Name + "." + fn.Sel.Name
+		}
+	case *ast.Ident:
+		return fn.Name
+	}
+	return ""
+}
+
+// imports reports whether f imports path, and under which local name.
+func imports(f *ast.File, path string) (string, bool) {
+	for _, imp := range f.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		if p == path {
+			if imp.Name != nil {
+				return imp.Name.Name, true
+			}
+			return filepath.Base(path), true
+		}
+	}
+	return "", false
+}
+
+func TestNoScatteredGetenv(t *testing.T) {
+	for _, gf := range sourceFiles(t) {
+		name, ok := imports(gf.file, "os")
+		if !ok || isTest(gf.rel) || getenvAllowed[gf.rel] {
+			continue
+		}
+		ast.Inspect(gf.file, func(n ast.Node) bool {
+			if c, ok := n.(*ast.CallExpr); ok {
+				switch callName(c) {
+				case name + ".Getenv", name + ".LookupEnv", name + ".Environ":
+					t.Errorf("%s: %s reads the environment; read options in one place (see getenvAllowed)",
+						gf.fset.Position(c.Pos()), callName(c))
+				}
+			}
+			return true
+		})
+	}
+}
+
+func TestNoPanicInLibraryCode(t *testing.T) {
+	for _, gf := range sourceFiles(t) {
+		if isTest(gf.rel) || panicAllowed[gf.rel] || gf.file.Name.Name == "main" {
+			continue
+		}
+		ast.Inspect(gf.file, func(n ast.Node) bool {
+			if c, ok := n.(*ast.CallExpr); ok && callName(c) == "panic" {
+				t.Errorf("%s: panic in library code; return an error", gf.fset.Position(c.Pos()))
+			}
+			return true
+		})
+	}
+}
+
+// TestPackagesHaveDocs checks that every non-main package has a package doc
+// comment saying what it is for.
+func TestPackagesHaveDocs(t *testing.T) {
+	documented := map[string]bool{}
+	dirs := map[string]bool{}
+	for _, gf := range sourceFiles(t) {
+		if strings.HasSuffix(gf.rel, "_test.go") {
+			continue
+		}
+		dir := filepath.Dir(gf.rel)
+		dirs[dir] = true
+		if gf.file.Doc != nil && len(strings.TrimSpace(gf.file.Doc.Text())) > 20 {
+			documented[dir] = true
+		}
+	}
+	for dir := range dirs {
+		if !documented[dir] {
+			t.Errorf("package in %s has no package doc comment", dir)
+		}
+	}
+	if _, err := os.Stat("../../go.mod"); err != nil {
+		t.Fatal("lint must run from internal/lint inside the module")
+	}
+}
