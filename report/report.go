@@ -1,0 +1,171 @@
+// Package report is the data model and the renderers of a stablegraph bench
+// run: every replay strategy run side by side on one workload, summarised as
+// JSON, as a text table and as a chart of per-step time. It does not depend
+// on the runtime; the bench command fills a Report and hands it here.
+//
+// # JSON
+//
+// The JSON form is a stable interface read by scripts that compare runs:
+//
+//	{
+//	  "backend": "sim", "device": "sim device 0", "workload": "mlp", "steps": 100,
+//	  "results": [
+//	    {
+//	      "strategy": "eager",
+//	      "step_us": {"p50": 12.5, "p90": 14.0},
+//	      "host_us": {"p50": 30.1, "p90": 33.9},
+//	      "rerecords": 0, "graph_updates": 0, "patched_nodes": 0, "bytes_copied": 0,
+//	      "peak_device_bytes": 1048576, "outputs_match_eager": true,
+//	      "step_samples_us": [...], "host_samples_us": [...]
+//	    }
+//	  ]
+//	}
+//
+// step_us is GPU time per step (events around the step), host_us host time
+// per step (the host clock around the call). The counters are totals over the
+// measured steps. The per-step samples are kept under their own keys and may
+// be absent; "note" (absent when empty) records why a strategy fell back or
+// failed.
+//
+// # Percentiles
+//
+// Percentile interpolates linearly between the two closest ranks of the
+// sorted samples (the "linear" or R-7 method, numpy's default): the p-th
+// percentile of n sorted samples x[0..n-1] is x[h] interpolated at
+// h = (n-1)·p/100. p50 of an even count is the mean of the two middle
+// samples; p90 of 10 samples lies 10% of the way from x[8] to x[9].
+//
+// # Concurrency
+//
+// A Report is plain data. Renderers only read it; concurrent renders of one
+// Report are safe as long as nobody writes to it meanwhile.
+package report
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+)
+
+// Report is the outcome of one bench run.
+type Report struct {
+	Backend  string   `json:"backend"`  // registered backend name ("sim", "cuda")
+	Device   string   `json:"device"`   // device description
+	Workload string   `json:"workload"` // workload name and shape
+	Steps    int      `json:"steps"`    // measured steps per strategy
+	Results  []Result `json:"results"`  // one per strategy, in run order
+}
+
+// Result is one strategy's measurements over the measured steps.
+type Result struct {
+	Strategy string `json:"strategy"`
+	// StepUS is GPU time per step, microseconds.
+	StepUS Percentiles `json:"step_us"`
+	// HostUS is host time per step, microseconds.
+	HostUS Percentiles `json:"host_us"`
+
+	// Totals over the measured steps.
+	Rerecords    int64 `json:"rerecords"`
+	GraphUpdates int64 `json:"graph_updates"`
+	PatchedNodes int64 `json:"patched_nodes"`
+	BytesCopied  int64 `json:"bytes_copied"`
+
+	// PeakDeviceBytes is the most device memory the executable held.
+	PeakDeviceBytes uint64 `json:"peak_device_bytes"`
+	// OutputsMatchEager is true when every step's outputs equal, bit for
+	// bit, those of the eager run on the same inputs.
+	OutputsMatchEager bool `json:"outputs_match_eager"`
+
+	// StepSamplesUS and HostSamplesUS are the per-step times behind the
+	// percentiles, in step order (for plotting).
+	StepSamplesUS []float64 `json:"step_samples_us,omitempty"`
+	HostSamplesUS []float64 `json:"host_samples_us,omitempty"`
+
+	// Note says why the strategy fell back or failed; empty otherwise.
+	Note string `json:"note,omitempty"`
+}
+
+// Percentiles summarise samples, in the unit of the field that holds them.
+type Percentiles struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+}
+
+// Summarize returns the p50 and p90 of samples (zero for no samples). It
+// does not modify samples.
+func Summarize(samples []float64) Percentiles {
+	return Percentiles{P50: Percentile(samples, 50), P90: Percentile(samples, 90)}
+}
+
+// Percentile returns the p-th percentile (0 <= p <= 100, clamped) of
+// samples by linear interpolation between closest ranks (see the package
+// doc). It returns 0 for no samples, so that the result always encodes as
+// JSON. NaN samples sort first. samples is not modified.
+func Percentile(samples []float64, p float64) float64 {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	return sortedPercentile(s, p)
+}
+
+func sortedPercentile(s []float64, p float64) float64 {
+	p = math.Max(0, math.Min(100, p))
+	h := float64(len(s)-1) * p / 100
+	lo := int(math.Floor(h))
+	hi := min(lo+1, len(s)-1)
+	return s[lo] + (h-float64(lo))*(s[hi]-s[lo])
+}
+
+// SetSamples stores step and host samples (microseconds) in r and fills
+// StepUS and HostUS from them.
+func (r *Result) SetSamples(stepUS, hostUS []float64) {
+	r.StepSamplesUS = stepUS
+	r.HostSamplesUS = hostUS
+	r.StepUS = Summarize(stepUS)
+	r.HostUS = Summarize(hostUS)
+}
+
+// Result returns the result for strategy, and false when there is none.
+func (r *Report) Result(strategy string) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Strategy == strategy {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
+// WriteJSON writes r as indented JSON. Samples are included unless
+// withSamples is false.
+func (r *Report) WriteJSON(w io.Writer, withSamples bool) error {
+	out := *r
+	if !withSamples {
+		out.Results = slices.Clone(r.Results)
+		for i := range out.Results {
+			out.Results[i].StepSamplesUS = nil
+			out.Results[i].HostSamplesUS = nil
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(&out); err != nil {
+		return fmt.Errorf("report: write json: %w", err)
+	}
+	return nil
+}
+
+// ReadJSON decodes a report written by WriteJSON. Unknown fields are
+// rejected, so that a misspelt key is found rather than silently dropped.
+func ReadJSON(rd io.Reader) (*Report, error) {
+	dec := json.NewDecoder(rd)
+	dec.DisallowUnknownFields()
+	var r Report
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("report: read json: %w", err)
+	}
+	return &r, nil
+}
