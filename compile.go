@@ -1,0 +1,224 @@
+package stablegraph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"stablegraph/gpu"
+	"stablegraph/graph"
+	"stablegraph/trace"
+)
+
+// Compile validates p, assigns and allocates the executable's own memory
+// (states and constants one allocation each, temps one shared arena), loads
+// the kernels, and returns an Executable that runs p on opts.Device with
+// opts.Strategy. A bad program fails with errors wrapping ErrInvalidProgram
+// before anything is allocated; a device failure releases everything
+// created before it.
+func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *Executable, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	opts, err = opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if b == nil {
+		return nil, fmt.Errorf("stablegraph: compile %q: nil backend", p.name)
+	}
+	if n := b.DeviceCount(); opts.Device >= n {
+		return nil, fmt.Errorf("stablegraph: compile %q: device %d out of range (%d devices): %w", p.name, opts.Device, n, gpu.ErrInvalidValue)
+	}
+	if err := p.check(); err != nil {
+		return nil, err
+	}
+	e := &Executable{
+		b:    b,
+		dev:  opts.Device,
+		opts: opts,
+		log:  opts.Logger.With("program", p.name, "strategy", string(opts.Strategy)),
+		prog: p,
+		name: p.name,
+		bufs: append([]bufDecl(nil), p.bufs...),
+	}
+	// Snapshot the commands too: later declarations must not reach into
+	// this executable.
+	cmds := append([]cmdDecl(nil), p.cmds...)
+	for i, d := range e.bufs {
+		if d.class == Param || d.class == Output {
+			e.bound = append(e.bound, i)
+		}
+		if d.class == Output {
+			e.outputs = append(e.outputs, i)
+		}
+	}
+	e.mu.addrs = make([]gpu.DevicePtr, len(e.bufs))
+	e.mu.owned = make([]gpu.DevicePtr, len(e.bufs))
+	e.mu.boundGen = make([]uint64, len(e.bufs))
+	defer func() {
+		if err != nil {
+			err = errors.Join(fmt.Errorf("stablegraph: compile %q: %w", p.name, err), e.releaseLocked())
+		}
+	}()
+	if err := e.loadModules(p); err != nil {
+		return nil, err
+	}
+	if err := e.allocate(cmds); err != nil {
+		return nil, err
+	}
+	if e.mu.capture, err = b.StreamCreate(e.dev, gpu.StreamNonBlocking, 0); err != nil {
+		return nil, fmt.Errorf("capture stream: %w", err)
+	}
+	if e.mu.done, err = b.EventCreate(e.dev, gpu.EventDisableTiming); err != nil {
+		return nil, fmt.Errorf("step event: %w", err)
+	}
+	e.mu.tr = trace.NewTracer(b, e.dev, e.mu.capture, trace.Options{
+		CacheSize: opts.TraceCacheSize,
+		Kernels:   e.kernel,
+		Logger:    e.log,
+	})
+	if e.cb, err = e.buildCommands(cmds); err != nil {
+		return nil, err
+	}
+	if e.mu.strat, err = newStrategy(e, opts.Strategy); err != nil {
+		return nil, err
+	}
+	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs),
+		"temp_bytes", e.mem.Temps, "temp_bytes_unshared", e.mem.TempsUnshared)
+	return e, nil
+}
+
+// loadModules loads the built-in kernels and p's modules and resolves every
+// kernel they define.
+func (e *Executable) loadModules(p *Program) error {
+	e.funcs = map[string]gpu.Function{}
+	for _, img := range p.images() {
+		m, err := e.b.ModuleLoad(e.dev, img)
+		if err != nil {
+			return fmt.Errorf("load module %s: %w", img.Name, err)
+		}
+		e.mu.modules = append(e.mu.modules, m)
+		for _, k := range img.Kernels {
+			f, err := e.b.ModuleFunction(m, k.Name)
+			if err != nil {
+				return fmt.Errorf("module %s: kernel %s: %w", img.Name, k.Name, err)
+			}
+			e.funcs[k.Name] = f
+		}
+	}
+	return nil
+}
+
+// kernel resolves a kernel name for traced functions.
+func (e *Executable) kernel(name string) (gpu.Function, error) {
+	if f, ok := e.funcs[name]; ok {
+		return f, nil
+	}
+	return 0, gpu.Errorf("stablegraph.kernel", gpu.ErrNotFound, "kernel %s is not loaded in executable %q", name, e.name)
+}
+
+// allocate gives every state and constant its own allocation (so a fault
+// names the buffer's own range) and the temps one arena laid out by
+// planTemps, then zeroes the states and writes the constants.
+func (e *Executable) allocate(cmds []cmdDecl) error {
+	align := e.opts.Alignment
+	for i, d := range e.bufs {
+		if d.class != State && d.class != Constant {
+			continue
+		}
+		size := gpu.RoundUp(uint64(d.size), align)
+		ptr, err := e.b.MemAlloc(e.dev, size)
+		if err != nil {
+			return fmt.Errorf("allocate %s %q (%d bytes): %w", d.class, d.name, size, err)
+		}
+		e.mu.owned[i] = ptr
+		e.mu.addrs[i] = ptr
+		if d.class == State {
+			e.mem.States += size
+			err = e.b.Memset(gpu.Memset{Dst: ptr, ElemSize: 1, Count: uint64(d.size)})
+		} else {
+			e.mem.Constants += size
+			err = e.b.MemcpyHtoD(ptr, d.data)
+		}
+		if err != nil {
+			return fmt.Errorf("initialise %s %q: %w", d.class, d.name, err)
+		}
+	}
+	plan := planTemps(e.bufs, cmds, align, !e.opts.NoTempSharing)
+	e.mem.Temps, e.mem.TempsUnshared = plan.size, plan.unshared
+	if plan.size > 0 {
+		arena, err := e.b.MemAlloc(e.dev, plan.size)
+		if err != nil {
+			return fmt.Errorf("allocate temps (%d bytes): %w", plan.size, err)
+		}
+		e.mu.arena = arena
+		for id, off := range plan.off {
+			e.mu.addrs[id] = arena.Add(off)
+		}
+	}
+	return nil
+}
+
+// buildCommands lowers the declared commands to a graph.CommandBuffer:
+// kernels resolved, slices turned into buffer references, GEMMs and traced
+// commands registered with the tracer.
+func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error) {
+	cmds := make([]graph.Command, len(decls))
+	for i := range decls {
+		d := &decls[i]
+		c := &cmds[i]
+		c.Name = fmt.Sprintf("command %d (%s)", i, d.label())
+		ref := func(j int) graph.Ref {
+			s := d.args[j].slice
+			return graph.Ref{Buf: s.buf.id, Off: uint64(s.off)}
+		}
+		switch d.kind {
+		case cmdLaunch:
+			c.Kind = graph.KindKernel
+			c.Func = e.funcs[d.kernel]
+			c.Config = d.cfg
+			c.Args = make([]graph.Arg, len(d.args))
+			for j, a := range d.args {
+				c.Args[j] = graph.Arg{Value: a.val}
+				if a.IsSlice() {
+					c.Args[j].Ref = ref(j)
+				}
+			}
+		case cmdMemcpy:
+			c.Kind = graph.KindMemcpy
+			c.Dst, c.Src, c.Size = ref(0), ref(1), uint64(d.args[0].slice.n)
+		case cmdMemset:
+			c.Kind = graph.KindMemset
+			c.Dst, c.Value, c.ElemSize = ref(0), d.value, d.elemSize
+			c.Count = uint64(d.args[0].slice.n) / uint64(d.elemSize)
+		case cmdGemm, cmdTrace:
+			c.Kind = graph.KindTraced
+			fn := d.fn
+			if d.kind == cmdGemm {
+				fn = gemmFunc(d.gemm)
+			}
+			// Operands are the distinct buffers of the slices, so two
+			// slices of one buffer move together.
+			var uses []trace.Use
+			var sizes []uint64
+			for _, a := range d.args {
+				id := a.slice.buf.id
+				k := -1
+				for o, b := range c.Operands {
+					if b == id {
+						k = o
+					}
+				}
+				if k < 0 {
+					k = len(c.Operands)
+					c.Operands = append(c.Operands, id)
+					sizes = append(sizes, uint64(e.bufs[id].size))
+				}
+				uses = append(uses, trace.Use{Operand: k, Off: uint64(a.slice.off)})
+			}
+			c.Trace = e.mu.tr.NewCommand(c.Name, fn, uses, sizes)
+		}
+	}
+	return graph.New(e.dev, len(e.bufs), cmds, e.mu.tr)
+}

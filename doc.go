@@ -1,0 +1,62 @@
+// Package stablegraph runs a GPU step program (kernels, library calls such
+// as GEMMs, copies, memsets) thousands of times at the cost of one graph
+// launch per step, even when the caller hands it buffers at new device
+// addresses every step. See ARCHITECTURE.md for the design.
+//
+// # Programs
+//
+// A Program declares buffers by class (Param, State, Temp, Output,
+// Constant; see Class) and an ordered list of commands over slices of them:
+//
+//	p := stablegraph.NewProgram("mlp")
+//	x := p.Param("x", 4*batch*width)
+//	w := p.State("w", 4*width*width)
+//	b := p.Constant("b", biasBytes)
+//	h := p.Temp("h", 4*batch*width)
+//	y := p.Output("y", 4*batch*width)
+//	p.Gemm(h.All(), x.All(), w.All(), stablegraph.GEMM{M: batch, N: width, K: width, Alpha: 1})
+//	p.Launch(kernels.BiasTanh, kernels.Elementwise(batch*width),
+//		stablegraph.Out(y.All()), stablegraph.In(h.All()), stablegraph.In(b.All()),
+//		stablegraph.I32(batch), stablegraph.I32(width))
+//
+// Kernel arguments are typed: slices with their access (In, Out, InOut)
+// are the only pointers, scalars have explicit types (I32, U64, F32, ...).
+// That is what lets the patch strategy rewrite pointers and never scalars.
+// Program.Trace adds a command whose work a Go function enqueues on a
+// stream (a library call); it enters graphs by stream capture.
+//
+// # Compiling and running
+//
+// Compile validates the program (errors name the command and the buffer
+// and wrap ErrInvalidProgram), lays out and allocates the executable's own
+// memory (temps share memory when their lifetimes do not overlap), and
+// returns an Executable bound to a device and a Strategy:
+//
+//	exe, err := stablegraph.Compile(ctx, backend, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
+//	defer exe.Close()
+//	outs, err := exe.Run(ctx, stream, stablegraph.Bindings{x: xPtr, y: yPtr})
+//
+// Each step the caller binds every param and output to its memory (from a
+// caching allocator such as package bfc, so addresses move); states,
+// temps and constants belong to the executable. Run enqueues the step and
+// returns where the outputs are; ReadOutput and ReadBuffer read results
+// back, WriteBuffer initialises states.
+//
+// # Strategies
+//
+// StrategyEager launches every command each step; StrategyRecord
+// re-records and re-instantiates a graph whenever an address changes;
+// StrategyUpdate re-records and applies a whole-graph exec update;
+// StrategyPatch updates in place only the nodes whose buffers moved
+// (package graph), moving traced nodes through their child graph with
+// traces from a per-command LRU cache keyed by address or built from a
+// differential-tracing template (package trace). All produce the same bits
+// as eager. Executable.Stats counts what each did.
+//
+// # Concurrency and resources
+//
+// An Executable is safe for concurrent use; steps are serialised (see
+// Executable). Every error path releases the handles it created, and Close
+// releases everything; on the sim backend the live-handle counters return
+// to zero.
+package stablegraph

@@ -1,0 +1,46 @@
+package stablegraph
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+var (
+	// ErrInvalidProgram is wrapped by every error Compile and
+	// Program.Validate return for a bad program; each is a *CompileError
+	// naming the command and the buffer. Nothing was allocated.
+	ErrInvalidProgram = errors.New("stablegraph: invalid program")
+	// ErrInvalidBinding is returned by Run and the buffer accessors for a
+	// buffer that is missing, of the wrong class, of another program, or
+	// bound to a null address. Nothing was enqueued.
+	ErrInvalidBinding = errors.New("stablegraph: invalid binding")
+	// ErrClosed is returned by every method of a closed Executable.
+	ErrClosed = errors.New("stablegraph: executable closed")
+)
+
+// CompileError is one mistake in a program. Command is the index of the
+// offending command, or -1 when the mistake is in a buffer declaration or
+// in the program as a whole.
+type CompileError struct {
+	Program string
+	Command int
+	Op      string // the command's label ("launch sg_gemm"), "" for buffers
+	Buffer  string // the buffer concerned, "" when none
+	Msg     string
+}
+
+func (e *CompileError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "stablegraph: program %q: ", e.Program)
+	if e.Command >= 0 {
+		fmt.Fprintf(&b, "command %d (%s): ", e.Command, e.Op)
+	}
+	if e.Buffer != "" {
+		fmt.Fprintf(&b, "buffer %q: ", e.Buffer)
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+func (e *CompileError) Unwrap() error { return ErrInvalidProgram }

@@ -1,0 +1,404 @@
+package stablegraph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"stablegraph/gpu"
+	"stablegraph/graph"
+	"stablegraph/trace"
+)
+
+// Bindings give the device address of every param and output buffer for
+// one step: the caller's memory, which may be at new addresses every step.
+// Each must hold at least the buffer's declared size.
+type Bindings map[Buffer]gpu.DevicePtr
+
+// Outputs give, after a step, the device address holding each output
+// buffer's result. With the strategies of this build it is the address the
+// caller bound; strategies that lease output memory will return theirs.
+type Outputs map[Buffer]gpu.DevicePtr
+
+// MemoryStats are the bytes of device memory an executable owns.
+type MemoryStats struct {
+	States, Constants uint64
+	Temps             uint64 // the temp arena, with sharing
+	TempsUnshared     uint64 // what the temps would take without sharing
+}
+
+// TraceInfo describes one traced command (GEMMs included).
+type TraceInfo struct {
+	Command   string // "command 3 (gemm)"
+	Patchable bool   // differential tracing proved a template
+	Reason    string // why not patchable; "" when patchable or not yet traced for patching
+	Cached    int    // traces in its cache
+}
+
+// Executable is a compiled Program bound to a device and a strategy. Run
+// executes one step.
+//
+// An Executable is safe for concurrent use. Its methods are serialised by
+// one mutex, which the graph rules require anyway (a graph and its exec
+// must not be used from two goroutines at once), and consecutive steps are
+// ordered on the device even when they are run on different streams: each
+// Run records an event, and a Run on another stream first waits for it,
+// because every step shares the executable's temps and states.
+type Executable struct {
+	// Immutable after Compile.
+	b       gpu.Backend
+	dev     int
+	opts    Options
+	log     *slog.Logger
+	prog    *Program // identifies the program's Buffers
+	name    string
+	bufs    []bufDecl
+	bound   []int // params and outputs: the buffers Bindings must name
+	outputs []int
+	funcs   map[string]gpu.Function
+	cb      *graph.CommandBuffer
+	mem     MemoryStats
+
+	mu struct {
+		sync.Mutex
+		closed bool
+		// addrs is the address of every buffer for the current step:
+		// fixed for owned buffers, set from Bindings for the others.
+		addrs    []gpu.DevicePtr
+		owned    []gpu.DevicePtr // per buffer, its own allocation (0: none)
+		arena    gpu.DevicePtr   // the temps' allocation
+		boundGen []uint64        // per buffer, the step that bound it
+		gen      uint64
+		modules  []gpu.Module
+		capture  gpu.Stream // the tracer's capture stream
+		done     gpu.Event  // recorded after every step
+		last     gpu.Stream // stream of the last step, 0 before the first
+		tr       *trace.Tracer
+		strat    strategy
+		stats    Stats
+	}
+}
+
+// Strategy is the executable's replay strategy.
+func (e *Executable) Strategy() Strategy { return e.opts.Strategy }
+
+// Program is the program compiled.
+func (e *Executable) Program() *Program { return e.prog }
+
+// Memory reports the device memory the executable owns.
+func (e *Executable) Memory() MemoryStats { return e.mem }
+
+// Run executes one step on stream s with the params and outputs at the
+// addresses in b, and returns where the outputs are. It enqueues work and
+// returns without waiting for it; synchronise s (or read through
+// ReadOutput) before using the results. State buffers are updated in
+// place.
+func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return nil, ErrClosed
+	}
+	if err := e.bindLocked(b); err != nil {
+		return nil, fmt.Errorf("stablegraph: run %q: %w", e.name, err)
+	}
+	before := e.mu.stats.Counters
+	if e.mu.last != 0 && e.mu.last != s {
+		if err := e.b.StreamWaitEvent(s, e.mu.done); err != nil {
+			return nil, fmt.Errorf("stablegraph: run %q: order after the previous step: %w", e.name, err)
+		}
+	}
+	err := e.mu.strat.run(ctx, s, e.mu.addrs)
+	// Record even after a failure: part of the step may be enqueued, and
+	// the next step must still come after it.
+	if rerr := e.b.EventRecord(e.mu.done, s); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("record step event: %w", rerr))
+	} else {
+		e.mu.last = s
+	}
+	e.syncTraceStatsLocked()
+	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
+	if err != nil {
+		return nil, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.opts.Strategy, err)
+	}
+	e.mu.stats.Steps++
+	outs := make(Outputs, len(e.outputs))
+	for _, id := range e.outputs {
+		outs[Buffer{p: e.prog, id: id}] = e.mu.addrs[id]
+	}
+	return outs, nil
+}
+
+// bindLocked sets the addresses of the params and outputs from b, checking
+// that b names each of them, and nothing else, with a non-null address.
+func (e *Executable) bindLocked(b Bindings) error {
+	e.mu.gen++
+	for buf, p := range b {
+		if buf.p != e.prog || buf.decl() == nil {
+			return fmt.Errorf("%w: buffer %s is not a buffer of program %q", ErrInvalidBinding, buf, e.name)
+		}
+		d := &e.bufs[buf.id]
+		if d.class != Param && d.class != Output {
+			return fmt.Errorf("%w: buffer %q is a %s; only params and outputs are bound per step", ErrInvalidBinding, d.name, d.class)
+		}
+		if p == 0 {
+			return fmt.Errorf("%w: buffer %q is bound to the null address", ErrInvalidBinding, d.name)
+		}
+		e.mu.boundGen[buf.id] = e.mu.gen
+		e.mu.addrs[buf.id] = p
+	}
+	for _, id := range e.bound {
+		if e.mu.boundGen[id] != e.mu.gen {
+			d := &e.bufs[id]
+			return fmt.Errorf("%w: %s %q is not bound", ErrInvalidBinding, d.class, d.name)
+		}
+	}
+	return nil
+}
+
+func (e *Executable) syncTraceStatsLocked() {
+	t := e.mu.tr.Stats
+	c := &e.mu.stats.Counters
+	c.TracesCaptured = t.Captures
+	c.TracesSynthesized = t.Synthesized
+	c.TraceCacheHits = t.Hits
+	c.TraceCacheMisses = t.Misses
+}
+
+// Stats returns the executable's counters since Compile and for the last
+// step.
+func (e *Executable) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s := e.mu.stats
+	s.Strategy = e.opts.Strategy
+	return s
+}
+
+// Traces describes the traced commands (GEMMs included), in program order.
+func (e *Executable) Traces() []TraceInfo {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []TraceInfo
+	for _, c := range e.cb.Traced() {
+		ok, why := c.Patchable()
+		info := TraceInfo{Command: c.Name, Patchable: ok, Cached: c.CachedTraces()}
+		if why != nil {
+			info.Reason = why.Error()
+		}
+		out = append(out, info)
+	}
+	return out
+}
+
+// waitLocked waits until the last step has completed on the device,
+// polling with backoff so that ctx can end the wait.
+func (e *Executable) waitLocked(ctx context.Context) error {
+	if e.mu.last == 0 {
+		return nil
+	}
+	backoff := time.Microsecond
+	for {
+		done, err := e.b.EventQuery(e.mu.done)
+		if err != nil && !errors.Is(err, gpu.ErrNotReady) {
+			return fmt.Errorf("wait for the last step: %w", err)
+		}
+		if done {
+			return nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Millisecond)
+	}
+}
+
+// owner checks that buf is a buffer of this executable and returns its
+// declaration.
+func (e *Executable) owner(buf Buffer) (*bufDecl, error) {
+	if buf.p != e.prog || buf.decl() == nil || buf.id >= len(e.bufs) {
+		return nil, fmt.Errorf("%w: buffer %s is not a buffer of program %q", ErrInvalidBinding, buf, e.name)
+	}
+	return &e.bufs[buf.id], nil
+}
+
+// ReadBuffer waits for the last step to complete and returns the contents
+// of a state or constant buffer.
+func (e *Executable) ReadBuffer(ctx context.Context, buf Buffer) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return nil, ErrClosed
+	}
+	d, err := e.owner(buf)
+	if err != nil {
+		return nil, err
+	}
+	if d.class != State && d.class != Constant {
+		return nil, fmt.Errorf("%w: ReadBuffer of %s %q; read params and outputs with ReadOutput or from their memory", ErrInvalidBinding, d.class, d.name)
+	}
+	return e.readLocked(ctx, d, e.mu.addrs[buf.id])
+}
+
+// ReadOutput waits for the last step to complete and returns the contents
+// of output buf as placed in outs.
+func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return nil, ErrClosed
+	}
+	d, err := e.owner(buf)
+	if err != nil {
+		return nil, err
+	}
+	p, ok := outs[buf]
+	if d.class != Output || !ok {
+		return nil, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
+	}
+	return e.readLocked(ctx, d, p)
+}
+
+func (e *Executable) readLocked(ctx context.Context, d *bufDecl, p gpu.DevicePtr) ([]byte, error) {
+	if err := e.waitLocked(ctx); err != nil {
+		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
+	}
+	out := make([]byte, d.size)
+	if err := e.b.MemcpyDtoH(out, p); err != nil {
+		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
+	}
+	return out, nil
+}
+
+// WriteBuffer waits for the last step to complete and overwrites a state
+// buffer with data, which must be exactly its size.
+func (e *Executable) WriteBuffer(ctx context.Context, buf Buffer, data []byte) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return ErrClosed
+	}
+	d, err := e.owner(buf)
+	if err != nil {
+		return err
+	}
+	if d.class != State {
+		return fmt.Errorf("%w: WriteBuffer of %s %q; only states are written from the host", ErrInvalidBinding, d.class, d.name)
+	}
+	if int64(len(data)) != d.size {
+		return fmt.Errorf("%w: WriteBuffer of %d bytes into %q of %d", ErrInvalidBinding, len(data), d.name, d.size)
+	}
+	if err := e.waitLocked(ctx); err != nil {
+		return fmt.Errorf("stablegraph: write %q: %w", d.name, err)
+	}
+	if err := e.b.MemcpyHtoD(e.mu.addrs[buf.id], data); err != nil {
+		return fmt.Errorf("stablegraph: write %q: %w", d.name, err)
+	}
+	return nil
+}
+
+// BindState makes state buffer buf live at p, caller-owned memory of at
+// least its size, from the next step on; the executable's own allocation
+// for it is freed. Its contents are whatever p holds. Bind states once:
+// every rebinding moves an address, which the strategies pay for.
+func (e *Executable) BindState(ctx context.Context, buf Buffer, p gpu.DevicePtr) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return ErrClosed
+	}
+	d, err := e.owner(buf)
+	if err != nil {
+		return err
+	}
+	if d.class != State || p == 0 {
+		return fmt.Errorf("%w: BindState of %s %q at %#x", ErrInvalidBinding, d.class, d.name, uint64(p))
+	}
+	if err := e.waitLocked(ctx); err != nil {
+		return fmt.Errorf("stablegraph: bind %q: %w", d.name, err)
+	}
+	if own := e.mu.owned[buf.id]; own != 0 {
+		if err := e.b.MemFree(own); err != nil {
+			return fmt.Errorf("stablegraph: bind %q: free own allocation: %w", d.name, err)
+		}
+		e.mu.owned[buf.id] = 0
+	}
+	e.mu.addrs[buf.id] = p
+	return nil
+}
+
+// Close waits for the last step, then releases every handle the executable
+// holds: graphs, traces, memory, modules, its stream and event. Close is
+// idempotent; every other method fails with ErrClosed afterwards.
+func (e *Executable) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.mu.closed {
+		return nil
+	}
+	var errs []error
+	if e.mu.last != 0 {
+		if err := e.b.EventSynchronize(e.mu.done); err != nil {
+			errs = append(errs, fmt.Errorf("wait for the last step: %w", err))
+		}
+	}
+	errs = append(errs, e.releaseLocked())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stablegraph: close %q: %w", e.name, err)
+	}
+	return nil
+}
+
+// releaseLocked releases everything the executable holds, in the reverse
+// order of creation, whatever fails; it serves Close and Compile's error
+// paths (where fields not yet created are zero).
+func (e *Executable) releaseLocked() error {
+	e.mu.closed = true
+	var errs []error
+	add := func(what string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	if e.mu.strat != nil {
+		add("strategy", e.mu.strat.close())
+		e.mu.strat = nil
+	}
+	if e.mu.tr != nil {
+		add("traces", e.mu.tr.Close())
+		e.mu.tr = nil
+	}
+	if e.mu.done != 0 {
+		add("destroy step event", e.b.EventDestroy(e.mu.done))
+		e.mu.done = 0
+	}
+	if e.mu.capture != 0 {
+		add("destroy capture stream", e.b.StreamDestroy(e.mu.capture))
+		e.mu.capture = 0
+	}
+	if e.mu.arena != 0 {
+		add("free temps", e.b.MemFree(e.mu.arena))
+		e.mu.arena = 0
+	}
+	for i, p := range e.mu.owned {
+		if p != 0 {
+			add(fmt.Sprintf("free %q", e.bufs[i].name), e.b.MemFree(p))
+			e.mu.owned[i] = 0
+		}
+	}
+	for _, m := range e.mu.modules {
+		add("unload module", e.b.ModuleUnload(m))
+	}
+	e.mu.modules = nil
+	return errors.Join(errs...)
+}

@@ -1,0 +1,66 @@
+package stablegraph
+
+// Counters count the work an executable's strategy did. Stats holds them
+// summed since Compile and for the last step alone, so a benchmark can
+// report totals and per-step figures.
+type Counters struct {
+	// Launches counts commands enqueued directly on the stream (eager).
+	Launches int64
+	// GraphLaunches counts executable graphs launched (one per step for
+	// the graph strategies).
+	GraphLaunches int64
+	// Records counts graphs recorded and instantiated, the first included.
+	Records int64
+	// Rerecords counts the records after the first: addresses moved
+	// (record), or an update or patch was refused or failed and the graph
+	// was recorded anew.
+	Rerecords int64
+	// GraphUpdates counts whole-graph exec updates applied (update).
+	GraphUpdates int64
+	// UpdateFallbacks counts updates or patches the driver refused,
+	// replaced by a re-record.
+	UpdateFallbacks int64
+	// PatchedNodes counts nodes updated in place (patch), traced nodes
+	// included.
+	PatchedNodes int64
+	// TracesCaptured counts stream captures of traced commands, including
+	// the second captures of differential tracing.
+	TracesCaptured int64
+	// TracesSynthesized counts traces built from a differential template
+	// instead of being captured.
+	TracesSynthesized int64
+	// TraceCacheHits and TraceCacheMisses count trace cache lookups.
+	TraceCacheHits, TraceCacheMisses int64
+	// BytesCopied counts bytes the strategy itself copied to move params in
+	// or outputs out; the strategies of this build copy nothing.
+	BytesCopied int64
+}
+
+// Sub returns c - d, field by field.
+func (c Counters) Sub(d Counters) Counters {
+	return Counters{
+		Launches:          c.Launches - d.Launches,
+		GraphLaunches:     c.GraphLaunches - d.GraphLaunches,
+		Records:           c.Records - d.Records,
+		Rerecords:         c.Rerecords - d.Rerecords,
+		GraphUpdates:      c.GraphUpdates - d.GraphUpdates,
+		UpdateFallbacks:   c.UpdateFallbacks - d.UpdateFallbacks,
+		PatchedNodes:      c.PatchedNodes - d.PatchedNodes,
+		TracesCaptured:    c.TracesCaptured - d.TracesCaptured,
+		TracesSynthesized: c.TracesSynthesized - d.TracesSynthesized,
+		TraceCacheHits:    c.TraceCacheHits - d.TraceCacheHits,
+		TraceCacheMisses:  c.TraceCacheMisses - d.TraceCacheMisses,
+		BytesCopied:       c.BytesCopied - d.BytesCopied,
+	}
+}
+
+// Stats is a snapshot of an executable's counters.
+type Stats struct {
+	Strategy Strategy
+	// Steps counts successful Runs.
+	Steps int64
+	// Counters are the totals since Compile.
+	Counters
+	// Last are the counters of the most recent Run alone (failed or not).
+	Last Counters
+}

@@ -1,0 +1,271 @@
+package stablegraph
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"stablegraph/gpu"
+	"stablegraph/kernels"
+)
+
+// ptrAlign is the alignment a slice passed to a kernel must have within its
+// buffer: every built-in kernel works on elements of at least 4 bytes, and
+// device code faults (or is silently wrong) on misaligned elements.
+const ptrAlign = 4
+
+// maxErrors bounds how many mistakes one Validate reports.
+const maxErrors = 32
+
+// checker collects a program's mistakes.
+type checker struct {
+	p    *Program
+	errs []error
+}
+
+func (ck *checker) add(cmd int, op, buf, format string, args ...any) {
+	if len(ck.errs) < maxErrors {
+		ck.errs = append(ck.errs, &CompileError{Program: ck.p.name, Command: cmd, Op: op, Buffer: buf, Msg: fmt.Sprintf(format, args...)})
+	}
+}
+
+// Validate checks the program without a device and returns every mistake
+// found (up to 32), joined; each wraps ErrInvalidProgram and is a
+// *CompileError naming the command and buffer. Compile calls it first.
+func (p *Program) Validate() error { return p.check() }
+
+// kernelSpecs returns the specs of the built-in kernels and of the
+// program's modules, by name.
+func (p *Program) kernelSpecs(ck *checker) map[string]gpu.KernelSpec {
+	specs := map[string]gpu.KernelSpec{}
+	for _, img := range p.images() {
+		for _, k := range img.Kernels {
+			if _, dup := specs[k.Name]; dup {
+				ck.add(-1, "", "", "kernel %s is defined by two modules (second: %s)", k.Name, img.Name)
+				continue
+			}
+			specs[k.Name] = k
+		}
+	}
+	return specs
+}
+
+// images are the module images an executable of p loads: the built-in
+// kernels first.
+func (p *Program) images() []*gpu.ModuleImage {
+	imgs := []*gpu.ModuleImage{kernels.Module()}
+	for _, img := range p.modules {
+		if img != nil {
+			imgs = append(imgs, img)
+		}
+	}
+	return imgs
+}
+
+func (p *Program) check() error {
+	ck := &checker{p: p}
+	specs := p.kernelSpecs(ck)
+	names := map[string]int{}
+	for i, b := range p.bufs {
+		if b.name == "" {
+			ck.add(-1, "", "", "buffer %d (%s) has no name", i, b.class)
+		} else if j, dup := names[b.name]; dup {
+			ck.add(-1, "", b.name, "declared twice (buffers %d and %d)", j, i)
+		} else {
+			names[b.name] = i
+		}
+		if b.size <= 0 {
+			ck.add(-1, "", b.name, "size %d is not positive", b.size)
+		}
+	}
+	if len(p.cmds) == 0 {
+		ck.add(-1, "", "", "no commands")
+	}
+	written := make([]bool, len(p.bufs))
+	for i := range p.cmds {
+		p.checkCommand(ck, specs, i, written)
+	}
+	for i, b := range p.bufs {
+		if b.class == Output && !written[i] {
+			ck.add(-1, "", b.name, "output is never written by any command")
+		}
+	}
+	return errors.Join(ck.errs...)
+}
+
+func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i int, written []bool) {
+	c := &p.cmds[i]
+	op := c.label()
+	// Slices first: bounds, ownership, writes to constants.
+	for j, a := range c.args {
+		if !a.IsSlice() {
+			continue
+		}
+		s := a.slice
+		d := s.buf.decl()
+		if s.buf.p != p || d == nil {
+			ck.add(i, op, s.buf.Name(), "argument %d: the buffer is not declared in this program", j)
+			continue
+		}
+		switch {
+		case s.n <= 0:
+			ck.add(i, op, d.name, "argument %d: slice length %d is not positive", j, s.n)
+		case s.off < 0 || s.off > d.size || s.n > d.size-s.off:
+			ck.add(i, op, d.name, "argument %d: slice [%d, %d) is out of bounds of the buffer's %d bytes", j, s.off, s.off+s.n, d.size)
+		}
+		if a.access&Write != 0 {
+			if d.class == Constant {
+				ck.add(i, op, d.name, "argument %d: a constant is written", j)
+			}
+			written[s.buf.id] = true
+		}
+	}
+	switch c.kind {
+	case cmdLaunch:
+		p.checkLaunch(ck, specs, i, c, op)
+	case cmdMemcpy:
+		dst, src := c.args[0].slice, c.args[1].slice
+		if dst.n != src.n {
+			ck.add(i, op, dst.buf.Name(), "copies %d bytes from %s into %d bytes", src.n, src, dst.n)
+		}
+		if dst.buf == src.buf && dst.off < src.off+src.n && src.off < dst.off+dst.n {
+			ck.add(i, op, dst.buf.Name(), "source %s and destination %s overlap", src, dst)
+		}
+	case cmdMemset:
+		dst := c.args[0].slice
+		switch c.elemSize {
+		case 1, 2, 4:
+			if dst.off%int64(c.elemSize) != 0 || dst.n%int64(c.elemSize) != 0 {
+				ck.add(i, op, dst.buf.Name(), "slice %s is misaligned for %d-byte elements", dst, c.elemSize)
+			}
+			if c.elemSize < 4 && c.value>>(8*c.elemSize) != 0 {
+				ck.add(i, op, dst.buf.Name(), "value %#x does not fit in %d bytes", c.value, c.elemSize)
+			}
+		default:
+			ck.add(i, op, dst.buf.Name(), "element size %d is not 1, 2 or 4", c.elemSize)
+		}
+	case cmdGemm:
+		g := c.gemm
+		if g.M <= 0 || g.N <= 0 || g.K <= 0 || g.M > math.MaxInt32 || g.N > math.MaxInt32 || g.K > math.MaxInt32 {
+			ck.add(i, op, c.args[0].slice.buf.Name(), "shape m=%d n=%d k=%d is not positive 32-bit", g.M, g.N, g.K)
+			return
+		}
+		for j, need := range []int64{int64(g.M) * int64(g.N), int64(g.M) * int64(g.K), int64(g.K) * int64(g.N)} {
+			s := c.args[j].slice
+			if s.n < 4*need {
+				ck.add(i, op, s.buf.Name(), "%s holds %d bytes, the %c matrix needs %d", s, s.n, "cab"[j], 4*need)
+			}
+			if s.off%ptrAlign != 0 {
+				ck.add(i, op, s.buf.Name(), "slice %s is not %d-byte aligned", s, ptrAlign)
+			}
+		}
+	case cmdTrace:
+		if c.name == "" {
+			ck.add(i, op, "", "traced command has no name")
+		}
+		if c.fn == nil {
+			ck.add(i, op, "", "traced command has no function")
+		}
+		for j, a := range c.args {
+			if !a.IsSlice() {
+				ck.add(i, op, "", "argument %d is the scalar %s; traced commands take slices only (capture scalars in the function)", j, a)
+			}
+		}
+	}
+}
+
+func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i int, c *cmdDecl, op string) {
+	spec, ok := specs[c.kernel]
+	if !ok {
+		ck.add(i, op, "", "unknown kernel %q", c.kernel)
+		return
+	}
+	g, bl := c.cfg.Grid, c.cfg.Block
+	if g.X == 0 || g.Y == 0 || g.Z == 0 || bl.X == 0 || bl.Y == 0 || bl.Z == 0 {
+		ck.add(i, op, "", "launch shape grid %v block %v has a zero dimension", g, bl)
+	}
+	if len(c.args) != len(spec.Params) {
+		ck.add(i, op, "", "kernel %s takes %d arguments, got %d", c.kernel, len(spec.Params), len(c.args))
+		return
+	}
+	for j, want := range spec.Params {
+		a := c.args[j]
+		switch {
+		case want == gpu.ArgPtr && !a.IsSlice():
+			ck.add(i, op, "", "argument %d is the scalar %s; kernel %s wants a slice", j, a, c.kernel)
+		case want != gpu.ArgPtr && a.IsSlice():
+			ck.add(i, op, a.slice.buf.Name(), "argument %d is the slice %s; kernel %s wants a %s scalar", j, a.slice, c.kernel, want)
+		case a.val.Kind != want:
+			ck.add(i, op, "", "argument %d is %s; kernel %s wants %s", j, a.val.Kind, c.kernel, want)
+		case a.IsSlice() && a.slice.off%ptrAlign != 0:
+			ck.add(i, op, a.slice.buf.Name(), "argument %d: slice %s is not %d-byte aligned", j, a.slice, ptrAlign)
+		}
+	}
+}
+
+// tempPlan places the temps in one arena. Each temp lives from the first
+// to the last command that uses it; a temp goes at the lowest aligned
+// offset that overlaps no placed temp whose lifetime overlaps its own,
+// largest temps first (the greedy-by-size heuristic of TFLite's arena
+// planner). Unused temps get no memory.
+type tempPlan struct {
+	off      map[int]uint64 // buffer id → offset in the arena
+	size     uint64         // arena bytes
+	unshared uint64         // arena bytes if no temp shared
+}
+
+func planTemps(bufs []bufDecl, cmds []cmdDecl, align uint64, share bool) tempPlan {
+	type life struct {
+		id          int
+		size        uint64
+		first, last int
+		off         uint64
+	}
+	lives := map[int]*life{}
+	for i := range cmds {
+		for _, a := range cmds[i].args {
+			if !a.IsSlice() || bufs[a.slice.buf.id].class != Temp {
+				continue
+			}
+			id := a.slice.buf.id
+			if l, ok := lives[id]; ok {
+				l.last = i
+			} else {
+				lives[id] = &life{id: id, size: gpu.RoundUp(uint64(bufs[id].size), align), first: i, last: i}
+			}
+		}
+	}
+	order := make([]*life, 0, len(lives))
+	for _, l := range lives {
+		order = append(order, l)
+	}
+	slices.SortFunc(order, func(a, b *life) int {
+		if c := cmp.Compare(b.size, a.size); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	plan := tempPlan{off: map[int]uint64{}}
+	var placed []*life // sorted by offset
+	for _, l := range order {
+		plan.unshared += l.size
+		var off uint64
+		for _, q := range placed {
+			if share && (q.last < l.first || l.last < q.first) {
+				continue // lifetimes disjoint: may share
+			}
+			if off+l.size <= q.off {
+				break // fits in the gap before q
+			}
+			off = max(off, q.off+q.size)
+		}
+		l.off = off
+		plan.off[l.id] = off
+		plan.size = max(plan.size, off+l.size)
+		k, _ := slices.BinarySearchFunc(placed, off, func(q *life, off uint64) int { return cmp.Compare(q.off, off) })
+		placed = slices.Insert(placed, k, l)
+	}
+	return plan
+}
