@@ -1,0 +1,55 @@
+// Package retire defers the release of device buffers until the GPU has
+// finished with them.
+//
+// # The timeline rule
+//
+// A Timeline is a counter that the GPU advances. After each submission the
+// host signals the next point on the stream that ran it; the device writes
+// that point when the stream reaches it, and Completed reports the highest
+// point written. Points are signalled in order on one stream, so
+// Completed() >= p means that every submission up to and including the one
+// tagged p has finished on the device.
+//
+// A Batch retired at point p holds buffers whose last use was the submission
+// tagged p. The Queue releases it only once the timeline has passed p, never
+// earlier, so a kernel still in flight never touches a freed buffer. Point 0
+// means "used by no submission": such a batch is released at once.
+//
+// # When batches are released
+//
+//   - Poll, and every Retire, reads the timeline without blocking and
+//     releases every batch whose point has passed (Stats.ReleasedByPoll). A
+//     batch is therefore released no later than the first poll after its
+//     point passed.
+//   - Bound. Retire does not let more than Options.MaxPending batches wait:
+//     when the queue is full after polling, it waits for the oldest pending
+//     point only, up to Options.WaitDeadline, and releases what that wait
+//     covered (Stats.ReleasedByWait) before it adds the new batch. Pending
+//     memory is thus at most MaxPending batches, unless that wait fails (the
+//     batch is then added all the same and the error returned).
+//   - Drain. Every explicit drain (a client synchronize, a readback that
+//     waits for its stream, close) releases every pending batch at once
+//     (Stats.ReleasedByDrain): Drain waits for the newest pending point;
+//     DrainThrough serves a caller that has just synchronized the stream
+//     and so knows the device passed a point without reading the timeline.
+//   - ReleaseAll releases without consulting the timeline; it is only for a
+//     caller that knows the device will not touch the buffers again (the
+//     stream was synchronized and is idle, or dead after a fault).
+//
+// Waits back off exponentially and give up at their deadline with an error
+// wrapping gpu.ErrTimeout: a hung GPU yields an error, never a spinning core
+// (ARCHITECTURE.md rule 3). A batch whose wait failed stays pending; the
+// queue prefers holding memory to freeing it early.
+//
+// Release functions run in point order. Their errors are joined and
+// returned by the call that ran them (Retire, Poll, Drain, ReleaseAll);
+// nothing is swallowed.
+//
+// # Timelines
+//
+// Timeline is an interface, so a queue works over any counter the GPU
+// advances. StreamTimeline is the one built on gpu.StreamMemOps: a
+// host-visible 8-byte word that StreamWriteValue64 writes. Its method set
+// (Signal, Completed, Wait) matches the timeline of package vmm so that
+// either can stand in for the other.
+package retire
