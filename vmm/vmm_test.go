@@ -1,0 +1,856 @@
+package vmm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/sim"
+	"stablegraph/kernels"
+	"stablegraph/vmm"
+)
+
+const gran = sim.Granularity
+
+// newSim opens a sim backend whose Close, at the end of the test, fails the
+// test if any handle is still live.
+func newSim(t *testing.T, devices int) *sim.Backend {
+	t.Helper()
+	b, err := sim.New(gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("sim Close (leaked handles?): %v", err)
+		}
+	})
+	return b
+}
+
+func wantZero(t *testing.T, b *sim.Backend, when string) {
+	t.Helper()
+	if c := b.LiveHandles(); !c.IsZero() {
+		t.Fatalf("%s: live handles: %s", when, c)
+	}
+}
+
+func wantCounters(t *testing.T, b *sim.Backend, when string, want gpu.Counters) {
+	t.Helper()
+	if c := b.LiveHandles(); c != want {
+		t.Fatalf("%s: live handles %s, want %s", when, c, want)
+	}
+}
+
+func TestAllocateRoundsAndCloses(t *testing.T) {
+	b := newSim(t, 1)
+	a, err := vmm.Allocate(b, 0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Size() != gran || a.Ptr() == 0 || uint64(a.Ptr())%gran != 0 || a.Device() != 0 {
+		t.Errorf("Allocate(1): ptr %#x size %d device %d", uint64(a.Ptr()), a.Size(), a.Device())
+	}
+	wantCounters(t, b, "after Allocate", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	data := []byte("through vmm")
+	if err := b.MemcpyHtoD(a.Ptr().Add(100), data); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if err := b.MemcpyDtoH(got, a.Ptr().Add(100)); err != nil || string(got) != string(data) {
+		t.Fatalf("roundtrip: %q, %v", got, err)
+	}
+	a2, err := vmm.Allocate(b, 0, 3*gran-1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a2.Size() != 3*gran {
+		t.Errorf("Allocate(3 granules - 1).Size() = %d", a2.Size())
+	}
+	for _, x := range []*vmm.Allocation{a, a2} {
+		if err := x.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantZero(t, b, "after Close")
+	if err := a.Close(); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("second Close: %v, want ErrInvalidHandle", err)
+	}
+}
+
+func TestAllocateBadArguments(t *testing.T) {
+	b := newSim(t, 2)
+	for _, tc := range []struct {
+		name  string
+		dev   int
+		size  uint64
+		peers []int
+		want  error
+	}{
+		{"zero size", 0, 0, nil, gpu.ErrInvalidValue},
+		{"huge size", 0, 1<<64 - 1, nil, gpu.ErrInvalidValue},
+		{"bad device", 2, gran, nil, gpu.ErrInvalidValue},
+		{"bad peer", 0, gran, []int{1, 2}, gpu.ErrInvalidValue},
+		{"negative peer", 0, gran, []int{-1}, gpu.ErrInvalidValue},
+		{"too large for the device", 0, 2 << 30, nil, gpu.ErrOutOfMemory},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := vmm.Allocate(b, tc.dev, tc.size, tc.peers)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Allocate: %v, want %v", err, tc.want)
+			}
+			wantZero(t, b, "after a refused Allocate")
+		})
+	}
+}
+
+// noVMM hides virtual memory management on every device.
+type noVMM struct{ *sim.Backend }
+
+func (d noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
+	p, err := d.Backend.DeviceProps(dev)
+	p.VMM, p.Granularity, p.StreamMemOps = false, 0, false
+	return p, err
+}
+
+// narrow is a Driver that is not a whole gpu.Backend, so vmm cannot use
+// gpu.VirtualMemoryOf and asks the driver itself.
+type narrow struct{ vmm.Driver }
+
+// narrowNoVMM is a narrow driver whose devices lack VMM.
+type narrowNoVMM struct{ vmm.Driver }
+
+func (narrowNoVMM) AllocationGranularity(dev int) (uint64, error) {
+	return 0, gpu.Errorf("AllocationGranularity", gpu.ErrNotSupported, "device %d has no VMM", dev)
+}
+
+type narrowTimeline struct{ vmm.TimelineDriver }
+
+func (d narrowTimeline) DeviceProps(dev int) (gpu.DeviceProps, error) {
+	p, err := d.TimelineDriver.DeviceProps(dev)
+	p.StreamMemOps = false
+	return p, err
+}
+
+func TestCapabilities(t *testing.T) {
+	b := newSim(t, 1)
+	for name, drv := range map[string]vmm.Driver{"backend": noVMM{b}, "narrow": narrowNoVMM{b}} {
+		if _, err := vmm.Allocate(drv, 0, gran, nil); !errors.Is(err, gpu.ErrNotSupported) {
+			t.Errorf("%s: Allocate without VMM: %v, want ErrNotSupported", name, err)
+		}
+	}
+	for name, drv := range map[string]vmm.TimelineDriver{"backend": noVMM{b}, "narrow": narrowTimeline{b}} {
+		if _, err := vmm.NewTimeline(drv, 0); !errors.Is(err, gpu.ErrNotSupported) {
+			t.Errorf("%s: NewTimeline without stream memory operations: %v, want ErrNotSupported", name, err)
+		}
+	}
+	wantZero(t, b, "after refusals")
+	a, err := vmm.Allocate(narrow{b}, 0, gran+1, nil)
+	if err != nil {
+		t.Fatalf("Allocate through a narrow driver: %v", err)
+	}
+	if a.Size() != 2*gran {
+		t.Errorf("size %d, want %d", a.Size(), 2*gran)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPrimitives walks the state table of doc.go one step at a time.
+func TestPrimitives(t *testing.T) {
+	b := newSim(t, 1)
+	phys, err := vmm.Create(b, 0, gran+1) // None → Created
+	if err != nil {
+		t.Fatal(err)
+	}
+	if phys.Size() != 2*gran || phys.Handle() == 0 || phys.Device() != 0 {
+		t.Fatalf("chunk: size %d handle %#x", phys.Size(), uint64(phys.Handle()))
+	}
+	res, err := vmm.Reserve(b, 0, 4*gran, 0) // None → Reserved
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vmm.Map(res, 3*gran, phys); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("Map past the end of the reservation: %v, want ErrInvalidValue", err)
+	}
+	m, err := vmm.Map(res, gran, phys) // Created+Reserved → Mapped
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Ptr() != res.Ptr().Add(gran) || m.Size() != 2*gran {
+		t.Errorf("mapping %#x+%d", uint64(m.Ptr()), m.Size())
+	}
+	wantCounters(t, b, "mapped", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	if err := res.Free(); err == nil {
+		t.Fatal("Free of a reservation with a live mapping succeeded")
+	}
+	if err := m.SetAccess([]int{0}); err != nil { // Mapped → Accessible
+		t.Fatal(err)
+	}
+	if got := m.Access(); len(got) != 1 || got[0] != 0 {
+		t.Errorf("Access() = %v", got)
+	}
+	if err := m.Close(); err != nil { // → Created+Reserved
+		t.Fatal(err)
+	}
+	if err := m.Close(); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("second unmap: %v, want ErrInvalidHandle", err)
+	}
+	if err := m.SetAccess([]int{0}); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("SetAccess after Close: %v, want ErrInvalidHandle", err)
+	}
+	if err := res.Free(); err != nil { // Reserved → None
+		t.Fatal(err)
+	}
+	if _, err := vmm.Map(res, 0, phys); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("Map into a freed reservation: %v, want ErrInvalidHandle", err)
+	}
+	if err := phys.Release(); err != nil { // Created → None
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{"Free": res.Free(), "Release": phys.Release()} {
+		if !errors.Is(err, gpu.ErrInvalidHandle) {
+			t.Errorf("second %s: %v, want ErrInvalidHandle", name, err)
+		}
+	}
+	wantZero(t, b, "after walking back to None")
+}
+
+// scenario builds what a runtime builds at start-up: a timeline, an
+// allocation with a peer, one without, and one made step by step, then
+// releases it all. On any error it must release everything it made.
+func scenario(b *sim.Backend) (err error) {
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, tl.Close()) }()
+	for _, spec := range []struct {
+		dev   int
+		size  uint64
+		peers []int
+	}{{0, 3 * gran, []int{1}}, {1, gran, nil}} {
+		a, err := vmm.Allocate(b, spec.dev, spec.size, spec.peers)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, a.Close()) }()
+	}
+	phys, err := vmm.Create(b, 1, gran)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, phys.Release()) }()
+	res, err := vmm.Reserve(b, 1, 2*gran, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, res.Free()) }()
+	m, err := vmm.Map(res, gran, phys)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, m.Close()) }()
+	return m.SetAccess([]int{1, 0})
+}
+
+// TestFaultSweep fails call N of each driver entry point the set-up path
+// uses, for N = 0, 1, 2, ... until the scenario succeeds, and checks after
+// each failure that the error is the injected one, names the step, and that
+// no handle is left.
+func TestFaultSweep(t *testing.T) {
+	b := newSim(t, 2)
+	boom := errors.New("boom")
+	for _, op := range []string{"DeviceProps", "HostAlloc", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess"} {
+		t.Run(op, func(t *testing.T) {
+			failures := 0
+			for n := 0; ; n++ {
+				if n > 100 {
+					t.Fatalf("scenario still failing after %d injected faults", n)
+				}
+				b.InjectFault(op, n, boom)
+				err := scenario(b)
+				wantZero(t, b, fmt.Sprintf("%s call %d failed", op, n))
+				if err == nil {
+					b.ClearFaults()
+					break
+				}
+				failures++
+				if !errors.Is(err, gpu.ErrInjected) || !errors.Is(err, boom) {
+					t.Fatalf("%s call %d: error %v does not wrap the injected fault", op, n, err)
+				}
+				if !strings.Contains(err.Error(), op) {
+					t.Errorf("%s call %d: error %q does not name the step", op, n, err)
+				}
+				var ae *vmm.AllocateError
+				if errors.As(err, &ae) {
+					if ae.Step != op || ae.Cleanup != nil {
+						t.Errorf("%s call %d: AllocateError step %q cleanup %v", op, n, ae.Step, ae.Cleanup)
+					}
+				}
+			}
+			if failures == 0 {
+				t.Fatalf("no call of %s failed: the scenario does not use it", op)
+			}
+			t.Logf("%s: %d failing calls, each left nothing live", op, failures)
+		})
+	}
+}
+
+// TestCloseFaults fails each release step of Allocation.Close and Timeline
+// Close: the error must name the step, the handles must stay owned, and a
+// second Close must finish the job.
+func TestCloseFaults(t *testing.T) {
+	b := newSim(t, 1)
+	boom := errors.New("boom")
+	for _, op := range []string{"MemUnmap", "MemAddressFree", "MemRelease"} {
+		t.Run(op, func(t *testing.T) {
+			a, err := vmm.Allocate(b, 0, gran, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.InjectFault(op, 0, boom)
+			err = a.Close()
+			if !errors.Is(err, boom) || !strings.Contains(err.Error(), op) {
+				t.Fatalf("Close with %s failing: %v", op, err)
+			}
+			if b.LiveHandles().IsZero() {
+				t.Fatalf("Close with %s failing left nothing: the failure was swallowed", op)
+			}
+			if err := a.Close(); err != nil {
+				t.Fatalf("retried Close: %v", err)
+			}
+			wantZero(t, b, "after the retried Close")
+		})
+	}
+	t.Run("HostFree", func(t *testing.T) {
+		tl, err := vmm.NewTimeline(b, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.InjectFault("HostFree", 0, boom)
+		if err := tl.Close(); !errors.Is(err, boom) {
+			t.Fatalf("timeline Close with HostFree failing: %v", err)
+		}
+		if err := tl.Close(); err != nil {
+			t.Fatalf("retried timeline Close: %v", err)
+		}
+		if err := tl.Close(); !errors.Is(err, gpu.ErrInvalidHandle) {
+			t.Fatalf("third timeline Close: %v, want ErrInvalidHandle", err)
+		}
+		wantZero(t, b, "after the retried Close")
+	})
+	t.Run("undo fails too", func(t *testing.T) {
+		// MemMap fails, then the undo of the reservation fails: both
+		// errors are reported, and the leak is visible. A backend of its
+		// own, since the leaked reservation cannot be freed.
+		b, err := sim.New(gpu.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.InjectFault("MemMap", 0, boom)
+		undo := errors.New("undo")
+		b.InjectFault("MemAddressFree", 0, undo)
+		_, err = vmm.Allocate(b, 0, gran, nil)
+		var ae *vmm.AllocateError
+		if !errors.As(err, &ae) || ae.Step != vmm.StepMap || !errors.Is(err, undo) || !errors.Is(err, boom) {
+			t.Errorf("Allocate with MemMap and its undo failing: %v", err)
+		}
+		if c := b.LiveHandles(); c != (gpu.Counters{Reservations: 1}) {
+			t.Errorf("after a failed undo: %s, want the one reservation left", c)
+		}
+		if err := b.Close(); !errors.Is(err, gpu.ErrIllegalState) {
+			t.Errorf("sim Close with a leaked reservation: %v", err)
+		}
+	})
+}
+
+// gateModule is a one-kernel module whose kernel blocks its stream until
+// the channel is closed: a deterministic way to keep work queued behind it.
+func gateModule(gate <-chan struct{}) *gpu.ModuleImage {
+	return &gpu.ModuleImage{Name: "vmm-test-gate", Kernels: []gpu.KernelSpec{{
+		Name: "gate",
+		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
+			<-gate
+			return nil
+		},
+	}}}
+}
+
+type dev struct {
+	b      *sim.Backend
+	stream gpu.Stream
+	mod    gpu.Module
+	copyFn gpu.Function
+}
+
+// openDev makes a stream and loads the kernels on device d; the test's
+// cleanup destroys them.
+func openDev(t *testing.T, b *sim.Backend, d int) dev {
+	t.Helper()
+	s, err := b.StreamCreate(d, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.ModuleLoad(d, kernels.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.ModuleFunction(m, kernels.Copy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := errors.Join(b.StreamDestroy(s), b.ModuleUnload(m)); err != nil {
+			t.Error(err)
+		}
+	})
+	return dev{b, s, m, f}
+}
+
+// copyF32 enqueues y[i] = x[i] for n floats on the device's stream.
+func (d dev) copyF32(t *testing.T, y, x gpu.DevicePtr, n int) {
+	t.Helper()
+	args := []gpu.Arg{gpu.Ptr(y), gpu.Ptr(x), gpu.I32(int32(n))}
+	if err := d.b.LaunchKernel(d.copyFn, kernels.Elementwise(n), args, d.stream); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func upload(t *testing.T, b *sim.Backend, p gpu.DevicePtr, v []float32) {
+	t.Helper()
+	if err := b.MemcpyHtoD(p, gpu.F32ToBytes(v)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func download(t *testing.T, b *sim.Backend, p gpu.DevicePtr, n int) []float32 {
+	t.Helper()
+	buf := make([]byte, 4*n)
+	if err := b.MemcpyDtoH(buf, p); err != nil {
+		t.Fatal(err)
+	}
+	return gpu.BytesToF32(buf)
+}
+
+func ramp(n int, start float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = start + float32(i)
+	}
+	return v
+}
+
+func wantF32(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestPeerAccess checks that Allocate grants access to the peers it is
+// given, and only to them: a kernel on device 1 reads device 0's memory
+// after Allocate with peers [1], and faults without.
+func TestPeerAccess(t *testing.T) {
+	b := newSim(t, 2)
+	d1 := openDev(t, b, 1)
+	const n = 1024
+	y, err := vmm.Allocate(b, 1, 4*n, nil) // device 1's own output
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close()
+
+	shared, err := vmm.Allocate(b, 0, 4*n, []int{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	if got := shared.Access(); len(got) != 2 || got[0] != 0 || got[1] != 1 {
+		t.Errorf("Access() = %v, want [0 1]", got)
+	}
+	upload(t, b, shared.Ptr(), ramp(n, 1))
+	d1.copyF32(t, y.Ptr(), shared.Ptr(), n)
+	if err := b.StreamSynchronize(d1.stream); err != nil {
+		t.Fatalf("device 1 reading memory shared with it: %v", err)
+	}
+	wantF32(t, "copied from the peer's memory", download(t, b, y.Ptr(), n), ramp(n, 1))
+
+	private, err := vmm.Allocate(b, 0, 4*n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer private.Close()
+	d1.copyF32(t, y.Ptr(), private.Ptr(), n)
+	err = b.StreamSynchronize(d1.stream)
+	var fe *gpu.FaultError
+	if !errors.Is(err, gpu.ErrIllegalAddress) || !errors.As(err, &fe) || fe.Device != 1 {
+		t.Fatalf("device 1 reading device 0's private memory: %v, want a fault on device 1", err)
+	}
+	if err := b.ResetDevice(1); err != nil {
+		t.Fatal(err)
+	}
+
+	d0 := openDev(t, b, 0)
+	upload(t, b, private.Ptr(), ramp(n, 7))
+	d0.copyF32(t, shared.Ptr(), private.Ptr(), n)
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatalf("the owner reading its own memory: %v", err)
+	}
+	wantF32(t, "the owner's copy", download(t, b, shared.Ptr(), n), ramp(n, 7))
+}
+
+func TestTimelineSignalAndWait(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	if tl.Completed() != 0 || tl.Signalled() != 0 {
+		t.Fatalf("fresh timeline at %d/%d", tl.Completed(), tl.Signalled())
+	}
+	var last uint64
+	for i := 1; i <= 3; i++ {
+		p, err := tl.Signal(d0.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p != uint64(i) {
+			t.Fatalf("point %d, want %d", p, i)
+		}
+		last = p
+	}
+	if err := tl.Wait(context.Background(), last, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if !tl.Reached(last) || tl.Completed() != last {
+		t.Fatalf("after Wait: completed %d", tl.Completed())
+	}
+	if err := tl.Wait(context.Background(), last+1, time.Second); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("Wait for a point never signalled: %v, want ErrInvalidValue", err)
+	}
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Wait(context.Background(), p, 0); !errors.Is(err, gpu.ErrInvalidValue) && err != nil {
+		t.Errorf("Wait with no deadline at all: %v, want ErrInvalidValue (or nil if already reached)", err)
+	}
+	b.InjectFault("StreamWriteValue64", 0, nil)
+	if _, err := tl.Signal(d0.stream); !errors.Is(err, gpu.ErrInjected) {
+		t.Fatalf("Signal with the write failing: %v", err)
+	}
+	if tl.Signalled() != p {
+		t.Errorf("a failed Signal consumed a point: %d", tl.Signalled())
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if tl.Completed() != p {
+		t.Errorf("Completed after Close = %d, want the last value %d", tl.Completed(), p)
+	}
+	if _, err := tl.Signal(d0.stream); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("Signal after Close: %v, want ErrInvalidHandle", err)
+	}
+}
+
+// TestTimelineDeadline: on a hung device (writes stalled) Wait returns
+// ErrTimeout soon after its deadline, for a timeout and for a context
+// deadline, and cancellation returns the context's error.
+func TestTimelineDeadline(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	b.StallTimeline(true)
+	defer b.StallTimeline(false)
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 50 * time.Millisecond
+
+	start := time.Now()
+	err = tl.Wait(context.Background(), p, deadline)
+	took := time.Since(start)
+	if !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("Wait on a stalled timeline: %v, want ErrTimeout", err)
+	}
+	if took < deadline || took > deadline+time.Second {
+		t.Errorf("Wait returned after %v, deadline %v", took, deadline)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start = time.Now()
+	err = tl.Wait(ctx, p, time.Hour)
+	if !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past the context's deadline: %v, want ErrTimeout and DeadlineExceeded", err)
+	}
+	if took := time.Since(start); took > deadline+time.Second {
+		t.Errorf("Wait with a context deadline returned after %v", took)
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(10*time.Millisecond, cancel)
+	if err := tl.Wait(ctx, p, time.Hour); !errors.Is(err, context.Canceled) || errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("Wait cancelled: %v, want context.Canceled", err)
+	}
+
+	// The stalled write completed without writing; a later point, written
+	// once the device recovers, covers it.
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	b.StallTimeline(false)
+	q, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
+		t.Fatalf("Wait for %d after the device recovered (signalled %d): %v", p, q, err)
+	}
+}
+
+// TestDeferredNeverFreesEarly: memory freed while a kernel that reads it is
+// still queued is not released until the timeline passes the kernel, and the
+// kernel reads it without a fault. The stream is held by a gate kernel, so
+// the kernel is certainly still queued when Poll runs.
+func TestDeferredNeverFreesEarly(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	gate := make(chan struct{})
+	var openGate sync.Once
+	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
+	gm, err := b.ModuleLoad(0, gateModule(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := vmm.NewDeferredAllocator(b, tl, vmm.DeferredOptions{DrainTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 4096
+	x, err := da.Alloc(0, 4*n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := da.Alloc(0, 4*n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload(t, b, x.Ptr(), ramp(n, 3))
+
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	d0.copyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(x, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(x, p); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("second Free of x: %v, want ErrInvalidHandle", err)
+	}
+	if err := da.Free(y, p+1); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("Free at a point never signalled: %v, want ErrInvalidValue", err)
+	}
+	for range 5 {
+		if released, err := da.Poll(); released != 0 || err != nil {
+			t.Fatalf("Poll while the reader is queued released %d (%v)", released, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if s := da.Stats(); s.Pending != 1 || s.PendingBytes != gran || s.Released != 0 {
+		t.Fatalf("stats while the reader is queued: %+v", s)
+	}
+	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("timeline passed the gate while it was closed: %v", err)
+	}
+	wantCounters(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
+
+	openGate.Do(func() { close(gate) })
+	if err := da.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatalf("the queued reader of freed-later memory faulted: %v", err)
+	}
+	wantF32(t, "the reader's output", download(t, b, y.Ptr(), n), ramp(n, 3))
+	if s := da.Stats(); s.Pending != 0 || s.Released != 1 || s.ReleasedBytes != gran || s.PeakPendingBytes != gran {
+		t.Fatalf("stats after Drain: %+v", s)
+	}
+	if err := y.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDeferredPollOrderAndDrainTimeout(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := vmm.NewDeferredAllocator(b, tl, vmm.DeferredOptions{DrainTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var points []uint64
+	for i := range 3 {
+		a, err := da.Alloc(0, uint64(i+1)*gran, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := tl.Signal(d0.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		points = append(points, p)
+		if err := da.Free(a, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tl.Wait(context.Background(), points[2], 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := da.Poll(); n != 3 || err != nil {
+		t.Fatalf("Poll after the timeline passed every point released %d (%v)", n, err)
+	}
+	if s := da.Stats(); s.PeakPendingBytes != 6*gran || s.PendingBytes != 0 || s.ReleasedBytes != 6*gran {
+		t.Fatalf("stats: %+v", s)
+	}
+
+	// A hung device: Drain gives up at its timeout, keeps what it could
+	// not release, and finishes once the device recovers.
+	b.StallTimeline(true)
+	a, err := da.Alloc(0, gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(a, p); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := da.Drain(context.Background()); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("Drain on a stalled timeline: %v, want ErrTimeout", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Drain with a 50ms timeout took %v", took)
+	}
+	if s := da.Stats(); s.Pending != 1 {
+		t.Fatalf("Drain released memory the timeline had not passed: %+v", s)
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	b.StallTimeline(false)
+	if _, err := tl.Signal(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := da.Stats(); s.Pending != 0 || s.Released != 4 {
+		t.Fatalf("stats after recovery: %+v", s)
+	}
+}
+
+// TestDeferredReleaseFailureRetried: a release that fails stays queued and
+// the next Poll finishes it.
+func TestDeferredReleaseFailureRetried(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := vmm.NewDeferredAllocator(b, tl, vmm.DeferredOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := da.Alloc(0, gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(a, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemUnmap", 0, nil)
+	if n, err := da.Poll(); n != 0 || !errors.Is(err, gpu.ErrInjected) {
+		t.Fatalf("Poll with the unmap failing: released %d, %v", n, err)
+	}
+	if s := da.Stats(); s.Pending != 1 {
+		t.Fatalf("a failed release left the queue: %+v", s)
+	}
+	if n, err := da.Poll(); n != 1 || err != nil {
+		t.Fatalf("retried Poll: released %d, %v", n, err)
+	}
+}
+
+// TestConcurrentAllocate runs Allocate and Close from several goroutines
+// (for the race detector) and checks nothing is left.
+func TestConcurrentAllocate(t *testing.T) {
+	b := newSim(t, 2)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 20 {
+				a, err := vmm.Allocate(b, g%2, uint64(1+i%3)*gran, []int{1 - g%2})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if err := a.Close(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	wantZero(t, b, "after concurrent Allocate/Close")
+}
