@@ -9,7 +9,10 @@ import "fmt"
 // VirtualMemoryOf returns b's virtual memory interface for dev and the
 // device's granularity, or ErrNotSupported when dev has no VMM. The caller
 // falls back to MemAlloc-based strategies.
-func VirtualMemoryOf(b Backend, dev int) (VirtualMemory, uint64, error) {
+func VirtualMemoryOf(b interface {
+	Devices
+	VirtualMemory
+}, dev int) (VirtualMemory, uint64, error) {
 	p, err := b.DeviceProps(dev)
 	if err != nil {
 		return nil, 0, err
@@ -24,7 +27,10 @@ func VirtualMemoryOf(b Backend, dev int) (VirtualMemory, uint64, error) {
 // StreamMemOpsOf returns b's stream memory operations for dev, or
 // ErrNotSupported when dev cannot write values from a stream. The caller
 // falls back to events for timelines.
-func StreamMemOpsOf(b Backend, dev int) (StreamMemOps, error) {
+func StreamMemOpsOf(b interface {
+	Devices
+	StreamMemOps
+}, dev int) (StreamMemOps, error) {
 	p, err := b.DeviceProps(dev)
 	if err != nil {
 		return nil, err

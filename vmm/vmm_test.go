@@ -118,15 +118,17 @@ func (d noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
 	return p, err
 }
 
-// narrow is a Driver that is not a whole gpu.Backend, so vmm cannot use
-// gpu.VirtualMemoryOf and asks the driver itself.
+// narrow is a Driver that is not a whole gpu.Backend: the capability checks
+// must work from the narrow interface alone.
 type narrow struct{ vmm.Driver }
 
 // narrowNoVMM is a narrow driver whose devices lack VMM.
 type narrowNoVMM struct{ vmm.Driver }
 
-func (narrowNoVMM) AllocationGranularity(dev int) (uint64, error) {
-	return 0, gpu.Errorf("AllocationGranularity", gpu.ErrNotSupported, "device %d has no VMM", dev)
+func (d narrowNoVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
+	p, err := d.Driver.DeviceProps(dev)
+	p.VMM, p.Granularity = false, 0
+	return p, err
 }
 
 type narrowTimeline struct{ vmm.TimelineDriver }
