@@ -1,0 +1,136 @@
+// Package sim is the embedded pure-Go backend of stablegraph, registered as
+// "sim". It is a model of a CUDA device, not a mock: work really runs (kernels
+// are the Go references of their KernelSpec), asynchronously and in stream
+// order, against a checked 64-bit address space, and it reports what a real
+// GPU would silently corrupt. Open it with gpu.Open("sim", cfg) or New(cfg).
+//
+// # Address space
+//
+// One virtual address space is shared by all devices (UVA). Addresses come
+// from a cursor that only grows, starting at 1<<44, so address 0 is never
+// mapped and a freed range is never handed out again: a use after free
+// always faults, and faults as "freed" (the last 32768 or more freed ranges
+// are remembered; older ones fault as "unmapped"). Every region is followed
+// by an unmapped guard gap, so an overrun faults instead of landing in the
+// neighbouring allocation.
+//
+//   - MemCreate makes a physical chunk of device memory (a multiple of the
+//     2 MiB Granularity), charged against Config.DeviceMemory; more than
+//     that is gpu.ErrOutOfMemory. Pages are allocated on first write (unwritten
+//     memory reads as zero), so large chunks cost little until used.
+//   - MemAddressReserve reserves a granularity-aligned range. MemMap maps
+//     [offset, offset+size) of a chunk at an unmapped, aligned range inside
+//     one reservation. A mapping starts with no access: until MemSetAccess
+//     grants a device access, device work touching it faults, as in CUDA.
+//     MemUnmap and MemSetAccess take ranges made of whole mappings (several
+//     contiguous ones are fine). MemRelease of a mapped chunk removes its
+//     handle at once; the memory lives (and stays charged) until its last
+//     mapping is unmapped. MemAddressFree needs the whole, unmapped
+//     reservation (gpu.ErrIllegalState while mapped).
+//   - MemAlloc returns a 256-byte aligned allocation of exactly size bytes
+//     (an access past size faults), accessible from its own device only:
+//     sim models no peer access for plain allocations.
+//   - HostAlloc returns Go memory (8-byte aligned) that is also mapped into
+//     the address space at HostMem.Ptr, accessible from every device.
+//     StreamWriteValue64 stores into it atomically, so a host polling with
+//     HostMem.Load64 never sees a torn value.
+//
+// # What is checked
+//
+// Every access of device work (a kernel's gpu.Memory Read and Write, async
+// copies and memsets, graph nodes, value writes) must lie wholly in mapped,
+// live memory accessible from the device doing it; it may span several
+// contiguous mappings. Otherwise nothing is written and the work fails with a
+// *gpu.FaultError naming the kernel ("memcpy", "memset" and "writeValue64"
+// for those operations), the first bad address, the access size, the device
+// and the reason: "unmapped", "freed", "no access from device N".
+//
+// Faults are sticky per device, as on a GPU: the device's later work is
+// skipped (event records still complete, so nobody waits forever), and every
+// later synchronizing or submitting call on that device (StreamSynchronize,
+// StreamQuery, EventSynchronize, EventQuery, synchronous copies and memsets,
+// LaunchKernel, GraphLaunch, the async copies, EventRecord, StreamWaitEvent,
+// StreamWriteValue64, StreamBeginCapture) returns an error wrapping the fault
+// until (*Backend).ResetDevice. An error returned by a kernel reference that
+// is not a fault (a launch too small for its problem) is sticky the same way,
+// as an *gpu.Error for "LaunchKernel" wrapping it; a panicking reference is
+// one too, wrapping gpu.ErrDeviceLost. Creating, destroying, freeing and
+// releasing still work on a faulted device, so tests can clean up.
+//
+// Every handle that is zero, unknown, of another kind, or already destroyed
+// is gpu.ErrInvalidHandle in a *gpu.Error naming the entry point (a double
+// free included). Nothing panics on bad input.
+//
+// # Streams and events
+//
+// Each stream has one worker goroutine, which runs its work in submission
+// order and sleeps when idle; different streams run concurrently. Events
+// complete when their stream reaches them, with time.Now() as their time.
+// StreamWaitEvent orders work across streams and devices. Priorities (range
+// 0 to -5, clamped) are kept but do not affect scheduling. StreamDestroy waits
+// for the stream's queued work.
+//
+// Asynchronous host copies touch the caller's slice when the stream reaches
+// them: MemcpyHtoDAsync reads it then, so it must stay alive and unmodified
+// until the stream passes the copy; MemcpyDtoHAsync writes it then.
+//
+// # Capture
+//
+// Between StreamBeginCapture and StreamEndCapture, work submitted to the
+// stream becomes graph nodes, each depending on the previous one:
+// LaunchKernel (kernel), MemcpyDtoDAsync (memcpy), MemsetAsync (memset),
+// StreamWriteValue64 (NodeMemWriteValue) and GraphLaunch (a child graph
+// holding a copy of what the exec graph would run now). Host copies
+// (MemcpyHtoDAsync, MemcpyDtoHAsync), StreamSynchronize and StreamQuery on a
+// capturing stream return gpu.ErrCaptureInvalidated and invalidate the
+// capture: later work on it returns the same error, and StreamEndCapture
+// ends it with gpu.ErrCaptureInvalidated and no graph. Ending a capture that
+// was not begun, or beginning one twice, is gpu.ErrIllegalState.
+//
+// # Graphs
+//
+// Nodes run in creation order, which is a topological order because
+// dependencies must be earlier nodes of the same graph. A child-graph node
+// owns a deep copy of the graph it was given. GraphInstantiate snapshots the
+// graph; GraphLaunch queues the exec graph's parameters as they are at that
+// moment. GraphExecUpdate and the per-node updates follow CUDA's rules (same
+// node count, edges and types; kernels on the same device; memsets of the
+// same element size), change only the exec graph, leave it unchanged when
+// refused, and affect later launches only. Updates copy an exec's node list
+// at most once per launch, so patching n nodes costs O(n) plus one copy.
+//
+// # Testing hooks
+//
+// Beyond gpu.Backend, *Backend has InjectFault (fail the Nth call of an entry
+// point, once), ClearFaults, Calls (calls per entry point since New),
+// StallTimeline (value writes complete without writing: a hung GPU),
+// ResetDevice (clear a sticky fault) and LiveHandles (gpu.HandleCounter).
+// Every entry point goes through one helper, enter, which counts the call and
+// fires injected faults. Close drops queued work, stops every goroutine,
+// releases everything and reports, as an error, what was still live.
+//
+// # Deviations from CUDA
+//
+//   - Synchronous copies and memsets wait for no stream (there is no legacy
+//     default stream). They name no stream, so any device with access to the
+//     memory may perform them; their faults are charged to the device that
+//     owns the memory (device 0 for host or unmapped memory).
+//   - Capture is per stream: EventRecord and StreamWaitEvent on a capturing
+//     stream return gpu.ErrNotSupported (the capture continues), and the
+//     global capture mode's ban on unsafe calls from other streams is not
+//     modelled. A call refused for bad arguments during capture leaves the
+//     capture valid.
+//   - MemAlloc memory is not accessible from other devices; memory is zeroed.
+//   - Errors are checked more strictly than CUDA does in places where CUDA
+//     would corrupt memory silently (a MemAlloc overrun faults).
+//   - Launch limits are those of compute 9.0 with the shared-memory opt-in
+//     already made (227 KiB).
+//
+// # Concurrency
+//
+// A Backend is safe for concurrent use. One RWMutex guards the handle tables
+// and the address space; kernels resolve each access under its read lock and
+// copy page contents under it, so mappings cannot disappear mid-copy while
+// kernels on different streams still run in parallel. Nothing waits on a
+// stream while holding the lock.
+package sim

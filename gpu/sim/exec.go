@@ -1,0 +1,412 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"stablegraph/gpu"
+)
+
+// An exec graph is a plan: a snapshot of its source graph's nodes, taken at
+// instantiation, that later edits of the graph do not reach. Plans are
+// copy-on-write by epoch: GraphLaunch queues the current plan and starts a
+// new epoch, so a plan that was launched is never modified again (launches
+// already queued keep their parameters), and an update copies a launched
+// plan once, then edits the copy in place until the next launch. Per-node
+// updates thus cost O(1) plus one O(nodes) pointer copy per launch epoch.
+
+type plan struct {
+	dev   int
+	nodes []*enode
+	epoch uint64 // the exec epoch that made it; mutable while current
+}
+
+// enode is an immutable node of a plan.
+type enode struct {
+	typ   gpu.NodeType
+	deps  []int // sorted indexes of dependencies, for topology checks
+	p     params
+	child *plan
+}
+
+type exec struct {
+	handle gpu.GraphExec
+	source gpu.Graph
+	index  map[gpu.GraphNode][]int32 // source node → path of node indexes through child plans
+
+	// plan and epoch change under Backend.mu's write lock (updates) or
+	// under its read lock plus mu (GraphLaunch).
+	mu    sync.Mutex
+	plan  *plan
+	epoch uint64
+}
+
+func depIndexes(deps []*node) []int {
+	out := make([]int, len(deps))
+	for i, d := range deps {
+		out[i] = d.index
+	}
+	slices.Sort(out)
+	return out
+}
+
+// planLocked snapshots g. Kernel nodes must name loaded functions.
+func (b *Backend) planLocked(op string, g *graph, epoch uint64) (*plan, error) {
+	p := &plan{dev: g.dev, nodes: make([]*enode, len(g.nodes)), epoch: epoch}
+	for i, n := range g.nodes {
+		e := &enode{typ: n.typ, deps: depIndexes(n.deps), p: n.p}
+		if n.typ == gpu.NodeKernel && n.p.kern.fn.unloaded.Load() {
+			return nil, gpu.Errorf(op, gpu.ErrInvalidHandle, "node %#x: the module of kernel %s was unloaded", uint64(n.handle), n.p.kern.fn.spec.Name)
+		}
+		if n.child != nil {
+			c, err := b.planLocked(op, n.child, epoch)
+			if err != nil {
+				return nil, err
+			}
+			e.child = c
+		}
+		p.nodes[i] = e
+	}
+	return p, nil
+}
+
+func indexNodes(g *graph, prefix []int32, idx map[gpu.GraphNode][]int32) {
+	for i, n := range g.nodes {
+		path := append(slices.Clip(prefix), int32(i))
+		idx[n.handle] = path
+		if n.child != nil {
+			indexNodes(n.child, path, idx)
+		}
+	}
+}
+
+// graphFromPlanLocked rebuilds an unregistered graph from a plan, for a
+// GraphLaunch captured into a child-graph node.
+func (b *Backend) graphFromPlanLocked(p *plan) *graph {
+	g := b.newGraphLocked(p.dev, nil, false)
+	for _, e := range p.nodes {
+		deps := make([]*node, len(e.deps))
+		for i, d := range e.deps {
+			deps[i] = g.nodes[d]
+		}
+		n := b.addNodeLocked(g, e.typ, deps)
+		n.p = e.p
+		if e.child != nil {
+			b.adoptLocked(n, b.graphFromPlanLocked(e.child))
+		}
+	}
+	return g
+}
+
+// GraphInstantiate snapshots g into an exec graph.
+func (b *Backend) GraphInstantiate(gh gpu.Graph) (gpu.GraphExec, error) {
+	const op = "GraphInstantiate"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return 0, err
+	}
+	p, err := b.planLocked(op, g, 0)
+	if err != nil {
+		return 0, err
+	}
+	x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, plan: p, index: map[gpu.GraphNode][]int32{}}
+	indexNodes(g, nil, x.index)
+	b.mu.execs[x.handle] = x
+	return x.handle, nil
+}
+
+func (b *Backend) GraphExecDestroy(xh gpu.GraphExec) error {
+	const op = "GraphExecDestroy"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := getLocked(b, op, "graph exec", b.mu.execs, xh); err != nil {
+		return err
+	}
+	delete(b.mu.execs, xh)
+	return nil
+}
+
+// GraphLaunch queues x's current plan on s: its parameters are fixed now,
+// so later updates of x affect only later launches. On a capturing stream
+// it records a child-graph node holding a copy of what x would run now
+// (its source graph with x's updates applied).
+func (b *Backend) GraphLaunch(xh gpu.GraphExec, s gpu.Stream) error {
+	const op = "GraphLaunch"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	return b.submit(op, s, capNode, func(*stream) (cmd, error) {
+		x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
+		if err != nil {
+			return cmd{}, err
+		}
+		x.mu.Lock()
+		p := x.plan
+		x.epoch++ // p is frozen from now on
+		x.mu.Unlock()
+		return cmd{kind: cmdGraph, plan: p}, nil
+	})
+}
+
+// runPlan replays p on st's worker, node by node in creation order, and
+// stops at the first node that faults.
+func (st *stream) runPlan(p *plan) bool {
+	b := st.b
+	for _, e := range p.nodes {
+		var err error
+		switch e.typ {
+		case gpu.NodeKernel:
+			if !st.runKernel(&e.p.kern) {
+				return false
+			}
+			continue
+		case gpu.NodeChildGraph:
+			if !st.runPlan(e.child) {
+				return false
+			}
+			continue
+		case gpu.NodeEmpty:
+			continue
+		}
+		if b.faulted(p.dev) || b.closingNow() {
+			return false
+		}
+		switch e.typ {
+		case gpu.NodeMemcpy:
+			err = b.copyDtoD(actor{dev: p.dev, kernel: "memcpy"}, e.p.cp.Dst, e.p.cp.Src, e.p.cp.Size)
+		case gpu.NodeMemset:
+			err = b.memset(actor{dev: p.dev, kernel: "memset"}, e.p.ms)
+		case gpu.NodeMemWriteValue:
+			err = b.writeValue(actor{dev: p.dev, kernel: "writeValue64"}, e.p.wv)
+		}
+		if err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// ---- whole-graph update ----
+
+func updateErr(op string, r gpu.UpdateResult, n gpu.GraphNode, format string, args ...any) error {
+	return &gpu.UpdateError{Op: op, Result: r, Node: n, Detail: fmt.Sprintf(format, args...)}
+}
+
+// matchLocked checks that g can update p, with the rules CUDA enforces:
+// same node count and edges (node i against node i, deps by index), same
+// node types, kernels on the same device, memsets of the same element
+// size; child graphs recursively.
+func matchLocked(op string, p *plan, g *graph) error {
+	if len(p.nodes) != len(g.nodes) {
+		return updateErr(op, gpu.UpdateTopologyChanged, 0, "graph %#x has %d nodes, the exec graph %d", uint64(g.handle), len(g.nodes), len(p.nodes))
+	}
+	for i, n := range g.nodes {
+		if want, got := p.nodes[i].deps, depIndexes(n.deps); !slices.Equal(want, got) {
+			return updateErr(op, gpu.UpdateTopologyChanged, n.handle, "node %d depends on nodes %v, in the exec graph on %v", i, got, want)
+		}
+	}
+	for i, n := range g.nodes {
+		e := p.nodes[i]
+		if e.typ != n.typ {
+			return updateErr(op, gpu.UpdateNodeTypeChanged, n.handle, "node %d is a %s node, in the exec graph a %s node", i, n.typ, e.typ)
+		}
+		switch n.typ {
+		case gpu.NodeKernel:
+			if nd, ed := n.p.kern.fn.dev, e.p.kern.fn.dev; nd != ed {
+				return updateErr(op, gpu.UpdateFunctionChanged, n.handle, "node %d: kernel %s is on device %d, the exec graph's kernel on device %d", i, n.p.kern.fn.spec.Name, nd, ed)
+			}
+		case gpu.NodeMemset:
+			if ne, ee := n.p.ms.ElemSize, e.p.ms.ElemSize; ne != ee {
+				return updateErr(op, gpu.UpdateParametersChanged, n.handle, "node %d: memset element size %d, in the exec graph %d", i, ne, ee)
+			}
+		case gpu.NodeChildGraph:
+			if err := matchLocked(op, e.child, n.child); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// GraphExecUpdate applies g's parameters to x when g has x's topology; on
+// refusal (an *gpu.UpdateError) x is unchanged. Per-node updates keep
+// naming nodes by their handles in x's source graph.
+func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
+	const op = "GraphExecUpdate"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
+	if err != nil {
+		return err
+	}
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return err
+	}
+	if err := matchLocked(op, x.plan, g); err != nil {
+		return err
+	}
+	p, err := b.planLocked(op, g, x.epoch)
+	if err != nil {
+		return err
+	}
+	x.plan = p
+	return nil
+}
+
+// ---- per-node updates ----
+
+// execNodeLocked finds source node nh in x, checking its type.
+func (b *Backend) execNodeLocked(op string, xh gpu.GraphExec, nh gpu.GraphNode, want gpu.NodeType) (*exec, []int32, *enode, error) {
+	x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := getLocked(b, op, "graph node", b.mu.nodes, nh); err != nil {
+		return nil, nil, nil, err
+	}
+	path, ok := x.index[nh]
+	if !ok {
+		return nil, nil, nil, gpu.Errorf(op, gpu.ErrInvalidValue, "node %#x is not a node of graph %#x, which exec %#x was instantiated from", uint64(nh), uint64(x.source), uint64(xh))
+	}
+	p := x.plan
+	for _, i := range path[:len(path)-1] {
+		p = p.nodes[i].child
+	}
+	e := p.nodes[path[len(path)-1]]
+	if e.typ != want {
+		return nil, nil, nil, gpu.Errorf(op, gpu.ErrInvalidValue, "node %#x is a %s node, not a %s node", uint64(nh), e.typ, want)
+	}
+	return x, path, e, nil
+}
+
+// setLocked replaces the node at path with e, copying launched plans on
+// the way.
+func (x *exec) setLocked(path []int32, e *enode) { x.plan = x.setIn(x.plan, path, e) }
+
+func (x *exec) setIn(p *plan, path []int32, e *enode) *plan {
+	if p.epoch != x.epoch {
+		p = &plan{dev: p.dev, nodes: slices.Clone(p.nodes), epoch: x.epoch}
+	}
+	i := path[0]
+	if len(path) > 1 {
+		parent := *p.nodes[i]
+		parent.child = x.setIn(parent.child, path[1:], e)
+		e = &parent
+	}
+	p.nodes[i] = e
+	return p
+}
+
+// GraphExecKernelNodeSetParams sets the parameters of kernel node n in x
+// (not in its graph), from the next launch on. The function may change
+// within its device (else an *gpu.UpdateError); args are checked against
+// its spec.
+func (b *Backend) GraphExecKernelNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
+	const op = "GraphExecKernelNodeSetParams"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeKernel)
+	if err != nil {
+		return err
+	}
+	k, err := b.kernelParamsLocked(op, p)
+	if err != nil {
+		return err
+	}
+	if k.fn.dev != e.p.kern.fn.dev {
+		return updateErr(op, gpu.UpdateFunctionChanged, n, "kernel %s is on device %d, the node's kernel on device %d", k.fn.spec.Name, k.fn.dev, e.p.kern.fn.dev)
+	}
+	ne := *e
+	ne.p.kern = k
+	x.setLocked(path, &ne)
+	return nil
+}
+
+func (b *Backend) GraphExecMemcpyNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
+	const op = "GraphExecMemcpyNodeSetParams"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeMemcpy)
+	if err != nil {
+		return err
+	}
+	ne := *e
+	ne.p.cp = p
+	x.setLocked(path, &ne)
+	return nil
+}
+
+// GraphExecMemsetNodeSetParams sets a memset node's parameters in x; the
+// element size cannot change (gpu.ErrInvalidValue).
+func (b *Backend) GraphExecMemsetNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.Memset) error {
+	const op = "GraphExecMemsetNodeSetParams"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	if err := checkMemset(op, p); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeMemset)
+	if err != nil {
+		return err
+	}
+	if p.ElemSize != e.p.ms.ElemSize {
+		return gpu.Errorf(op, gpu.ErrInvalidValue, "memset element size cannot change from %d to %d", e.p.ms.ElemSize, p.ElemSize)
+	}
+	ne := *e
+	ne.p.ms = p
+	x.setLocked(path, &ne)
+	return nil
+}
+
+// GraphExecChildGraphNodeSetParams applies child's parameters to the child
+// graph of node n in x; child must have the same topology (else an
+// *gpu.UpdateError).
+func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
+	const op = "GraphExecChildGraphNodeSetParams"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeChildGraph)
+	if err != nil {
+		return err
+	}
+	g, err := b.graphLocked(op, child)
+	if err != nil {
+		return err
+	}
+	if err := matchLocked(op, e.child, g); err != nil {
+		return err
+	}
+	cp, err := b.planLocked(op, g, x.epoch)
+	if err != nil {
+		return err
+	}
+	ne := *e
+	ne.child = cp
+	x.setLocked(path, &ne)
+	return nil
+}

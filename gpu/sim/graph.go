@@ -1,0 +1,452 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+
+	"stablegraph/gpu"
+)
+
+// Graphs are lists of nodes in creation order; a node's dependencies are
+// earlier nodes of the same graph, so creation order is a topological
+// order and replay runs nodes in it. A child-graph node owns a deep copy of
+// the graph it was given. Graph objects follow the gpu package's
+// serialisation rule; Backend.mu guards them anyway, so misuse cannot
+// corrupt the backend.
+
+type graph struct {
+	handle     gpu.Graph
+	dev        int
+	nodes      []*node
+	owner      *node // the child-graph node owning this graph, nil at top level
+	registered bool  // handles in the tables (false while being captured)
+}
+
+type node struct {
+	handle gpu.GraphNode
+	g      *graph
+	index  int // position in g.nodes
+	typ    gpu.NodeType
+	deps   []*node
+	p      params
+	child  *graph
+}
+
+// capture is a stream capture in progress.
+type capture struct {
+	g       *graph
+	last    *node
+	invalid string // why the capture was invalidated, "" while valid
+}
+
+func (c *capture) invalidate(op, why string) error {
+	if c.invalid == "" {
+		c.invalid = why
+	}
+	return gpu.Errorf(op, gpu.ErrCaptureInvalidated, "%s; the capture is invalidated: end it and discard it", why)
+}
+
+func (b *Backend) newGraphLocked(dev int, owner *node, register bool) *graph {
+	g := &graph{handle: gpu.Graph(b.newHandleLocked()), dev: dev, owner: owner}
+	if register {
+		b.registerLocked(g)
+	}
+	return g
+}
+
+// registerLocked puts g, its nodes and their child graphs in the tables.
+func (b *Backend) registerLocked(g *graph) {
+	g.registered = true
+	b.mu.graphs[g.handle] = g
+	for _, n := range g.nodes {
+		b.mu.nodes[n.handle] = n
+		if n.child != nil {
+			b.registerLocked(n.child)
+		}
+	}
+}
+
+func (b *Backend) unregisterLocked(g *graph) {
+	g.registered = false
+	delete(b.mu.graphs, g.handle)
+	for _, n := range g.nodes {
+		delete(b.mu.nodes, n.handle)
+		if n.child != nil {
+			b.unregisterLocked(n.child)
+		}
+	}
+}
+
+// addNodeLocked appends a node of type typ with deps to g.
+func (b *Backend) addNodeLocked(g *graph, typ gpu.NodeType, deps []*node) *node {
+	n := &node{handle: gpu.GraphNode(b.newHandleLocked()), g: g, index: len(g.nodes), typ: typ, deps: deps}
+	g.nodes = append(g.nodes, n)
+	if g.registered {
+		b.mu.nodes[n.handle] = n
+	}
+	return n
+}
+
+// copyGraphLocked returns an unregistered deep copy of src, for a
+// child-graph node to own.
+func (b *Backend) copyGraphLocked(src *graph) *graph {
+	c := b.newGraphLocked(src.dev, nil, false)
+	for _, sn := range src.nodes {
+		deps := make([]*node, len(sn.deps))
+		for i, d := range sn.deps {
+			deps[i] = c.nodes[d.index]
+		}
+		n := b.addNodeLocked(c, sn.typ, deps)
+		n.p = sn.p
+		if sn.child != nil {
+			b.adoptLocked(n, b.copyGraphLocked(sn.child))
+		}
+	}
+	return c
+}
+
+// adoptLocked makes child (unregistered) the graph owned by n.
+func (b *Backend) adoptLocked(n *node, child *graph) {
+	child.owner, n.child = n, child
+	if n.g.registered {
+		b.registerLocked(child)
+	}
+}
+
+// graphLocked looks up a graph handle.
+func (b *Backend) graphLocked(op string, g gpu.Graph) (*graph, error) {
+	return getLocked(b, op, "graph", b.mu.graphs, g)
+}
+
+// depsLocked resolves deps, which must be distinct nodes of g.
+func (b *Backend) depsLocked(op string, g *graph, deps []gpu.GraphNode) ([]*node, error) {
+	out := make([]*node, 0, len(deps))
+	for _, h := range deps {
+		n, err := getLocked(b, op, "graph node", b.mu.nodes, h)
+		if err != nil {
+			return nil, err
+		}
+		if n.g != g {
+			return nil, gpu.Errorf(op, gpu.ErrInvalidValue, "dependency %#x is a node of graph %#x, not of graph %#x", uint64(h), uint64(n.g.handle), uint64(g.handle))
+		}
+		if slices.Contains(out, n) {
+			return nil, gpu.Errorf(op, gpu.ErrInvalidValue, "dependency %#x is listed twice", uint64(h))
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// addNode is the common part of the GraphAdd*Node entry points: it builds
+// the node with fill (which validates) under the write lock.
+func (b *Backend) addNode(op string, gh gpu.Graph, deps []gpu.GraphNode, typ gpu.NodeType, fill func(n *node) error) (gpu.GraphNode, error) {
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return 0, err
+	}
+	ds, err := b.depsLocked(op, g, deps)
+	if err != nil {
+		return 0, err
+	}
+	// Validate into a scratch node first so a refused node leaves g as it
+	// was and issues no handle.
+	var tmp node
+	if err := fill(&tmp); err != nil {
+		return 0, err
+	}
+	var child *graph
+	if tmp.child != nil {
+		child = b.copyGraphLocked(tmp.child) // before adding n: g may be its own child
+	}
+	n := b.addNodeLocked(g, typ, ds)
+	n.p = tmp.p
+	if child != nil {
+		b.adoptLocked(n, child)
+	}
+	return n.handle, nil
+}
+
+func (b *Backend) GraphCreate(dev int) (gpu.Graph, error) {
+	const op = "GraphCreate"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	if err := b.checkDev(op, dev); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, errClosed(op)
+	}
+	return b.newGraphLocked(dev, nil, true).handle, nil
+}
+
+// GraphDestroy destroys g, its nodes and their child graphs. A child graph
+// owned by a node cannot be destroyed on its own (gpu.ErrInvalidValue).
+func (b *Backend) GraphDestroy(gh gpu.Graph) error {
+	const op = "GraphDestroy"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return err
+	}
+	if g.owner != nil {
+		return gpu.Errorf(op, gpu.ErrInvalidValue, "graph %#x is owned by child-graph node %#x; destroy its top-level graph", uint64(gh), uint64(g.owner.handle))
+	}
+	b.unregisterLocked(g)
+	return nil
+}
+
+func (b *Backend) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
+	const op = "GraphAddKernelNode"
+	return b.addNode(op, g, deps, gpu.NodeKernel, func(n *node) (err error) {
+		n.p.kern, err = b.kernelParamsLocked(op, p)
+		return err
+	})
+}
+
+// GraphAddMemcpyNode adds a device-to-device copy node. Addresses are
+// checked when the node runs.
+func (b *Backend) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.MemcpyParams) (gpu.GraphNode, error) {
+	return b.addNode("GraphAddMemcpyNode", g, deps, gpu.NodeMemcpy, func(n *node) error {
+		n.p.cp = p
+		return nil
+	})
+}
+
+func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Memset) (gpu.GraphNode, error) {
+	const op = "GraphAddMemsetNode"
+	return b.addNode(op, g, deps, gpu.NodeMemset, func(n *node) error {
+		n.p.ms = p
+		return checkMemset(op, p)
+	})
+}
+
+func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, child gpu.Graph) (gpu.GraphNode, error) {
+	const op = "GraphAddChildGraphNode"
+	return b.addNode(op, g, deps, gpu.NodeChildGraph, func(n *node) (err error) {
+		n.child, err = b.graphLocked(op, child)
+		return err
+	})
+}
+
+func (b *Backend) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
+	return b.addNode("GraphAddEmptyNode", g, deps, gpu.NodeEmpty, func(*node) error { return nil })
+}
+
+// ---- inspection ----
+
+func handles(ns []*node) []gpu.GraphNode {
+	out := make([]gpu.GraphNode, len(ns))
+	for i, n := range ns {
+		out[i] = n.handle
+	}
+	return out
+}
+
+// GraphNodes returns g's nodes in creation order.
+func (b *Backend) GraphNodes(gh gpu.Graph) ([]gpu.GraphNode, error) {
+	const op = "GraphNodes"
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return nil, err
+	}
+	return handles(g.nodes), nil
+}
+
+// nodeOf looks up a node, and checks its type when want is not 0.
+func (b *Backend) nodeLocked(op string, h gpu.GraphNode, want gpu.NodeType) (*node, error) {
+	n, err := getLocked(b, op, "graph node", b.mu.nodes, h)
+	if err != nil {
+		return nil, err
+	}
+	if want != 0 && n.typ != want {
+		return nil, gpu.Errorf(op, gpu.ErrInvalidValue, "node %#x is a %s node, not a %s node", uint64(h), n.typ, want)
+	}
+	return n, nil
+}
+
+func (b *Backend) GraphNodeType(h gpu.GraphNode) (gpu.NodeType, error) {
+	const op = "GraphNodeType"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, 0)
+	if err != nil {
+		return 0, err
+	}
+	return n.typ, nil
+}
+
+func (b *Backend) GraphNodeDeps(h gpu.GraphNode) ([]gpu.GraphNode, error) {
+	const op = "GraphNodeDeps"
+	if err := b.enter(op); err != nil {
+		return nil, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, 0)
+	if err != nil {
+		return nil, err
+	}
+	return handles(n.deps), nil
+}
+
+// GraphKernelNodeParams returns a copy of a kernel node's typed parameters.
+func (b *Backend) GraphKernelNodeParams(h gpu.GraphNode) (gpu.KernelParams, error) {
+	const op = "GraphKernelNodeParams"
+	if err := b.enter(op); err != nil {
+		return gpu.KernelParams{}, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, gpu.NodeKernel)
+	if err != nil {
+		return gpu.KernelParams{}, err
+	}
+	return n.p.kern.public(), nil
+}
+
+// GraphChildGraph returns the graph a child-graph node owns. Changes to it
+// change the node, as in CUDA; it cannot be destroyed on its own.
+func (b *Backend) GraphChildGraph(h gpu.GraphNode) (gpu.Graph, error) {
+	const op = "GraphChildGraph"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, gpu.NodeChildGraph)
+	if err != nil {
+		return 0, err
+	}
+	return n.child.handle, nil
+}
+
+// ---- capture ----
+
+// StreamBeginCapture starts recording the work submitted to s into a new
+// graph instead of running it. Only work on s itself is captured.
+func (b *Backend) StreamBeginCapture(s gpu.Stream) error {
+	const op = "StreamBeginCapture"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	if err != nil {
+		return err
+	}
+	if st.cap != nil {
+		return gpu.Errorf(op, gpu.ErrIllegalState, "stream %#x is already capturing", uint64(s))
+	}
+	if err := b.stickyErr(op, st.dev); err != nil {
+		return err
+	}
+	st.cap = &capture{g: b.newGraphLocked(st.dev, nil, false)}
+	return nil
+}
+
+// StreamEndCapture ends the capture on s and returns the graph, or
+// gpu.ErrCaptureInvalidated (and no graph) when the capture was
+// invalidated.
+func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
+	const op = "StreamEndCapture"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	if err != nil {
+		return 0, err
+	}
+	c := st.cap
+	if c == nil {
+		return 0, gpu.Errorf(op, gpu.ErrIllegalState, "stream %#x is not capturing", uint64(s))
+	}
+	st.cap = nil
+	if c.invalid != "" {
+		return 0, gpu.Errorf(op, gpu.ErrCaptureInvalidated, "capture on stream %#x was invalidated (%s); no graph was made", uint64(s), c.invalid)
+	}
+	b.registerLocked(c.g)
+	return c.g.handle, nil
+}
+
+// StreamIsCapturing reports whether a capture was begun on s and not yet
+// ended, including an invalidated one (which must still be ended).
+func (b *Backend) StreamIsCapturing(s gpu.Stream) (bool, error) {
+	const op = "StreamIsCapturing"
+	if err := b.enter(op); err != nil {
+		return false, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	if err != nil {
+		return false, err
+	}
+	return st.cap != nil, nil
+}
+
+// captureLocked records the command build makes as a node of st's capture,
+// depending on the previous captured node.
+func (b *Backend) captureLocked(op string, st *stream, mode capMode, build func(*stream) (cmd, error)) error {
+	cp := st.cap
+	if err := b.stickyErr(op, st.dev); err != nil {
+		return err
+	}
+	switch {
+	case mode == capRefuse:
+		return gpu.Errorf(op, gpu.ErrNotSupported, "sim does not model %s on a capturing stream (cross-stream capture); the capture continues", op)
+	case cp.invalid != "":
+		return gpu.Errorf(op, gpu.ErrCaptureInvalidated, "the capture on stream %#x was invalidated earlier (%s)", uint64(st.handle), cp.invalid)
+	case mode == capInvalidate:
+		return cp.invalidate(op, fmt.Sprintf("%s cannot be captured (only device-to-device copies become graph nodes)", op))
+	}
+	c, err := build(st)
+	if err != nil {
+		return err
+	}
+	var deps []*node
+	if cp.last != nil {
+		deps = []*node{cp.last}
+	}
+	var n *node
+	switch c.kind {
+	case cmdKernel:
+		n = b.addNodeLocked(cp.g, gpu.NodeKernel, deps)
+	case cmdMemcpy:
+		n = b.addNodeLocked(cp.g, gpu.NodeMemcpy, deps)
+	case cmdMemset:
+		n = b.addNodeLocked(cp.g, gpu.NodeMemset, deps)
+	case cmdWrite:
+		n = b.addNodeLocked(cp.g, gpu.NodeMemWriteValue, deps)
+	case cmdGraph:
+		n = b.addNodeLocked(cp.g, gpu.NodeChildGraph, deps)
+		b.adoptLocked(n, b.graphFromPlanLocked(c.plan))
+	default:
+		return cp.invalidate(op, fmt.Sprintf("%s cannot be captured", op))
+	}
+	n.p = c.p
+	cp.last = n
+	return nil
+}

@@ -1,0 +1,551 @@
+package sim
+
+import (
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"stablegraph/gpu"
+)
+
+// Streams: each stream has one worker goroutine that runs its commands in
+// order; different streams run concurrently. The worker sleeps on a
+// condition variable when the queue is empty.
+
+const (
+	prioLeast    = 0
+	prioGreatest = -5
+)
+
+type cmdKind uint8
+
+const (
+	cmdKernel cmdKind = iota + 1
+	cmdMemcpy         // device to device
+	cmdMemset
+	cmdWrite // StreamWriteValue64
+	cmdGraph // GraphLaunch
+	cmdHtoD
+	cmdDtoH
+	cmdRecord // EventRecord
+	cmdWait   // StreamWaitEvent
+)
+
+// params are the parameters of a command or graph node of the kinds both
+// have.
+type params struct {
+	kern kernelParams
+	cp   gpu.MemcpyParams
+	ms   gpu.Memset
+	wv   writeValue
+}
+
+type kernelParams struct {
+	fn   *function
+	cfg  gpu.LaunchConfig
+	args []gpu.Arg // owned, never modified once stored
+}
+
+type writeValue struct {
+	p gpu.DevicePtr
+	v uint64
+}
+
+// cmd is one unit of stream work. It is built when submitted, so that
+// parameters are snapshots: later changes of the caller's values, of an
+// exec graph or of a node do not affect work already queued.
+type cmd struct {
+	kind cmdKind
+	p    params
+	plan *plan         // cmdGraph
+	ptr  gpu.DevicePtr // cmdHtoD, cmdDtoH: device side
+	host []byte        // cmdHtoD, cmdDtoH: host side, read or written when run
+	rec  *record       // cmdRecord, cmdWait
+}
+
+type stream struct {
+	b      *Backend
+	handle gpu.Stream
+	dev    int
+	prio   int
+	cap    *capture // guarded by Backend.mu
+
+	// Worker-only scratch for kernel arguments, so a reference kernel
+	// cannot change a stored node by modifying its args.
+	args []gpu.Arg
+
+	mu        sync.Mutex
+	work      sync.Cond // signalled when the queue grows or stop is set
+	idle      sync.Cond // broadcast when done grows
+	queue     []cmd
+	head      int
+	submitted uint64
+	done      uint64
+	stop      bool
+	exited    chan struct{}
+}
+
+func (b *Backend) StreamCreate(dev int, flags gpu.StreamFlags, priority int) (gpu.Stream, error) {
+	const op = "StreamCreate"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	if err := b.checkDev(op, dev); err != nil {
+		return 0, err
+	}
+	if flags&^gpu.StreamNonBlocking != 0 {
+		return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "unknown stream flags %#x", uint32(flags))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, errClosed(op)
+	}
+	st := &stream{b: b, handle: gpu.Stream(b.newHandleLocked()), dev: dev,
+		prio: min(max(priority, prioGreatest), prioLeast), exited: make(chan struct{})}
+	st.work.L, st.idle.L = &st.mu, &st.mu
+	b.mu.streams[st.handle] = st
+	b.workers.Add(1)
+	go st.loop()
+	return st.handle, nil
+}
+
+// StreamPriorityRange returns CUDA's range, (0, -5). Priorities are kept
+// but do not change scheduling in sim.
+func (b *Backend) StreamPriorityRange(dev int) (least, greatest int, err error) {
+	const op = "StreamPriorityRange"
+	if err := b.enter(op); err != nil {
+		return 0, 0, err
+	}
+	if err := b.checkDev(op, dev); err != nil {
+		return 0, 0, err
+	}
+	return prioLeast, prioGreatest, nil
+}
+
+// enqueue appends c. It is called with Backend.mu held (read or write), so
+// the stream cannot have been stopped: StreamDestroy and Close remove it
+// from the table under the write lock before stopping it.
+func (st *stream) enqueue(c cmd) {
+	st.mu.Lock()
+	st.queue = append(st.queue, c)
+	st.submitted++
+	st.work.Signal()
+	st.mu.Unlock()
+}
+
+func (st *stream) loop() {
+	defer st.b.workers.Done()
+	defer close(st.exited)
+	for {
+		st.mu.Lock()
+		for st.head == len(st.queue) && !st.stop {
+			st.work.Wait()
+		}
+		if st.head == len(st.queue) {
+			st.mu.Unlock()
+			return
+		}
+		c := st.queue[st.head]
+		st.queue[st.head] = cmd{} // drop references for the GC
+		st.head++
+		switch {
+		case st.head == len(st.queue):
+			st.queue, st.head = st.queue[:0], 0
+		case st.head >= 1024 && st.head*2 >= len(st.queue):
+			n := copy(st.queue, st.queue[st.head:])
+			clear(st.queue[n:])
+			st.queue, st.head = st.queue[:n], 0
+		}
+		st.mu.Unlock()
+
+		st.runSafe(&c)
+
+		st.mu.Lock()
+		st.done++
+		st.idle.Broadcast()
+		st.mu.Unlock()
+	}
+}
+
+// runSafe runs c; a panic (a bug in a kernel reference or in sim) becomes
+// the device's sticky error instead of killing the process.
+func (st *stream) runSafe(c *cmd) {
+	defer func() {
+		if r := recover(); r != nil {
+			st.b.stick(st.dev, gpu.Errorf("stream", gpu.ErrDeviceLost, "panic in stream %#x work: %v\n%s", uint64(st.handle), r, debug.Stack()))
+		}
+	}()
+	st.run(c)
+}
+
+func (st *stream) run(c *cmd) {
+	b := st.b
+	switch c.kind {
+	case cmdRecord:
+		// Records complete even when the device is faulted or the
+		// backend closing, so that nobody waits forever.
+		c.rec.complete()
+		return
+	case cmdWait:
+		select {
+		case <-c.rec.done:
+		case <-b.closing:
+		}
+		return
+	}
+	if b.closingNow() || b.faulted(st.dev) {
+		return // a faulted device skips its later work
+	}
+	a := actor{dev: st.dev}
+	switch c.kind {
+	case cmdKernel:
+		st.runKernel(&c.p.kern)
+	case cmdMemcpy:
+		a.kernel = "memcpy"
+		_ = b.copyDtoD(a, c.p.cp.Dst, c.p.cp.Src, c.p.cp.Size)
+	case cmdMemset:
+		a.kernel = "memset"
+		_ = b.memset(a, c.p.ms)
+	case cmdWrite:
+		a.kernel = "writeValue64"
+		_ = b.writeValue(a, c.p.wv)
+	case cmdHtoD:
+		a.kernel = "memcpy"
+		_ = b.access(a, c.ptr, c.host, true)
+	case cmdDtoH:
+		a.kernel = "memcpy"
+		_ = b.access(a, c.ptr, c.host, false)
+	case cmdGraph:
+		st.runPlan(c.plan)
+	}
+	// Errors above are already the device's sticky error.
+}
+
+// wait blocks until everything submitted to st before the call has run.
+func (st *stream) wait() {
+	st.mu.Lock()
+	for t := st.submitted; st.done < t; {
+		st.idle.Wait()
+	}
+	st.mu.Unlock()
+}
+
+func (st *stream) isIdle() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.done == st.submitted
+}
+
+// shutdown lets the worker finish the queue and waits for it to exit.
+func (st *stream) shutdown() {
+	st.mu.Lock()
+	st.stop = true
+	st.work.Broadcast()
+	st.mu.Unlock()
+	<-st.exited
+}
+
+// capMode says what a stream operation does on a capturing stream.
+type capMode uint8
+
+const (
+	capNode       capMode = iota + 1 // becomes a graph node
+	capInvalidate                    // cannot be captured: invalidates the capture
+	capRefuse                        // not modelled during capture: ErrNotSupported, capture intact
+)
+
+// submit is the one path of every stream operation: look up s, refuse work
+// on a faulted device, build the command (under Backend.mu, so build may
+// look up handles), then queue it, or record it as a node when s is
+// capturing.
+func (b *Backend) submit(op string, s gpu.Stream, mode capMode, build func(st *stream) (cmd, error)) error {
+	b.mu.RLock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	if err == nil && st.cap == nil {
+		err = b.queueLocked(op, st, build)
+		b.mu.RUnlock()
+		return err
+	}
+	b.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	// Capturing: nodes are added under the write lock.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st, err = getLocked(b, op, "stream", b.mu.streams, s); err != nil {
+		return err
+	}
+	if st.cap == nil { // the capture ended meanwhile
+		return b.queueLocked(op, st, build)
+	}
+	return b.captureLocked(op, st, mode, build)
+}
+
+func (b *Backend) queueLocked(op string, st *stream, build func(*stream) (cmd, error)) error {
+	if err := b.stickyErr(op, st.dev); err != nil {
+		return err
+	}
+	c, err := build(st)
+	if err != nil {
+		return err
+	}
+	st.enqueue(c)
+	return nil
+}
+
+// ---- synchronization ----
+
+// StreamQuery reports whether s is idle; the error is the device's sticky
+// error, if any. On a capturing stream it invalidates the capture and
+// returns gpu.ErrCaptureInvalidated.
+func (b *Backend) StreamQuery(s gpu.Stream) (bool, error) {
+	const op = "StreamQuery"
+	if err := b.enter(op); err != nil {
+		return false, err
+	}
+	st, err := b.syncStream(op, s)
+	if err != nil {
+		return false, err
+	}
+	return st.isIdle(), b.stickyErr(op, st.dev)
+}
+
+// StreamSynchronize waits for everything submitted to s, then returns the
+// device's sticky error, if any. On a capturing stream it invalidates the
+// capture and returns gpu.ErrCaptureInvalidated.
+func (b *Backend) StreamSynchronize(s gpu.Stream) error {
+	const op = "StreamSynchronize"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	st, err := b.syncStream(op, s)
+	if err != nil {
+		return err
+	}
+	st.wait()
+	return b.stickyErr(op, st.dev)
+}
+
+// syncStream looks s up for a synchronizing call, which breaks a capture.
+func (b *Backend) syncStream(op string, s gpu.Stream) (*stream, error) {
+	b.mu.RLock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	capturing := err == nil && st.cap != nil
+	b.mu.RUnlock()
+	if !capturing {
+		return st, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st, err = getLocked(b, op, "stream", b.mu.streams, s); err != nil || st.cap == nil {
+		return st, err
+	}
+	return nil, st.cap.invalidate(op, fmt.Sprintf("%s on the capturing stream", op))
+}
+
+func (b *Backend) StreamWaitEvent(s gpu.Stream, e gpu.Event) error {
+	const op = "StreamWaitEvent"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	return b.submit(op, s, capRefuse, func(st *stream) (cmd, error) {
+		ev, err := getLocked(b, op, "event", b.mu.events, e)
+		if err != nil {
+			return cmd{}, err
+		}
+		rec := ev.last.Load()
+		if rec == nil {
+			rec = completedRecord // CUDA: waiting on a never-recorded event is a no-op
+		}
+		return cmd{kind: cmdWait, rec: rec}, nil
+	})
+}
+
+// StreamDestroy waits for the work queued on s (run, or skipped on a
+// faulted device), then stops its goroutine. A capture in progress is
+// discarded.
+func (b *Backend) StreamDestroy(s gpu.Stream) error {
+	const op = "StreamDestroy"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	st, err := getLocked(b, op, "stream", b.mu.streams, s)
+	if err != nil {
+		b.mu.Unlock()
+		return err
+	}
+	delete(b.mu.streams, s)
+	st.cap = nil
+	b.mu.Unlock()
+	st.shutdown()
+	return nil
+}
+
+// ---- events ----
+
+type event struct {
+	handle gpu.Event
+	dev    int
+	flags  gpu.EventFlags
+	last   atomic.Pointer[record] // the last record, nil before the first
+}
+
+// record is one EventRecord: done is closed when the stream reaches it, and
+// at is set just before.
+type record struct {
+	done chan struct{}
+	at   time.Time
+}
+
+func newRecord() *record { return &record{done: make(chan struct{})} }
+
+func (r *record) complete() {
+	r.at = time.Now()
+	close(r.done)
+}
+
+func (r *record) isDone() bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
+}
+
+var completedRecord = func() *record { r := newRecord(); r.complete(); return r }()
+
+func (b *Backend) EventCreate(dev int, flags gpu.EventFlags) (gpu.Event, error) {
+	const op = "EventCreate"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	if err := b.checkDev(op, dev); err != nil {
+		return 0, err
+	}
+	if flags&^(gpu.EventBlockingSync|gpu.EventDisableTiming) != 0 {
+		return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "unknown event flags %#x", uint32(flags))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return 0, errClosed(op)
+	}
+	ev := &event{handle: gpu.Event(b.newHandleLocked()), dev: dev, flags: flags}
+	b.mu.events[ev.handle] = ev
+	return ev.handle, nil
+}
+
+// EventRecord records e on s; e completes when s reaches it. e and s must
+// be on the same device. Recording on a capturing stream is not modelled
+// (gpu.ErrNotSupported; the capture continues).
+func (b *Backend) EventRecord(e gpu.Event, s gpu.Stream) error {
+	const op = "EventRecord"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	return b.submit(op, s, capRefuse, func(st *stream) (cmd, error) {
+		ev, err := getLocked(b, op, "event", b.mu.events, e)
+		if err != nil {
+			return cmd{}, err
+		}
+		if ev.dev != st.dev {
+			return cmd{}, gpu.Errorf(op, gpu.ErrInvalidValue, "event %#x of device %d recorded on stream %#x of device %d", uint64(e), ev.dev, uint64(s), st.dev)
+		}
+		// The command is queued right after build returns (enqueue
+		// cannot fail), so the record always completes.
+		rec := newRecord()
+		ev.last.Store(rec)
+		return cmd{kind: cmdRecord, rec: rec}, nil
+	})
+}
+
+func (b *Backend) eventRecord(op string, e gpu.Event) (*event, *record, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	ev, err := getLocked(b, op, "event", b.mu.events, e)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ev, ev.last.Load(), nil
+}
+
+// EventQuery reports whether e's last record completed (true when never
+// recorded, as in CUDA); the error is the device's sticky error.
+func (b *Backend) EventQuery(e gpu.Event) (bool, error) {
+	const op = "EventQuery"
+	if err := b.enter(op); err != nil {
+		return false, err
+	}
+	ev, rec, err := b.eventRecord(op, e)
+	if err != nil {
+		return false, err
+	}
+	if err := b.stickyErr(op, ev.dev); err != nil {
+		return false, err
+	}
+	return rec == nil || rec.isDone(), nil
+}
+
+func (b *Backend) EventSynchronize(e gpu.Event) error {
+	const op = "EventSynchronize"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	ev, rec, err := b.eventRecord(op, e)
+	if err != nil {
+		return err
+	}
+	if rec != nil {
+		select {
+		case <-rec.done:
+		case <-b.closing:
+			return errClosed(op)
+		}
+	}
+	return b.stickyErr(op, ev.dev)
+}
+
+// EventElapsed returns the time between the completions of start's and
+// end's last records: gpu.ErrNotReady when either is not complete or was
+// never recorded, gpu.ErrInvalidValue when either disables timing.
+func (b *Backend) EventElapsed(start, end gpu.Event) (time.Duration, error) {
+	const op = "EventElapsed"
+	if err := b.enter(op); err != nil {
+		return 0, err
+	}
+	var recs [2]*record
+	for i, e := range [2]gpu.Event{start, end} {
+		ev, rec, err := b.eventRecord(op, e)
+		if err != nil {
+			return 0, err
+		}
+		if ev.flags&gpu.EventDisableTiming != 0 {
+			return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "event %#x was created with EventDisableTiming", uint64(e))
+		}
+		if rec == nil || !rec.isDone() {
+			return 0, gpu.Errorf(op, gpu.ErrNotReady, "event %#x has not completed (or was never recorded)", uint64(e))
+		}
+		recs[i] = rec
+	}
+	return recs[1].at.Sub(recs[0].at), nil
+}
+
+func (b *Backend) EventDestroy(e gpu.Event) error {
+	const op = "EventDestroy"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := getLocked(b, op, "event", b.mu.events, e); err != nil {
+		return err
+	}
+	delete(b.mu.events, e)
+	return nil
+}
