@@ -288,6 +288,7 @@ type Counters struct {
 	Modules      int
 	Graphs       int
 	GraphExecs   int
+	Comms        int // Collectives.CommInit
 }
 
 // IsZero reports whether no handle is live.
@@ -310,6 +311,7 @@ func (c Counters) String() string {
 	add("modules", c.Modules)
 	add("graphs", c.Graphs)
 	add("graph-execs", c.GraphExecs)
+	add("comms", c.Comms)
 	if len(parts) == 0 {
 		return "none live"
 	}
