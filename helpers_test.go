@@ -173,3 +173,20 @@ func (w *mlp) inputs(step int) map[stablegraph.Buffer][]byte {
 		w.x2: f32Bytes(randF32(r, w.n, 1)),
 	}
 }
+
+func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 5)) }
+
+// mustAlloc allocates device memory freed at cleanup.
+func mustAlloc(t testing.TB, b gpu.Backend, size uint64) gpu.DevicePtr {
+	t.Helper()
+	p, err := b.MemAlloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.MemFree(p); err != nil {
+			t.Errorf("free: %v", err)
+		}
+	})
+	return p
+}

@@ -206,7 +206,10 @@ func diffKernel(r GraphReader, layouts map[gpu.Function][]gpu.ParamInfo, node in
 	if !ok {
 		var err error
 		if layout, err = r.FuncParamInfo(p1.Func); err != nil {
-			return nil, notPatchable("node %d: no parameter layout: %v", node, err)
+			if errors.Is(err, gpu.ErrNotSupported) {
+				return nil, notPatchable("node %d: the driver gives no parameter layout: %v", node, err)
+			}
+			return nil, fmt.Errorf("node %d: parameter layout: %w", node, err)
 		}
 		layouts[p1.Func] = layout
 	}

@@ -1,0 +1,258 @@
+package stablegraph_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/kernels"
+)
+
+// TestCompileErrors declares one mistake per case and checks that Compile
+// rejects it with an error wrapping ErrInvalidProgram that names the
+// command and the buffer, and that nothing was allocated.
+func TestCompileErrors(t *testing.T) {
+	const n = 16
+	cfg := kernels.Elementwise(n)
+	nop := func(*stablegraph.TraceEnv) error { return nil }
+	cases := []struct {
+		name  string
+		build func(p *stablegraph.Program, x, y stablegraph.Buffer)
+		want  []string // substrings of the error
+	}{
+		{"slice out of bounds", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.Slice(4*n, 4*n)), stablegraph.In(x.All()), stablegraph.I32(n))
+		}, []string{"command 0 (launch sg_copy)", `buffer "y"`, "slice [64, 128) is out of bounds of the buffer's 64 bytes"}},
+		{"negative offset", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.All()), stablegraph.In(x.Slice(-4, 8)), stablegraph.I32(n))
+		}, []string{"command 0 (launch sg_copy)", `buffer "x"`, "out of bounds"}},
+		{"wrong argument count", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.All()), stablegraph.In(x.All()))
+		}, []string{"command 0 (launch sg_copy)", "takes 3 arguments, got 2"}},
+		{"scalar kind", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Fill, cfg, stablegraph.Out(y.All()), stablegraph.I32(1), stablegraph.I32(n))
+		}, []string{"command 0 (launch sg_fill)", "argument 1 is i32; kernel sg_fill wants f32"}},
+		{"slice for a scalar", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.All()), stablegraph.In(x.All()), stablegraph.In(x.All()))
+		}, []string{"command 0 (launch sg_copy)", `buffer "x"`, "wants a i32 scalar"}},
+		{"scalar for a slice", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.All()), stablegraph.U64(0x7f0000000000), stablegraph.I32(n))
+		}, []string{"command 0 (launch sg_copy)", "argument 1 is the scalar u64", "wants a slice"}},
+		{"misaligned slice", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(y.All()), stablegraph.In(x.Slice(2, 8)), stablegraph.I32(2))
+			p.Memcpy(y.All(), x.All())
+		}, []string{"command 0 (launch sg_copy)", `buffer "x"`, "not 4-byte aligned"}},
+		{"misaligned memset", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Memset(y.Slice(2, 8), 0, 4)
+		}, []string{"command 0 (memset)", `buffer "y"`, "misaligned for 4-byte elements"}},
+		{"memset element size", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Memset(y.All(), 0, 8)
+		}, []string{"command 0 (memset)", `buffer "y"`, "element size 8"}},
+		{"negative size", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			z := p.Temp("z", -8)
+			p.Memcpy(y.All(), x.All())
+			_ = z
+		}, []string{`buffer "z"`, "size -8 is not positive"}},
+		{"unknown kernel", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch("sg_nope", cfg, stablegraph.Out(y.All()))
+		}, []string{"command 0 (launch sg_nope)", `unknown kernel "sg_nope"`}},
+		{"output never written", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, cfg, stablegraph.Out(x.All()), stablegraph.In(y.All()), stablegraph.I32(n))
+		}, []string{`buffer "y"`, "output is never written"}},
+		{"constant written", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			c := p.Constant("c", make([]byte, 4*n))
+			p.Memcpy(c.All(), x.All())
+			p.Memcpy(y.All(), c.All())
+		}, []string{"command 0 (memcpy)", `buffer "c"`, "a constant is written"}},
+		{"memcpy lengths", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Memcpy(y.Slice(0, 8), x.Slice(0, 16))
+		}, []string{"command 0 (memcpy)", `buffer "y"`, "copies 16 bytes"}},
+		{"memcpy overlap", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Memcpy(y.Slice(0, 16), y.Slice(8, 16))
+		}, []string{"command 0 (memcpy)", `buffer "y"`, "overlap"}},
+		{"buffer of another program", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			other := stablegraph.NewProgram("other").Param("alien", 4*n)
+			p.Memcpy(y.All(), other.All())
+		}, []string{"command 0 (memcpy)", `buffer "alien"`, "not declared in this program"}},
+		{"gemm too small", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Gemm(y.All(), x.All(), x.All(), stablegraph.GEMM{M: 4, N: 4, K: 8, Alpha: 1})
+		}, []string{"command 0 (gemm)", `buffer "x"`, "the a matrix needs 128"}},
+		{"gemm shape", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Gemm(y.All(), x.All(), x.All(), stablegraph.GEMM{M: -1, N: 4, K: 4})
+		}, []string{"command 0 (gemm)", `buffer "y"`, "not positive"}},
+		{"trace scalar", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Trace("lib", nop, stablegraph.Out(y.All()), stablegraph.I32(3))
+		}, []string{"command 0 (trace lib)", "argument 1 is the scalar i32(3)"}},
+		{"trace without function", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Trace("lib", nil, stablegraph.Out(y.All()))
+		}, []string{"command 0 (trace lib)", "no function"}},
+		{"duplicate name", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Temp("x", 4)
+			p.Memcpy(y.All(), x.All())
+		}, []string{`buffer "x"`, "declared twice"}},
+		{"zero launch dimension", func(p *stablegraph.Program, x, y stablegraph.Buffer) {
+			p.Launch(kernels.Copy, gpu.LaunchConfig{}, stablegraph.Out(y.All()), stablegraph.In(x.All()), stablegraph.I32(n))
+		}, []string{"command 0 (launch sg_copy)", "zero dimension"}},
+		{"no commands", func(p *stablegraph.Program, x, y stablegraph.Buffer) {}, []string{"no commands"}},
+	}
+	b := newSim(t)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := stablegraph.NewProgram("bad")
+			x := p.Param("x", 4*n)
+			y := p.Output("y", 4*n)
+			c.build(p, x, y)
+			exe, err := stablegraph.Compile(context.Background(), b, p, stablegraph.Options{})
+			if err == nil {
+				exe.Close()
+				t.Fatal("Compile accepted the program")
+			}
+			if !errors.Is(err, stablegraph.ErrInvalidProgram) {
+				t.Errorf("error does not wrap ErrInvalidProgram: %v", err)
+			}
+			var ce *stablegraph.CompileError
+			if !errors.As(err, &ce) {
+				t.Errorf("error is not a *CompileError: %v", err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+			if err := p.Validate(); err == nil {
+				t.Error("Validate accepted the program")
+			}
+			if live := b.LiveHandles(); !live.IsZero() {
+				t.Errorf("handles live after a rejected program: %s", live)
+			}
+		})
+	}
+}
+
+// TestCompileFaults fails, one at a time, every device call Compile makes
+// and checks that each failure is returned and releases everything.
+func TestCompileFaults(t *testing.T) {
+	b := newSim(t)
+	w := newMLP(2, 8, 2, 10, 2)
+	for _, op := range []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"} {
+		for nth := 0; ; nth++ {
+			before := b.Calls(op)
+			b.InjectFault(op, nth, nil)
+			exe, err := stablegraph.Compile(context.Background(), b, w.p, stablegraph.Options{})
+			fired := b.Calls(op)-before > nth
+			if err == nil {
+				if fired {
+					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
+				}
+				b.ClearFaults()
+				if err := exe.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if nth == 0 {
+					t.Errorf("Compile never calls %s", op)
+				}
+				break
+			}
+			if !errors.Is(err, gpu.ErrInjected) {
+				t.Fatalf("%s call %d: error does not wrap the injected fault: %v", op, nth, err)
+			}
+			if live := b.LiveHandles(); !live.IsZero() {
+				t.Fatalf("%s call %d failed: handles left live: %s", op, nth, live)
+			}
+		}
+	}
+}
+
+// TestRunFaults fails, one at a time, the device calls the strategies make
+// while running, at the first step (recording, differential tracing) and
+// after warm-up (updates, patches, cache misses). A faulted step must
+// return the injected error; every later step must succeed with eager's
+// results; Close must leave no handle live.
+func TestRunFaults(t *testing.T) {
+	ops := []string{
+		"GraphCreate", "GraphAddKernelNode", "GraphAddMemcpyNode", "GraphAddMemsetNode", "GraphAddChildGraphNode",
+		"GraphAddEmptyNode", "StreamBeginCapture", "StreamEndCapture", "StreamIsCapturing", "LaunchKernel",
+		"GraphInstantiate", "GraphLaunch", "GraphExecUpdate", "GraphExecKernelNodeSetParams",
+		"GraphExecChildGraphNodeSetParams", "GraphExecMemcpyNodeSetParams", "GraphExecMemsetNodeSetParams",
+		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
+		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync",
+	}
+	const steps = 5
+	// Outputs that do not depend on the state a failed step may have half
+	// updated: y, z and ycopy (m reads the accumulator).
+	compared := []int{0, 1, 3}
+	for _, st := range stablegraph.Strategies() {
+		t.Run(string(st), func(t *testing.T) {
+			b := newSim(t)
+			w := newMLP(2, 8, 2, 10, 3)
+			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, steps)
+			ctx := context.Background()
+			s := newStream(t, b)
+			a := newArena(t, b, 16<<20)
+			firedOps := map[string]bool{}
+			defer func() { t.Logf("faults injected into: %v", firedOps) }()
+			for _, op := range ops {
+				for _, at := range []int{0, 1, 2} {
+					for _, nth := range []int{0, 1, 3} {
+						base := b.LiveHandles()
+						exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: st})
+						if err != nil {
+							t.Fatal(err)
+						}
+						w.initStates(t, exe)
+						ad := newAddresser(t, a, pingpong, append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...))
+						for i := range steps {
+							bind := ad.next(i)
+							for buf, data := range w.inputs(i) {
+								if err := b.MemcpyHtoD(bind[buf], data); err != nil {
+									t.Fatal(err)
+								}
+							}
+							calls := b.Calls(op)
+							if i == at {
+								b.InjectFault(op, nth, nil)
+							}
+							outs, err := exe.Run(ctx, s, bind)
+							b.ClearFaults()
+							fired := i == at && b.Calls(op)-calls > nth
+							if fired {
+								firedOps[op] = true
+							}
+							if err != nil {
+								if !fired || !errors.Is(err, gpu.ErrInjected) {
+									t.Fatalf("%s call %d at step %d: step %d failed: %v", op, nth, at, i, err)
+								}
+								if err := b.StreamSynchronize(s); err != nil {
+									t.Fatal(err)
+								}
+								continue
+							}
+							if fired && op != "StreamIsCapturing" {
+								t.Fatalf("%s call %d at step %d failed, but the step succeeded", op, nth, at)
+							}
+							for _, k := range compared {
+								got, err := exe.ReadOutput(ctx, outs, w.outputs[k])
+								if err != nil {
+									t.Fatal(err)
+								}
+								if string(got) != string(want[i].outs[k]) {
+									t.Fatalf("%s call %d at step %d: step %d output %s differs from eager", op, nth, at, i, w.outputs[k].Name())
+								}
+							}
+						}
+						ad.close()
+						if err := exe.Close(); err != nil {
+							t.Fatal(err)
+						}
+						if live := b.LiveHandles(); live != base {
+							t.Fatalf("%s call %d at step %d: handles live after Close: %s, before Compile: %s", op, nth, at, live, base)
+						}
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,239 @@
+package stablegraph_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/kernels"
+)
+
+// fillU64 returns a traced function that fills its one slice with n copies
+// of value(ptr), ptr being the slice's address at trace time.
+func fillU64(n int, value func(ptr gpu.DevicePtr) uint64) stablegraph.TraceFunc {
+	return func(env *stablegraph.TraceEnv) error {
+		f, err := env.Kernel(kernels.FillU64)
+		if err != nil {
+			return err
+		}
+		return env.Backend.LaunchKernel(f, kernels.Elementwise(n),
+			[]gpu.Arg{gpu.Ptr(env.Ptrs[0]), gpu.U64(value(env.Ptrs[0])), gpu.I32(int32(n))}, env.Stream)
+	}
+}
+
+// TestScalarEqualToOldAddressSurvivesPatch is ARCHITECTURE.md rule 1: a
+// u64 scalar whose value is a buffer's old address must keep its value when
+// the pointers are patched, in a kernel node (typed arguments) and in a
+// traced node (differential tracing). It also checks that traced commands
+// whose scalars follow their addresses get the value eager would give, by
+// patching (slope-1 pointer slot) or by re-tracing (not patchable).
+func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
+	const n = 64
+	for _, st := range stablegraph.Strategies() {
+		t.Run(string(st), func(t *testing.T) {
+			ctx := context.Background()
+			b := newSim(t)
+			s := newStream(t, b)
+			a := newArena(t, b, 1<<20)
+			p := stablegraph.NewProgram("rule1")
+			outs := map[string]stablegraph.Buffer{}
+			for _, name := range []string{"kernel", "traced-const", "traced-self", "traced-xor"} {
+				outs[name] = p.Output(name, 8*n)
+			}
+			// Two address sets, ping-ponged; the scalars are set 0's
+			// addresses, so after the first move they equal old addresses.
+			sets := [2]stablegraph.Bindings{{}, {}}
+			for i := range sets {
+				for _, o := range outs {
+					ptr, err := a.Alloc(8 * n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sets[i][o] = ptr
+				}
+			}
+			old := func(name string) uint64 { return uint64(sets[0][outs[name]]) }
+			p.Launch(kernels.FillU64, kernels.Elementwise(n), stablegraph.Out(outs["kernel"].All()),
+				stablegraph.U64(old("kernel")), stablegraph.I32(n))
+			p.Trace("traced-const", fillU64(n, func(gpu.DevicePtr) uint64 { return old("traced-const") }),
+				stablegraph.Out(outs["traced-const"].All()))
+			p.Trace("traced-self", fillU64(n, func(ptr gpu.DevicePtr) uint64 { return uint64(ptr) }),
+				stablegraph.Out(outs["traced-self"].All()))
+			p.Trace("traced-xor", fillU64(n, func(ptr gpu.DevicePtr) uint64 { return uint64(ptr) ^ 0xdead }),
+				stablegraph.Out(outs["traced-xor"].All()))
+
+			exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer exe.Close()
+			for step := range 6 {
+				bind := sets[step%2]
+				res, err := exe.Run(ctx, s, bind)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := map[string]uint64{
+					"kernel":       old("kernel"),
+					"traced-const": old("traced-const"),
+					"traced-self":  uint64(bind[outs["traced-self"]]),
+					"traced-xor":   uint64(bind[outs["traced-xor"]]) ^ 0xdead,
+				}
+				for name, o := range outs {
+					data, err := exe.ReadOutput(ctx, res, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, v := range u64s(data) {
+						if v != want[name] {
+							t.Fatalf("step %d: %s[%d] = %#x, want %#x", step, name, i, v, want[name])
+						}
+					}
+				}
+			}
+			if st != stablegraph.StrategyPatch {
+				return
+			}
+			stats := exe.Stats()
+			if stats.Rerecords != 0 || stats.PatchedNodes != 5*4 {
+				t.Errorf("re-records %d, patched nodes %d; want 0 and 20", stats.Rerecords, stats.PatchedNodes)
+			}
+			// traced-const and traced-self: template, nothing re-captured.
+			// traced-xor: not patchable, captured once per address set.
+			if want := int64(3*2 + 1); stats.TracesCaptured != want {
+				t.Errorf("%d traces captured, want %d", stats.TracesCaptured, want)
+			}
+			for _, info := range exe.Traces() {
+				xor := strings.Contains(info.Command, "traced-xor")
+				if info.Patchable == xor {
+					t.Errorf("%s: patchable=%v (reason %q)", info.Command, info.Patchable, info.Reason)
+				}
+				if xor && !strings.Contains(info.Reason, "do not point into an operand") {
+					t.Errorf("%s: reason %q", info.Command, info.Reason)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update
+// and a node update and checks that the step still runs, by re-recording.
+func TestRefusedUpdatesFallBack(t *testing.T) {
+	refused := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported}
+	for _, c := range []struct {
+		st stablegraph.Strategy
+		op string
+	}{
+		{stablegraph.StrategyUpdate, "GraphExecUpdate"},
+		{stablegraph.StrategyPatch, "GraphExecKernelNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecChildGraphNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecMemsetNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams"},
+	} {
+		t.Run(c.op, func(t *testing.T) {
+			b := newSim(t)
+			w := newMLP(2, 16, 2, 50, 3)
+			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, 4)
+			b.InjectFault(c.op, 0, refused)
+			got, _ := runMLP(t, b, w, c.st, pingpong, 4)
+			for i := range got {
+				for k := range got[i].outs {
+					if string(got[i].outs[k]) != string(want[i].outs[k]) {
+						t.Fatalf("step %d output %d differs from eager", i, k)
+					}
+				}
+			}
+			final := got[len(got)-1].stats
+			if final.UpdateFallbacks != 1 || final.Rerecords != 1 {
+				t.Errorf("fallbacks %d, re-records %d; want 1 and 1", final.UpdateFallbacks, final.Rerecords)
+			}
+		})
+	}
+}
+
+// TestConcurrentRuns runs one executable from several goroutines on their
+// own streams and buffers; every result must be the one eager computes.
+func TestConcurrentRuns(t *testing.T) {
+	ctx := context.Background()
+	b := newSim(t)
+	const batch, width, workers, steps = 2, 8, 4, 25
+	p := stablegraph.NewProgram("concurrent")
+	x := p.Param("x", 4*batch*width)
+	w := p.Constant("w", f32Bytes(randF32(newRand(3), width*width, 0.5)))
+	h := p.Temp("h", 4*batch*width)
+	y := p.Output("y", 4*batch*width)
+	p.Gemm(h.All(), x.All(), w.All(), stablegraph.GEMM{M: batch, N: width, K: width, Alpha: 1})
+	p.Launch(kernels.Tanh, kernels.Elementwise(batch*width), stablegraph.Out(y.All()), stablegraph.In(h.All()), stablegraph.I32(batch*width))
+
+	ref, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Close()
+
+	type job struct {
+		s      gpu.Stream
+		xp, yp [2]gpu.DevicePtr
+		want   [2][]byte
+	}
+	jobs := make([]*job, workers)
+	rs := newStream(t, b)
+	for i := range jobs {
+		j := &job{s: newStream(t, b)}
+		for k := range 2 {
+			j.xp[k] = mustAlloc(t, b, uint64(x.Size()))
+			j.yp[k] = mustAlloc(t, b, uint64(y.Size()))
+			if err := b.MemcpyHtoD(j.xp[k], f32Bytes(randF32(newRand(uint64(10*i+k)), batch*width, 1))); err != nil {
+				t.Fatal(err)
+			}
+			outs, err := ref.Run(ctx, rs, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if j.want[k], err = ref.ReadOutput(ctx, outs, y); err != nil {
+				t.Fatal(err)
+			}
+		}
+		jobs[i] = j
+	}
+	errs := make(chan error, workers)
+	for _, j := range jobs {
+		go func() {
+			for step := range steps {
+				k := step % 2
+				outs, err := exe.Run(ctx, j.s, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
+				if err != nil {
+					errs <- err
+					return
+				}
+				got, err := exe.ReadOutput(ctx, outs, y)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if string(got) != string(j.want[k]) {
+					errs <- errors.New("concurrent run differs from eager")
+					return
+				}
+				_ = exe.Stats()
+			}
+			errs <- nil
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if st := exe.Stats(); st.Steps != workers*steps || st.Rerecords != 0 {
+		t.Errorf("steps %d, re-records %d", st.Steps, st.Rerecords)
+	}
+}
