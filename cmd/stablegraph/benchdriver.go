@@ -1,0 +1,99 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"stablegraph/drivercost"
+)
+
+func benchDriverCommand() *command {
+	return &command{
+		name:    "bench-driver",
+		summary: "measure driver operation costs on the backend, beside the H100 reference",
+		detail: `Measures, through the backend-neutral gpu interface, what stablegraph's building
+blocks cost: stream and event creation, VMM create/reserve/map/set access/
+unmap/free/release at 2 MiB and 64 MiB, MemAlloc/MemFree, stream value writes
+until the host sees them, device copies (GPU time by events), and graphs of K
+tiny kernels (capture, instantiate, launch, replay vs eager launches, exec
+update, re-capture + update, per-node parameter updates), plus FuncParamInfo.
+
+Each row gives the median and p90 in microseconds beside the reference figure
+measured on the project's H100 (GPU-MACHINE.md). Progress goes to stderr, the
+table to stdout. The command fails if any handle is still live at the end.`,
+		flags: func(fs *flag.FlagSet) func(*env) error {
+			var o drivercost.Options
+			fs.IntVar(&o.Device, "device", 0, "device ordinal to measure")
+			fs.IntVar(&o.Iterations, "iters", 1000, "samples of each cheap row")
+			fs.IntVar(&o.HeavyIterations, "heavy-iters", 50, "samples of the 64 MiB rows and the 112-stream batches")
+			fs.IntVar(&o.GraphIterations, "graph-iters", 50, "samples of each graph row (K < 100 runs proportionally more)")
+			ks := fs.String("ks", "10,100,1000", "graph sizes `K`, comma-separated")
+			fs.DurationVar(&o.PollTimeout, "poll-timeout", time.Second, "deadline for the host to see a stream value write")
+			jsonPath := fs.String("json", "", "also write the results as JSON to `file` (\"-\": stdout, instead of the table)")
+			return func(e *env) error {
+				var err error
+				if o.Ks, err = parseInts(*ks); err != nil {
+					return usagef("--ks: %v", err)
+				}
+				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 {
+					return usagef("iteration counts must be positive")
+				}
+				return benchDriver(e, o, *jsonPath)
+			}
+		},
+	}
+}
+
+func benchDriver(e *env, o drivercost.Options, jsonPath string) (err error) {
+	b, reason, err := e.open()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b, &err)
+	if o.Device < 0 || o.Device >= b.DeviceCount() {
+		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
+	}
+	e.progress("bench-driver: backend %s", shortReason(reason))
+	o.Progress, o.Logger = e.stderr, e.log
+	res, err := drivercost.Run(e.ctx, b, o)
+	if err != nil {
+		return err
+	}
+	e.progress("bench-driver: done in %.1f s", res.ElapsedS)
+	if jsonPath == "-" {
+		return res.WriteJSON(e.stdout)
+	}
+	if err := res.WriteTable(e.stdout); err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		if err := writeFile(jsonPath, res.WriteJSON); err != nil {
+			return fmt.Errorf("write %s: %w", jsonPath, err)
+		}
+		e.progress("bench-driver: wrote %s", jsonPath)
+	}
+	return nil
+}
+
+// parseInts parses a comma-separated list of positive integers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("empty list")
+	}
+	return out, nil
+}

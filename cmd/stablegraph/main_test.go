@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"stablegraph/drivercost"
+	"stablegraph/gpu"
+)
+
+func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func needSim(t *testing.T) {
+	t.Helper()
+	if !slices.Contains(gpu.Drivers(), "sim") {
+		t.Skip("sim backend not registered in this build")
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}} {
+		code, out, errs := runCLI(t, args...)
+		if code != exitOK || errs != "" {
+			t.Errorf("%v: code %d, stderr %q", args, code, errs)
+		}
+		for _, want := range []string{"Usage:", "info", "bench-driver", "--backend", "--devices", "-v", "Exit status"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: usage lacks %q:\n%s", args, want, out)
+			}
+		}
+	}
+	for _, args := range [][]string{{"help", "bench-driver"}, {"bench-driver", "-h"}, {"--backend", "sim", "bench-driver", "--help"}} {
+		code, out, errs := runCLI(t, args...)
+		if code != exitOK || errs != "" {
+			t.Errorf("%v: code %d, stderr %q", args, code, errs)
+		}
+		for _, want := range []string{"Usage: stablegraph bench-driver", "--iters", "--json file", "Global flags:", "--backend name"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: help lacks %q:\n%s", args, want, out)
+			}
+		}
+	}
+	code, out, _ := runCLI(t, "info", "-h")
+	if code != exitOK || !strings.Contains(out, "--json") {
+		t.Errorf("info -h: code %d:\n%s", code, out)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage:"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"help", "frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"help", "a", "b"}, "too many arguments"},
+		{[]string{"--nope", "info"}, "flag provided but not defined: -nope"},
+		{[]string{"info", "--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"info", "extra"}, "unexpected arguments: extra"},
+		{[]string{"--devices", "0", "info"}, "--devices must be positive"},
+		{[]string{"bench-driver", "--ks", "10,x"}, `--ks: "x" is not a positive integer`},
+		{[]string{"bench-driver", "--iters", "-1"}, "iteration counts must be positive"},
+	} {
+		code, out, errs := runCLI(t, tc.args...)
+		if code != exitUsage {
+			t.Errorf("%v: code %d, want %d", tc.args, code, exitUsage)
+		}
+		if out != "" {
+			t.Errorf("%v: wrote to stdout: %q", tc.args, out)
+		}
+		if !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: stderr %q lacks %q", tc.args, errs, tc.want)
+		}
+	}
+}
+
+func TestUnknownBackend(t *testing.T) {
+	code, out, errs := runCLI(t, "--backend", "tpu", "info")
+	if code != exitFailure || out != "" || !strings.Contains(errs, `unknown backend "tpu"`) {
+		t.Errorf("code %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+func TestEnvBackend(t *testing.T) {
+	old := getenv
+	t.Cleanup(func() { getenv = old })
+	getenv = func(k string) string {
+		if k == "STABLEGRAPH_BACKEND" {
+			return "tpu"
+		}
+		return ""
+	}
+	if code, _, errs := runCLI(t, "info"); code != exitFailure || !strings.Contains(errs, `"tpu"`) {
+		t.Errorf("environment default ignored: code %d, stderr %q", code, errs)
+	}
+	needSim(t)
+	if code, _, errs := runCLI(t, "--backend", "sim", "info"); code != exitOK {
+		t.Errorf("flag does not override the environment: code %d, stderr %q", code, errs)
+	}
+}
+
+func TestInfo(t *testing.T) {
+	needSim(t)
+	code, out, errs := runCLI(t, "--backend", "sim", "info", "--devices", "2")
+	if code != exitOK {
+		t.Fatalf("code %d, stderr %s", code, errs)
+	}
+	for _, want := range []string{"backend:  sim", "reason:   sim (requested)", "drivers:", "devices:  2", "device 0:", "device 1:",
+		"compute capability", "driver version", "virtual memory (VMM)", "stream memory ops"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("info lacks %q:\n%s", want, out)
+		}
+	}
+
+	code, out, errs = runCLI(t, "--backend", "sim", "info", "--json")
+	if code != exitOK {
+		t.Fatalf("code %d, stderr %s", code, errs)
+	}
+	var got infoOutput
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if got.Backend != "sim" || len(got.Devices) != 1 || got.Devices[0].Name == "" || got.Devices[0].TotalMemoryBytes == 0 ||
+		!slices.Contains(got.Drivers, "sim") {
+		t.Errorf("unexpected info: %+v", got)
+	}
+}
+
+func TestBenchDriver(t *testing.T) {
+	needSim(t)
+	path := filepath.Join(t.TempDir(), "cost.json")
+	code, out, errs := runCLI(t, "bench-driver", "--backend", "sim", "--iters", "5", "--heavy-iters", "2",
+		"--graph-iters", "2", "--ks", "10,100", "--json", path)
+	if code != exitOK {
+		t.Fatalf("code %d, stderr:\n%s", code, errs)
+	}
+	for _, want := range []string{"operation", "H100 ref µs", drivercost.RowStreamCreate, drivercost.GraphRow("replay", 100), "p50/ref"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(errs, "bench-driver: graphs") || !strings.Contains(errs, "wrote "+path) {
+		t.Errorf("progress missing from stderr:\n%s", errs)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res drivercost.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Backend != "sim" || len(res.Rows) < 20 {
+		t.Errorf("unexpected JSON result: backend %q, %d rows", res.Backend, len(res.Rows))
+	}
+
+	code, out, errs = runCLI(t, "bench-driver", "--backend", "sim", "--iters", "2", "--heavy-iters", "1",
+		"--graph-iters", "1", "--ks", "10", "--json", "-")
+	if code != exitOK || !json.Valid([]byte(out)) {
+		t.Errorf("--json -: code %d, valid %v, stderr %s", code, json.Valid([]byte(out)), errs)
+	}
+
+	code, _, errs = runCLI(t, "bench-driver", "--backend", "sim", "--device", "3")
+	if code != exitUsage || !strings.Contains(errs, "has 1 device") {
+		t.Errorf("--device 3: code %d, stderr %s", code, errs)
+	}
+}

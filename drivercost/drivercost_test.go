@@ -1,0 +1,170 @@
+package drivercost
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"stablegraph/gpu"
+	_ "stablegraph/gpu/sim"
+)
+
+func openSim(t *testing.T) gpu.Backend {
+	t.Helper()
+	if !slices.Contains(gpu.Drivers(), "sim") {
+		t.Skip("sim backend not registered in this build")
+	}
+	b, _, err := gpu.Open("sim", gpu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, ok := gpu.LiveHandles(b); ok && !c.IsZero() {
+			t.Errorf("live handles after the test: %v", c)
+		}
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+func quick() Options {
+	return Options{Iterations: 5, HeavyIterations: 2, GraphIterations: 2, Ks: []int{10, 100}}
+}
+
+func TestRunSim(t *testing.T) {
+	b := openSim(t)
+	var progress bytes.Buffer
+	o := quick()
+	o.Progress = &progress
+	res, err := Run(context.Background(), b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{RowStreamCreate, RowStreamDestroy, RowStreamCreateBatch, RowStreamDestroyBatch, RowEventCreate,
+		RowEventDestroy, RowMemAlloc, RowMemFree, RowWriteValueEnqueue, RowWriteValueSeen, RowCopy1M, RowCopy64M, RowParamInfo,
+		"VMM 2 MiB MemCreate", "VMM 64 MiB MemRelease"}
+	for _, what := range []string{"capture", "instantiate", "launch", "replay", "eager", "update", "recapture-update", "set-params"} {
+		want = append(want, GraphRow(what, 10), GraphRow(what, 100))
+	}
+	for _, name := range want {
+		row, ok := res.Row(name)
+		switch {
+		case !ok:
+			t.Errorf("row %q missing", name)
+		case row.Skipped != "":
+			t.Logf("row %q skipped: %s", name, row.Skipped)
+		case row.Samples == 0 || row.P50 < 0 || row.P90 < row.P50:
+			t.Errorf("row %q: %+v", name, row)
+		}
+	}
+	if r, _ := res.Row(RowCopy1M); r.Clock != GPU {
+		t.Errorf("copy row clock %q, want gpu", r.Clock)
+	}
+	if r, _ := res.Row(RowStreamCreate); r.Samples != o.Iterations || r.ReferenceUS == nil || *r.ReferenceUS != 1.6 {
+		t.Errorf("stream row: %+v", r)
+	}
+	if r, _ := res.Row(GraphRow("replay", 10)); r.Samples != o.GraphIterations*10 {
+		t.Errorf("K=10 replay has %d samples, want %d", r.Samples, o.GraphIterations*10)
+	}
+	if !strings.Contains(progress.String(), "bench-driver: graphs: K=100") {
+		t.Errorf("progress:\n%s", progress.String())
+	}
+
+	var tab bytes.Buffer
+	if err := res.WriteTable(&tab); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", tab.String())
+	var js bytes.Buffer
+	if err := res.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Result
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Rows) != len(res.Rows) || back.Rows[0].Name != res.Rows[0].Name {
+		t.Errorf("JSON round trip lost rows")
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	b := openSim(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, b, quick()); !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with a cancelled context: %v", err)
+	}
+}
+
+func TestRunBadOptions(t *testing.T) {
+	b := openSim(t)
+	if _, err := Run(context.Background(), b, Options{Ks: []int{0}}); err == nil {
+		t.Error("K=0 accepted")
+	}
+	if _, err := Run(context.Background(), b, Options{Device: 7}); err == nil {
+		t.Error("device 7 accepted")
+	}
+}
+
+// Every reference figure names a row that Run produces for the default
+// sizes, so a renamed row cannot silently lose its reference.
+func TestReferencesNameRows(t *testing.T) {
+	names := map[string]bool{}
+	for _, n := range []string{RowStreamCreate, RowStreamDestroy, RowStreamCreateBatch, RowStreamDestroyBatch, RowEventCreate,
+		RowEventDestroy, RowMemAlloc, RowMemFree, RowWriteValueEnqueue, RowWriteValueSeen, RowCopy1M, RowCopy64M, RowParamInfo} {
+		names[n] = true
+	}
+	for _, s := range vmmSizes {
+		for _, n := range vmmRows(s) {
+			names[n] = true
+		}
+	}
+	for _, k := range []int{10, 100, 1000} {
+		for _, what := range []string{"capture", "instantiate", "launch", "replay", "eager", "update", "recapture-update", "set-params"} {
+			names[GraphRow(what, k)] = true
+		}
+	}
+	for name := range references {
+		if !names[name] {
+			t.Errorf("reference %q names no row", name)
+		}
+	}
+	if v, ok := Reference(GraphRow("update", 1000)); !ok || v != 158 {
+		t.Errorf("exec update K=1000 reference = %v, %v", v, ok)
+	}
+	if _, ok := Reference("VMM 64 MiB MemCreate"); ok {
+		t.Error("64 MiB MemCreate has a reference the document does not give")
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	ref := 1.6
+	r := &Result{Backend: "sim", Device: "simdev", Rows: []Row{
+		{Name: RowStreamCreate, Clock: Host, P50: 3.2, P90: 4, Samples: 10, ReferenceUS: &ref},
+		{Name: RowWriteValueSeen, Clock: Host, Skipped: "gpu: not supported"},
+	}}
+	var b bytes.Buffer
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := `backend sim, device 0: simdev; microseconds; ref = H100 reference (GPU-MACHINE.md, driver 580, CUDA 13.0)
+
+operation                                  clock   p50 µs  p90 µs   n  H100 ref µs  p50/ref
+-----------------------------------------  -----  -------  ------  --  -----------  -------
+StreamCreate, per stream                   host      3.20    4.00  10         1.60    2.00x
+StreamWriteValue64 until the host sees it  host   skipped       -   0            -        -
+
+skipped:
+  StreamWriteValue64 until the host sees it: gpu: not supported
+`
+	if got := b.String(); got != want {
+		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
