@@ -77,15 +77,28 @@
 // # Capture
 //
 // Between StreamBeginCapture and StreamEndCapture, work submitted to the
-// stream becomes graph nodes, each depending on the previous one:
-// LaunchKernel (kernel), MemcpyDtoDAsync (memcpy), MemsetAsync (memset),
-// StreamWriteValue64 (NodeMemWriteValue) and GraphLaunch (a child graph
-// holding a copy of what the exec graph would run now). Host copies
-// (MemcpyHtoDAsync, MemcpyDtoHAsync), StreamSynchronize and StreamQuery on a
-// capturing stream return gpu.ErrCaptureInvalidated and invalidate the
-// capture: later work on it returns the same error, and StreamEndCapture
-// ends it with gpu.ErrCaptureInvalidated and no graph. Ending a capture that
-// was not begun, or beginning one twice, is gpu.ErrIllegalState.
+// stream becomes graph nodes instead of running: LaunchKernel (kernel),
+// MemcpyDtoDAsync (memcpy), MemsetAsync (memset), StreamWriteValue64
+// (NodeMemWriteValue) and GraphLaunch (a child graph holding a copy of what
+// the exec graph would run now). Each stream of a capture has a dependency
+// set, the nodes its next node depends on; a new node replaces it.
+// Capture spans streams as in CUDA: EventRecord on a capturing stream marks
+// the stream's point in the capture (nothing is queued; EventQuery and
+// EventSynchronize on such an event are gpu.ErrIllegalState), and
+// StreamWaitEvent on that event forks another stream into the capture, or
+// joins the event's dependencies into a stream already in it.
+// StreamEndCapture, on the origin stream only, ends the capture on all its
+// streams; a forked stream with work not joined back into the origin makes
+// it fail with gpu.ErrCaptureInvalidated (CUDA's "unjoined").
+//
+// Host copies (MemcpyHtoDAsync, MemcpyDtoHAsync), StreamSynchronize and
+// StreamQuery on a capturing stream, waiting on an event recorded outside the
+// capture, and destroying a forked stream invalidate the capture: they
+// return gpu.ErrCaptureInvalidated, later work on its streams returns the
+// same error, and StreamEndCapture ends it with gpu.ErrCaptureInvalidated and
+// no graph. Ending a capture that was not begun, or beginning one on a
+// stream already capturing, is gpu.ErrIllegalState. A call refused for bad
+// arguments leaves the capture valid.
 //
 // # Graphs
 //
@@ -115,11 +128,9 @@
 //     default stream). They name no stream, so any device with access to the
 //     memory may perform them; their faults are charged to the device that
 //     owns the memory (device 0 for host or unmapped memory).
-//   - Capture is per stream: EventRecord and StreamWaitEvent on a capturing
-//     stream return gpu.ErrNotSupported (the capture continues), and the
-//     global capture mode's ban on unsafe calls from other streams is not
-//     modelled. A call refused for bad arguments during capture leaves the
-//     capture valid.
+//   - The global capture mode's ban on unsafe calls (synchronous copies,
+//     synchronizing other streams) during a capture is not modelled: only
+//     calls on the streams of the capture break it.
 //   - MemAlloc memory is not accessible from other devices; memory is zeroed.
 //   - Errors are checked more strictly than CUDA does in places where CUDA
 //     would corrupt memory silently (a MemAlloc overrun faults).

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"slices"
 
 	"stablegraph/gpu"
@@ -30,20 +29,6 @@ type node struct {
 	deps   []*node
 	p      params
 	child  *graph
-}
-
-// capture is a stream capture in progress.
-type capture struct {
-	g       *graph
-	last    *node
-	invalid string // why the capture was invalidated, "" while valid
-}
-
-func (c *capture) invalidate(op, why string) error {
-	if c.invalid == "" {
-		c.invalid = why
-	}
-	return gpu.Errorf(op, gpu.ErrCaptureInvalidated, "%s; the capture is invalidated: end it and discard it", why)
 }
 
 func (b *Backend) newGraphLocked(dev int, owner *node, register bool) *graph {
@@ -338,115 +323,4 @@ func (b *Backend) GraphChildGraph(h gpu.GraphNode) (gpu.Graph, error) {
 		return 0, err
 	}
 	return n.child.handle, nil
-}
-
-// ---- capture ----
-
-// StreamBeginCapture starts recording the work submitted to s into a new
-// graph instead of running it. Only work on s itself is captured.
-func (b *Backend) StreamBeginCapture(s gpu.Stream) error {
-	const op = "StreamBeginCapture"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	st, err := getLocked(b, op, "stream", b.mu.streams, s)
-	if err != nil {
-		return err
-	}
-	if st.cap != nil {
-		return gpu.Errorf(op, gpu.ErrIllegalState, "stream %#x is already capturing", uint64(s))
-	}
-	if err := b.stickyErr(op, st.dev); err != nil {
-		return err
-	}
-	st.cap = &capture{g: b.newGraphLocked(st.dev, nil, false)}
-	return nil
-}
-
-// StreamEndCapture ends the capture on s and returns the graph, or
-// gpu.ErrCaptureInvalidated (and no graph) when the capture was
-// invalidated.
-func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
-	const op = "StreamEndCapture"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	st, err := getLocked(b, op, "stream", b.mu.streams, s)
-	if err != nil {
-		return 0, err
-	}
-	c := st.cap
-	if c == nil {
-		return 0, gpu.Errorf(op, gpu.ErrIllegalState, "stream %#x is not capturing", uint64(s))
-	}
-	st.cap = nil
-	if c.invalid != "" {
-		return 0, gpu.Errorf(op, gpu.ErrCaptureInvalidated, "capture on stream %#x was invalidated (%s); no graph was made", uint64(s), c.invalid)
-	}
-	b.registerLocked(c.g)
-	return c.g.handle, nil
-}
-
-// StreamIsCapturing reports whether a capture was begun on s and not yet
-// ended, including an invalidated one (which must still be ended).
-func (b *Backend) StreamIsCapturing(s gpu.Stream) (bool, error) {
-	const op = "StreamIsCapturing"
-	if err := b.enter(op); err != nil {
-		return false, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	st, err := getLocked(b, op, "stream", b.mu.streams, s)
-	if err != nil {
-		return false, err
-	}
-	return st.cap != nil, nil
-}
-
-// captureLocked records the command build makes as a node of st's capture,
-// depending on the previous captured node.
-func (b *Backend) captureLocked(op string, st *stream, mode capMode, build func(*stream) (cmd, error)) error {
-	cp := st.cap
-	if err := b.stickyErr(op, st.dev); err != nil {
-		return err
-	}
-	switch {
-	case mode == capRefuse:
-		return gpu.Errorf(op, gpu.ErrNotSupported, "sim does not model %s on a capturing stream (cross-stream capture); the capture continues", op)
-	case cp.invalid != "":
-		return gpu.Errorf(op, gpu.ErrCaptureInvalidated, "the capture on stream %#x was invalidated earlier (%s)", uint64(st.handle), cp.invalid)
-	case mode == capInvalidate:
-		return cp.invalidate(op, fmt.Sprintf("%s cannot be captured (only device-to-device copies become graph nodes)", op))
-	}
-	c, err := build(st)
-	if err != nil {
-		return err
-	}
-	var deps []*node
-	if cp.last != nil {
-		deps = []*node{cp.last}
-	}
-	var n *node
-	switch c.kind {
-	case cmdKernel:
-		n = b.addNodeLocked(cp.g, gpu.NodeKernel, deps)
-	case cmdMemcpy:
-		n = b.addNodeLocked(cp.g, gpu.NodeMemcpy, deps)
-	case cmdMemset:
-		n = b.addNodeLocked(cp.g, gpu.NodeMemset, deps)
-	case cmdWrite:
-		n = b.addNodeLocked(cp.g, gpu.NodeMemWriteValue, deps)
-	case cmdGraph:
-		n = b.addNodeLocked(cp.g, gpu.NodeChildGraph, deps)
-		b.adoptLocked(n, b.graphFromPlanLocked(c.plan))
-	default:
-		return cp.invalidate(op, fmt.Sprintf("%s cannot be captured", op))
-	}
-	n.p = c.p
-	cp.last = n
-	return nil
 }

@@ -145,12 +145,15 @@ func TestCaptureInvalidation(t *testing.T) {
 	wantErr(t, b.MemcpyDtoHAsync(make([]byte, 4), p, s), gpu.ErrCaptureInvalidated)
 	wantEnd(gpu.ErrCaptureInvalidated)
 
-	// Events on a capturing stream are refused, the capture goes on; a bad
-	// launch is refused without breaking it either.
+	// Waiting on an event recorded outside the capture breaks isolation.
 	e := newEvent(t, b, 0, 0)
+	must(t, b.EventRecord(e, s))
 	must(t, b.StreamBeginCapture(s))
-	wantErr(t, b.EventRecord(e, s), gpu.ErrNotSupported)
-	wantErr(t, b.StreamWaitEvent(s, e), gpu.ErrNotSupported)
+	wantErr(t, b.StreamWaitEvent(s, e), gpu.ErrCaptureInvalidated)
+	wantEnd(gpu.ErrCaptureInvalidated)
+
+	// A bad launch is refused without breaking the capture.
+	must(t, b.StreamBeginCapture(s))
 	wantErr(t, b.LaunchKernel(fill, kernels.Elementwise(16), nil, s), gpu.ErrInvalidValue)
 	must(t, b.LaunchKernel(fill, kernels.Elementwise(16), fillArgs(p, 1, 16), s))
 	g, err := b.StreamEndCapture(s)
@@ -166,6 +169,76 @@ func TestCaptureInvalidation(t *testing.T) {
 	must(t, b.StreamBeginCapture(s2))
 	must(t, b.LaunchKernel(fill, kernels.Elementwise(16), fillArgs(p, 1, 16), s2))
 	must(t, b.StreamDestroy(s2))
+}
+
+func TestCaptureForkJoin(t *testing.T) {
+	b := newSim(t, gpu.Config{})
+	k := loadKernels(t, b, 0)
+	s1, s2, s3 := newStream(t, b, 0), newStream(t, b, 0), newStream(t, b, 0)
+	fork, join := newEvent(t, b, 0, gpu.EventDisableTiming), newEvent(t, b, 0, gpu.EventDisableTiming)
+	const n = 64
+	x, y, z := alloc(t, b, 0, 4*n), alloc(t, b, 0, 4*n), alloc(t, b, 0, 4*n)
+	fill := k.fn(t, kernels.Fill)
+
+	must(t, b.StreamBeginCapture(s1))
+	must(t, b.MemsetAsync(gpu.Memset{Dst: x, ElemSize: 4, Count: n}, s1))
+	must(t, b.EventRecord(fork, s1))
+	must(t, b.StreamWaitEvent(s2, fork)) // s2 joins the capture
+	if c, _ := b.StreamIsCapturing(s2); !c {
+		t.Fatal("forked stream is not capturing")
+	}
+	must(t, b.LaunchKernel(fill, kernels.Elementwise(n), fillArgs(y, 2, n), s2))
+	must(t, b.LaunchKernel(fill, kernels.Elementwise(n), fillArgs(z, 3, n), s1))
+	must(t, b.EventRecord(join, s2))
+	// Events marking capture points cannot be waited on from the host.
+	wantErr(t, b.EventSynchronize(join), gpu.ErrIllegalState)
+	_, err := b.StreamEndCapture(s2)
+	wantErr(t, err, gpu.ErrIllegalState) // not the origin
+	must(t, b.StreamWaitEvent(s1, join))
+	must(t, b.MemcpyDtoDAsync(x, y, 4*n, s1))
+	g, err := b.StreamEndCapture(s1)
+	must(t, err)
+	defer func() { must(t, b.GraphDestroy(g)) }()
+	if c, _ := b.StreamIsCapturing(s2); c {
+		t.Fatal("forked stream still capturing after the end")
+	}
+	ns, ts := nodeTypes(t, b, g)
+	if !slices.Equal(ts, []gpu.NodeType{gpu.NodeMemset, gpu.NodeKernel, gpu.NodeKernel, gpu.NodeMemcpy}) {
+		t.Fatalf("node types %v", ts)
+	}
+	for i, want := range [][]gpu.GraphNode{nil, {ns[0]}, {ns[0]}, {ns[2], ns[1]}} {
+		deps, _ := b.GraphNodeDeps(ns[i])
+		if !slices.Equal(deps, want) {
+			t.Fatalf("node %d deps %v, want %v", i, deps, want)
+		}
+	}
+	x1 := instantiate(t, b, g)
+	must(t, b.GraphLaunch(x1, s3))
+	must(t, b.StreamSynchronize(s3))
+	wantAll(t, readF32(t, b, x, n), 2)
+	wantAll(t, readF32(t, b, z, n), 3)
+
+	// A fork never joined back invalidates the capture at its end, and
+	// releases the forked stream.
+	must(t, b.StreamBeginCapture(s1))
+	must(t, b.EventRecord(fork, s1))
+	must(t, b.StreamWaitEvent(s2, fork))
+	must(t, b.LaunchKernel(fill, kernels.Elementwise(n), fillArgs(y, 2, n), s2))
+	_, err = b.StreamEndCapture(s1)
+	wantErr(t, err, gpu.ErrCaptureInvalidated)
+	if c, _ := b.StreamIsCapturing(s2); c {
+		t.Fatal("forked stream still capturing after an unjoined end")
+	}
+	// A fork with no work of its own needs no join.
+	must(t, b.StreamBeginCapture(s1))
+	must(t, b.EventRecord(fork, s1))
+	must(t, b.StreamWaitEvent(s2, fork))
+	g2, err := b.StreamEndCapture(s1)
+	must(t, err)
+	must(t, b.GraphDestroy(g2))
+	// The event works as a plain event again once recorded outside capture.
+	must(t, b.EventRecord(fork, s1))
+	must(t, b.EventSynchronize(fork))
 }
 
 func TestGraphConstructionRules(t *testing.T) {

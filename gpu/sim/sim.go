@@ -305,6 +305,7 @@ func (b *Backend) DeviceProps(dev int) (gpu.DeviceProps, error) {
 // nodes are not counted (they go with their node); chunks released while
 // still mapped are not counted (their handle is gone), their mappings are.
 func (b *Backend) LiveHandles() gpu.Counters {
+	_ = b.enter("LiveHandles") // counted like every entry point; cannot fail
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.countersLocked()

@@ -70,7 +70,11 @@ type stream struct {
 	handle gpu.Stream
 	dev    int
 	prio   int
-	cap    *capture // guarded by Backend.mu
+	// cap is the capture this stream takes part in (begun on it, or
+	// joined through an event), and capDeps the nodes its next captured
+	// node depends on; both guarded by Backend.mu.
+	cap     *capture
+	capDeps []*node
 
 	// Worker-only scratch for kernel arguments, so a reference kernel
 	// cannot change a stored node by modifying its args.
@@ -254,7 +258,6 @@ type capMode uint8
 const (
 	capNode       capMode = iota + 1 // becomes a graph node
 	capInvalidate                    // cannot be captured: invalidates the capture
-	capRefuse                        // not modelled during capture: ErrNotSupported, capture intact
 )
 
 // submit is the one path of every stream operation: look up s, refuse work
@@ -344,30 +347,13 @@ func (b *Backend) syncStream(op string, s gpu.Stream) (*stream, error) {
 	if st, err = getLocked(b, op, "stream", b.mu.streams, s); err != nil || st.cap == nil {
 		return st, err
 	}
-	return nil, st.cap.invalidate(op, fmt.Sprintf("%s on the capturing stream", op))
-}
-
-func (b *Backend) StreamWaitEvent(s gpu.Stream, e gpu.Event) error {
-	const op = "StreamWaitEvent"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	return b.submit(op, s, capRefuse, func(st *stream) (cmd, error) {
-		ev, err := getLocked(b, op, "event", b.mu.events, e)
-		if err != nil {
-			return cmd{}, err
-		}
-		rec := ev.last.Load()
-		if rec == nil {
-			rec = completedRecord // CUDA: waiting on a never-recorded event is a no-op
-		}
-		return cmd{kind: cmdWait, rec: rec}, nil
-	})
+	return nil, st.cap.invalidate(op, fmt.Sprintf("%s on a capturing stream", op))
 }
 
 // StreamDestroy waits for the work queued on s (run, or skipped on a
-// faulted device), then stops its goroutine. A capture in progress is
-// discarded.
+// faulted device), then stops its goroutine. Destroying the origin stream
+// of a capture discards the capture; destroying a stream that joined one
+// invalidates it.
 func (b *Backend) StreamDestroy(s gpu.Stream) error {
 	const op = "StreamDestroy"
 	if err := b.enter(op); err != nil {
@@ -380,7 +366,7 @@ func (b *Backend) StreamDestroy(s gpu.Stream) error {
 		return err
 	}
 	delete(b.mu.streams, s)
-	st.cap = nil
+	b.leaveCaptureLocked(st)
 	b.mu.Unlock()
 	st.shutdown()
 	return nil
@@ -393,6 +379,10 @@ type event struct {
 	dev    int
 	flags  gpu.EventFlags
 	last   atomic.Pointer[record] // the last record, nil before the first
+	// captured is set while the last record was made on a capturing
+	// stream: it holds that stream's dependencies instead of a point in a
+	// queue. Written under Backend.mu's write lock.
+	captured atomic.Pointer[capRecord]
 }
 
 // record is one EventRecord: done is closed when the stream reaches it, and
@@ -441,36 +431,15 @@ func (b *Backend) EventCreate(dev int, flags gpu.EventFlags) (gpu.Event, error) 
 	return ev.handle, nil
 }
 
-// EventRecord records e on s; e completes when s reaches it. e and s must
-// be on the same device. Recording on a capturing stream is not modelled
-// (gpu.ErrNotSupported; the capture continues).
-func (b *Backend) EventRecord(e gpu.Event, s gpu.Stream) error {
-	const op = "EventRecord"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	return b.submit(op, s, capRefuse, func(st *stream) (cmd, error) {
-		ev, err := getLocked(b, op, "event", b.mu.events, e)
-		if err != nil {
-			return cmd{}, err
-		}
-		if ev.dev != st.dev {
-			return cmd{}, gpu.Errorf(op, gpu.ErrInvalidValue, "event %#x of device %d recorded on stream %#x of device %d", uint64(e), ev.dev, uint64(s), st.dev)
-		}
-		// The command is queued right after build returns (enqueue
-		// cannot fail), so the record always completes.
-		rec := newRecord()
-		ev.last.Store(rec)
-		return cmd{kind: cmdRecord, rec: rec}, nil
-	})
-}
-
 func (b *Backend) eventRecord(op string, e gpu.Event) (*event, *record, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	ev, err := getLocked(b, op, "event", b.mu.events, e)
 	if err != nil {
 		return nil, nil, err
+	}
+	if ev.captured.Load() != nil {
+		return nil, nil, gpu.Errorf(op, gpu.ErrIllegalState, "event %#x was last recorded on a capturing stream: it marks a point of the capture, not of a stream", uint64(e))
 	}
 	return ev, ev.last.Load(), nil
 }
