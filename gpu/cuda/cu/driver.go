@@ -517,13 +517,15 @@ func (d *Driver) PointerGetAttributeInt(v *int32, attr PointerAttribute, p Devic
 }
 
 // ModuleLoadDataEx loads a NUL-terminated PTX (or cubin) image. opts and
-// vals are parallel (CUjit_option values and their void* values).
-func (d *Driver) ModuleLoadDataEx(m *Module, image []byte, opts []uint32, vals []unsafe.Pointer) Result {
+// vals are parallel: CUjit_option values and their void* values, written as
+// integers. A value that points at Go memory (a log buffer) must be pinned by
+// the caller for the duration of the call.
+func (d *Driver) ModuleLoadDataEx(m *Module, image []byte, opts []uint32, vals []uintptr) Result {
 	if len(image) == 0 || len(opts) != len(vals) {
 		return ErrorInvalidValue
 	}
 	var po *uint32
-	var pv *unsafe.Pointer
+	var pv *uintptr
 	if len(opts) > 0 {
 		po, pv = &opts[0], &vals[0]
 	}

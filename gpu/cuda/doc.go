@@ -1,0 +1,55 @@
+// Package cuda is stablegraph's CUDA backend: it implements gpu.Backend over
+// the CUDA driver API, loaded at run time from libcuda through purego (no
+// cgo), and registers itself as "cuda". cuBLAS, when present, serves the
+// optional GEMMer capability; without it the built-in PTX gemm does.
+//
+// The raw bindings live in package cu (symbols, C structs, result codes);
+// this package owns lifetimes, contexts and errors, the split cudarc makes
+// between its sys and safe layers.
+//
+// # Contexts
+//
+// Each device is used through its primary context, retained at Open and
+// released at Close (and retained once more for the life of the process, so
+// that opening and closing backends does not create and destroy contexts,
+// which costs about 0.1 s each). Every driver call, including queries and
+// destruction from other goroutines, runs through one helper (onDevice) that
+// locks the goroutine to its OS thread, makes the handle's device context
+// current there and makes the call. To know a handle's device, the backend
+// records the device of every handle it issues (and of the graph nodes,
+// child graphs and library kernels it discovers while inspecting graphs).
+//
+// # Handles
+//
+// gpu handles are the driver's own values (CUstream, CUgraphNode, ...) or,
+// for host allocations, the host address. A handle not in the backend's
+// tables (zero, never issued, already destroyed) is refused with
+// gpu.ErrInvalidHandle before the driver sees it: the driver does not
+// validate stale handles and may crash on them. The tables also count live
+// handles (gpu.HandleCounter) and let Close release whatever is left.
+//
+// # Errors
+//
+// Driver failures are *gpu.Error values with Op naming the C function
+// ("cuMemAlloc_v2"), Code and CodeName the CUresult, Detail the driver's
+// description, and Err the gpu sentinel the result maps to (errors.go).
+// A graph exec update the driver refuses is a *gpu.UpdateError. A symbol the
+// installed driver lacks is gpu.ErrNotSupported naming the symbol.
+//
+// # Faults
+//
+// A fault in device code (an illegal address) poisons the CUDA context: every
+// later call on that device fails and nothing short of a new process
+// recovers. The backend reports the fault (gpu.ErrIllegalAddress) and does
+// not offer a device reset.
+//
+// # Concurrency
+//
+// A *Backend is safe for concurrent use. Graphs and the execs made from them
+// follow NVIDIA's rule, repeated in package gpu: one graph (and its execs)
+// must not be used from two goroutines at once, not even to instantiate,
+// clone or update; the caller serialises. A handle must not be destroyed
+// while another goroutine still uses it. Stream capture uses
+// CU_STREAM_CAPTURE_MODE_RELAXED, because goroutines move between OS threads
+// and the thread-scoped modes would blame unrelated calls.
+package cuda

@@ -1,0 +1,765 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/cuda/cu"
+)
+
+// graphInfo is a graph the backend knows: one it created (GraphCreate,
+// StreamEndCapture: owned, counted, destroyed by the caller) or one embedded
+// in a child-graph node (a view: owned by the node, not counted).
+type graphInfo struct {
+	dev   int
+	owned bool
+	nodes map[gpu.GraphNode]struct{}
+	views []gpu.Graph // child graphs of this graph's nodes handed out
+}
+
+// nodeInfo is a graph node the backend knows: made by a GraphAdd call or
+// discovered by GraphNodes/GraphNodeDeps.
+type nodeInfo struct {
+	graph gpu.Graph
+	kinds []gpu.ArgKind // the argument kinds of kernel nodes made from typed args
+}
+
+func (b *Backend) graphInfo(op string, g gpu.Graph) (*graphInfo, error) {
+	b.mu.Lock()
+	gi, ok := b.mu.graphs[g]
+	b.mu.Unlock()
+	if !ok {
+		return nil, errf(op, gpu.ErrInvalidHandle, "graph %#x is not live", uint64(g))
+	}
+	return gi, nil
+}
+
+// nodeDev returns a known node's info and device.
+func (b *Backend) nodeDev(op string, n gpu.GraphNode) (*nodeInfo, int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ni, ok := b.mu.nodes[n]
+	if !ok {
+		return nil, 0, errf(op, gpu.ErrInvalidHandle, "graph node %#x is not known (graph destroyed?)", uint64(n))
+	}
+	return ni, b.mu.graphs[ni.graph].dev, nil
+}
+
+// addNodeLocked records node n of graph g.
+func (b *Backend) addNodeLocked(g gpu.Graph, n gpu.GraphNode, kinds []gpu.ArgKind) {
+	gi := b.mu.graphs[g]
+	if gi == nil {
+		return
+	}
+	if ni, ok := b.mu.nodes[n]; ok {
+		if kinds != nil {
+			ni.kinds = kinds
+		}
+		return
+	}
+	b.mu.nodes[n] = &nodeInfo{graph: g, kinds: kinds}
+	gi.nodes[n] = struct{}{}
+}
+
+// forgetGraphLocked removes g, its nodes and its views from the tables.
+func (b *Backend) forgetGraphLocked(g gpu.Graph) {
+	gi := b.mu.graphs[g]
+	if gi == nil {
+		return
+	}
+	delete(b.mu.graphs, g)
+	for n := range gi.nodes {
+		delete(b.mu.nodes, n)
+	}
+	for _, v := range gi.views {
+		b.forgetGraphLocked(v)
+	}
+}
+
+// GraphCreate implements gpu.Graphs.
+func (b *Backend) GraphCreate(dev int) (gpu.Graph, error) {
+	if _, err := b.device("GraphCreate", dev); err != nil {
+		return 0, err
+	}
+	var g cu.Graph
+	if err := b.call(dev, "cuGraphCreate", func() cu.Result { return b.d.GraphCreate(&g, 0) }); err != nil {
+		return 0, err
+	}
+	b.registerGraph(gpu.Graph(g), dev)
+	return gpu.Graph(g), nil
+}
+
+func (b *Backend) registerGraph(g gpu.Graph, dev int) {
+	b.mu.Lock()
+	b.mu.graphs[g] = &graphInfo{dev: dev, owned: true, nodes: map[gpu.GraphNode]struct{}{}}
+	b.mu.Unlock()
+}
+
+// GraphDestroy implements gpu.Graphs. Child graphs handed out for its nodes
+// become invalid with it; execs made from it stay valid.
+func (b *Backend) GraphDestroy(g gpu.Graph) error {
+	b.mu.Lock()
+	gi, ok := b.mu.graphs[g]
+	if ok && !gi.owned {
+		b.mu.Unlock()
+		return errf("GraphDestroy", gpu.ErrInvalidHandle, "graph %#x belongs to a child-graph node; destroy its parent", uint64(g))
+	}
+	if ok {
+		delete(b.mu.graphs, g) // claimed
+	}
+	b.mu.Unlock()
+	if !ok {
+		return errf("GraphDestroy", gpu.ErrInvalidHandle, "graph %#x is not live", uint64(g))
+	}
+	err := b.call(gi.dev, "cuGraphDestroy", func() cu.Result { return b.d.GraphDestroy(cu.Graph(g)) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.mu.graphs[g] = gi
+	if err == nil {
+		b.forgetGraphLocked(g)
+	}
+	return err
+}
+
+// depsOf checks that deps are nodes of g and converts them.
+func (b *Backend) depsOf(op string, g gpu.Graph, deps []gpu.GraphNode) ([]cu.GraphNode, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]cu.GraphNode, len(deps))
+	for i, d := range deps {
+		ni, ok := b.mu.nodes[d]
+		if !ok {
+			return nil, errf(op, gpu.ErrInvalidHandle, "dependency %#x is not a known node", uint64(d))
+		}
+		if ni.graph != g {
+			return nil, errf(op, gpu.ErrInvalidValue, "dependency %#x belongs to graph %#x, not %#x", uint64(d), uint64(ni.graph), uint64(g))
+		}
+		out[i] = cu.GraphNode(d)
+	}
+	return out, nil
+}
+
+// addNode is the common path of the GraphAdd calls.
+func (b *Backend) addNode(op string, g gpu.Graph, deps []gpu.GraphNode, kinds []gpu.ArgKind,
+	add func(dev int, n *cu.GraphNode, deps []cu.GraphNode) error) (gpu.GraphNode, error) {
+	gi, err := b.graphInfo(op, g)
+	if err != nil {
+		return 0, err
+	}
+	cdeps, err := b.depsOf(op, g, deps)
+	if err != nil {
+		return 0, err
+	}
+	var n cu.GraphNode
+	if err := add(gi.dev, &n, cdeps); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	b.addNodeLocked(g, gpu.GraphNode(n), kinds)
+	b.mu.Unlock()
+	return gpu.GraphNode(n), nil
+}
+
+// kernelParams checks p and builds the C node parameters; release the
+// pack after the call.
+func (b *Backend) kernelParams(op string, dev int, p gpu.KernelParams) (*cu.KernelNodeParams, *argPack, []gpu.ArgKind, error) {
+	fi, err := b.funcInfo(op, p.Func)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if fi.dev != dev {
+		return nil, nil, nil, errf(op, gpu.ErrInvalidValue, "kernel of device %d in a graph of device %d", fi.dev, dev)
+	}
+	if err := b.checkArgs(op, fi, p.Func, p.Args); err != nil {
+		return nil, nil, nil, err
+	}
+	var kinds []gpu.ArgKind
+	typed := true
+	for _, a := range p.Args {
+		typed = typed && a.Kind != gpu.ArgBytes
+		kinds = append(kinds, a.Kind)
+	}
+	if !typed || kinds == nil {
+		kinds = nil
+	}
+	a := packArgs(p.Args)
+	c := p.Config
+	return &cu.KernelNodeParams{
+		Func: cu.Function(p.Func), GridDimX: c.Grid.X, GridDimY: c.Grid.Y, GridDimZ: c.Grid.Z,
+		BlockDimX: c.Block.X, BlockDimY: c.Block.Y, BlockDimZ: c.Block.Z, SharedMemBytes: c.SharedMem,
+		KernelParams: unsafe.Pointer(a.params()),
+	}, a, kinds, nil
+}
+
+// GraphAddKernelNode implements gpu.Graphs.
+func (b *Backend) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
+	const op = "GraphAddKernelNode"
+	gi, err := b.graphInfo(op, g)
+	if err != nil {
+		return 0, err
+	}
+	kp, a, kinds, err := b.kernelParams(op, gi.dev, p)
+	if err != nil {
+		return 0, err
+	}
+	defer a.release()
+	return b.addNode(op, g, deps, kinds, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(dev, "cuGraphAddKernelNode_v2", func() cu.Result { return b.d.GraphAddKernelNode(n, cu.Graph(g), cdeps, kp) })
+	})
+}
+
+func memcpyParams(p gpu.MemcpyParams) *cu.Memcpy3D {
+	return &cu.Memcpy3D{
+		SrcMemoryType: cu.MemoryTypeDevice, SrcDevice: cu.DevicePtr(p.Src),
+		DstMemoryType: cu.MemoryTypeDevice, DstDevice: cu.DevicePtr(p.Dst),
+		WidthInBytes: p.Size, Height: 1, Depth: 1,
+	}
+}
+
+func memsetParams(op string, m gpu.Memset) (*cu.MemsetNodeParams, error) {
+	if err := checkMemset(op, m); err != nil {
+		return nil, err
+	}
+	if m.Count == 0 {
+		return nil, errf(op, gpu.ErrInvalidValue, "memset node of 0 elements")
+	}
+	return &cu.MemsetNodeParams{Dst: cu.DevicePtr(m.Dst), Value: m.Value, ElementSize: uint32(m.ElemSize), Width: m.Count, Height: 1}, nil
+}
+
+// GraphAddMemcpyNode implements gpu.Graphs (device-to-device copies).
+func (b *Backend) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.MemcpyParams) (gpu.GraphNode, error) {
+	const op = "GraphAddMemcpyNode"
+	if p.Size == 0 {
+		return 0, errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
+	}
+	cp := memcpyParams(p)
+	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		ctx := b.devs[dev].ctx
+		return b.call(dev, "cuGraphAddMemcpyNode", func() cu.Result { return b.d.GraphAddMemcpyNode(n, cu.Graph(g), cdeps, cp, ctx) })
+	})
+}
+
+// GraphAddMemsetNode implements gpu.Graphs.
+func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, m gpu.Memset) (gpu.GraphNode, error) {
+	const op = "GraphAddMemsetNode"
+	mp, err := memsetParams(op, m)
+	if err != nil {
+		return 0, err
+	}
+	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		ctx := b.devs[dev].ctx
+		return b.call(dev, "cuGraphAddMemsetNode", func() cu.Result { return b.d.GraphAddMemsetNode(n, cu.Graph(g), cdeps, mp, ctx) })
+	})
+}
+
+// GraphAddChildGraphNode implements gpu.Graphs: the driver embeds a copy of
+// child.
+func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, child gpu.Graph) (gpu.GraphNode, error) {
+	const op = "GraphAddChildGraphNode"
+	if _, err := b.graphInfo(op, child); err != nil {
+		return 0, err
+	}
+	if child == g {
+		return 0, errf(op, gpu.ErrInvalidValue, "graph %#x cannot contain itself", uint64(g))
+	}
+	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(dev, "cuGraphAddChildGraphNode", func() cu.Result {
+			return b.d.GraphAddChildGraphNode(n, cu.Graph(g), cdeps, cu.Graph(child))
+		})
+	})
+}
+
+// GraphAddEmptyNode implements gpu.Graphs.
+func (b *Backend) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
+	return b.addNode("GraphAddEmptyNode", g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(dev, "cuGraphAddEmptyNode", func() cu.Result { return b.d.GraphAddEmptyNode(n, cu.Graph(g), cdeps) })
+	})
+}
+
+// GraphNodes implements gpu.Graphs, in the driver's order (creation order).
+func (b *Backend) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error) {
+	gi, err := b.graphInfo("GraphNodes", g)
+	if err != nil {
+		return nil, err
+	}
+	var nodes []cu.GraphNode
+	err = b.onDevice(gi.dev, func() error {
+		var count uint64
+		if r := b.d.GraphGetNodes(cu.Graph(g), nil, &count); r != cu.Success {
+			return b.check("cuGraphGetNodes", r)
+		}
+		nodes = make([]cu.GraphNode, count)
+		if count == 0 {
+			return nil
+		}
+		if r := b.d.GraphGetNodes(cu.Graph(g), nodes, &count); r != cu.Success {
+			return b.check("cuGraphGetNodes", r)
+		}
+		nodes = nodes[:count]
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]gpu.GraphNode, len(nodes))
+	b.mu.Lock()
+	for i, n := range nodes {
+		out[i] = gpu.GraphNode(n)
+		b.addNodeLocked(g, out[i], nil)
+	}
+	b.mu.Unlock()
+	return out, nil
+}
+
+// GraphNodeType implements gpu.Graphs.
+func (b *Backend) GraphNodeType(n gpu.GraphNode) (gpu.NodeType, error) {
+	_, dev, err := b.nodeDev("GraphNodeType", n)
+	if err != nil {
+		return 0, err
+	}
+	return b.nodeType(dev, n)
+}
+
+// wantType checks that n (a known node on dev) has type want, so that a
+// call for another type of node never reaches the driver.
+func (b *Backend) wantType(op string, dev int, n gpu.GraphNode, want gpu.NodeType) error {
+	t, err := b.nodeType(dev, n)
+	if err != nil {
+		return err
+	}
+	if t != want {
+		return errf(op, gpu.ErrInvalidValue, "node %#x is a %v node, not %v", uint64(n), t, want)
+	}
+	return nil
+}
+
+func (b *Backend) nodeType(dev int, n gpu.GraphNode) (gpu.NodeType, error) {
+	var t cu.GraphNodeType
+	if err := b.call(dev, "cuGraphNodeGetType", func() cu.Result { return b.d.GraphNodeGetType(cu.GraphNode(n), &t) }); err != nil {
+		return 0, err
+	}
+	switch t {
+	case cu.GraphNodeKernel:
+		return gpu.NodeKernel, nil
+	case cu.GraphNodeMemcpy:
+		return gpu.NodeMemcpy, nil
+	case cu.GraphNodeMemset:
+		return gpu.NodeMemset, nil
+	case cu.GraphNodeGraph:
+		return gpu.NodeChildGraph, nil
+	case cu.GraphNodeEmpty:
+		return gpu.NodeEmpty, nil
+	case cu.GraphNodeBatchMemOp:
+		return gpu.NodeMemWriteValue, nil
+	}
+	return gpu.NodeOther, nil
+}
+
+// GraphNodeDeps implements gpu.Graphs.
+func (b *Backend) GraphNodeDeps(n gpu.GraphNode) ([]gpu.GraphNode, error) {
+	ni, dev, err := b.nodeDev("GraphNodeDeps", n)
+	if err != nil {
+		return nil, err
+	}
+	var deps []cu.GraphNode
+	err = b.onDevice(dev, func() error {
+		var count uint64
+		if r := b.d.GraphNodeGetDependencies(cu.GraphNode(n), nil, &count); r != cu.Success {
+			return b.check("cuGraphNodeGetDependencies_v2", r)
+		}
+		deps = make([]cu.GraphNode, count)
+		if count == 0 {
+			return nil
+		}
+		if r := b.d.GraphNodeGetDependencies(cu.GraphNode(n), deps, &count); r != cu.Success {
+			return b.check("cuGraphNodeGetDependencies_v2", r)
+		}
+		deps = deps[:count]
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]gpu.GraphNode, len(deps))
+	b.mu.Lock()
+	for i, d := range deps {
+		out[i] = gpu.GraphNode(d)
+		b.addNodeLocked(ni.graph, out[i], nil)
+	}
+	b.mu.Unlock()
+	return out, nil
+}
+
+// Launch parameter markers of the extra array (CU_LAUNCH_PARAM_*).
+const (
+	launchParamEnd           = 0x00
+	launchParamBufferPointer = 0x01
+	launchParamBufferSize    = 0x02
+)
+
+// GraphKernelNodeParams implements gpu.Graphs. Arguments are typed for nodes
+// made from typed arguments and for captured launches of our own kernels
+// (their spec says the kinds); for library kernels they are ArgBytes, one
+// per parameter of the driver's layout (FuncParamInfo).
+func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, error) {
+	const op = "GraphKernelNodeParams"
+	ni, dev, err := b.nodeDev(op, n)
+	if err != nil {
+		return gpu.KernelParams{}, err
+	}
+	if err := b.wantType(op, dev, n, gpu.NodeKernel); err != nil {
+		return gpu.KernelParams{}, err
+	}
+	var kp cu.KernelNodeParams
+	err = b.onDevice(dev, func() error {
+		if r := b.d.GraphKernelNodeGetParams(cu.GraphNode(n), &kp); r != cu.Success {
+			return b.check("cuGraphKernelNodeGetParams_v2", r)
+		}
+		if kp.Func == 0 && kp.Kern != 0 {
+			// A context-independent kernel (cuLibrary, the runtime's
+			// launches): its function in this context.
+			return b.check("cuKernelGetFunction", b.d.KernelGetFunction(&kp.Func, kp.Kern))
+		}
+		return nil
+	})
+	if err != nil {
+		return gpu.KernelParams{}, err
+	}
+	f := gpu.Function(kp.Func)
+	b.mu.Lock()
+	fi, ok := b.mu.funcs[f]
+	if !ok {
+		fi = &funcInfo{dev: dev}
+		b.mu.funcs[f] = fi
+	}
+	kinds := ni.kinds
+	if kinds == nil && fi.spec != nil {
+		kinds = fi.spec.Params
+	}
+	b.mu.Unlock()
+	out := gpu.KernelParams{Func: f, Config: gpu.LaunchConfig{
+		Grid:      gpu.Dim3{X: kp.GridDimX, Y: kp.GridDimY, Z: kp.GridDimZ},
+		Block:     gpu.Dim3{X: kp.BlockDimX, Y: kp.BlockDimY, Z: kp.BlockDimZ},
+		SharedMem: kp.SharedMemBytes,
+	}}
+	var layout []gpu.ParamInfo
+	if kinds == nil || kp.KernelParams == nil {
+		if layout, err = b.paramInfo(fi, f); err != nil {
+			return gpu.KernelParams{}, err
+		}
+	}
+	switch {
+	case kp.KernelParams != nil:
+		out.Args = decodeArgs(kp.KernelParams, kinds, layout)
+	case kp.Extra != nil:
+		buf, ok := extraBuffer(kp.Extra)
+		if !ok {
+			return gpu.KernelParams{}, errf(op, gpu.ErrNotSupported, "kernel node %#x passes its parameters in an extra array without a buffer", uint64(n))
+		}
+		var total uint64
+		for _, p := range layout {
+			total = max(total, p.Offset+p.Size)
+		}
+		if uint64(len(buf)) < total {
+			return gpu.KernelParams{}, errf(op, gpu.ErrNotSupported, "kernel node %#x parameter buffer has %d bytes, layout needs %d", uint64(n), len(buf), total)
+		}
+		out.Args = decodeBuffer(buf, kinds, layout)
+	default:
+		out.Args = []gpu.Arg{}
+	}
+	return out, nil
+}
+
+// extraBuffer finds the parameter buffer in a launch's extra array
+// ({BUFFER_POINTER, p, BUFFER_SIZE, &size, END}).
+func extraBuffer(extra unsafe.Pointer) ([]byte, bool) {
+	var buf unsafe.Pointer
+	var size uint64
+	haveSize := false
+	for i := 0; i < 16; i += 2 {
+		key := *(*uintptr)(unsafe.Add(extra, i*8))
+		if key == launchParamEnd {
+			break
+		}
+		val := *(*unsafe.Pointer)(unsafe.Add(extra, (i+1)*8))
+		switch key {
+		case launchParamBufferPointer:
+			buf = val
+		case launchParamBufferSize:
+			if val != nil {
+				size = binary.LittleEndian.Uint64(unsafe.Slice((*byte)(val), 8))
+				haveSize = true
+			}
+		}
+	}
+	if buf == nil || !haveSize {
+		return nil, false
+	}
+	return unsafe.Slice((*byte)(buf), size), true
+}
+
+// GraphChildGraph implements gpu.Graphs. The graph belongs to the node: it is
+// valid until the parent graph is destroyed and must not be destroyed itself.
+func (b *Backend) GraphChildGraph(n gpu.GraphNode) (gpu.Graph, error) {
+	ni, dev, err := b.nodeDev("GraphChildGraph", n)
+	if err != nil {
+		return 0, err
+	}
+	if err := b.wantType("GraphChildGraph", dev, n, gpu.NodeChildGraph); err != nil {
+		return 0, err
+	}
+	var g cu.Graph
+	if err := b.call(dev, "cuGraphChildGraphNodeGetGraph", func() cu.Result { return b.d.GraphChildGraphNodeGetGraph(cu.GraphNode(n), &g) }); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.mu.graphs[gpu.Graph(g)]; !ok {
+		b.mu.graphs[gpu.Graph(g)] = &graphInfo{dev: dev, nodes: map[gpu.GraphNode]struct{}{}}
+		if parent := b.mu.graphs[ni.graph]; parent != nil {
+			parent.views = append(parent.views, gpu.Graph(g))
+		}
+	}
+	return gpu.Graph(g), nil
+}
+
+// StreamBeginCapture implements gpu.Graphs, in relaxed capture mode (see
+// the package doc).
+func (b *Backend) StreamBeginCapture(s gpu.Stream) error {
+	dev, err := b.streamDev("StreamBeginCapture", s)
+	if err != nil {
+		return err
+	}
+	if capt, err := b.capturing(dev, s); err != nil || capt {
+		if err == nil {
+			err = errf("StreamBeginCapture", gpu.ErrIllegalState, "stream %#x is already capturing", uint64(s))
+		}
+		return err
+	}
+	return b.call(dev, "cuStreamBeginCapture_v2", func() cu.Result {
+		return b.d.StreamBeginCapture(cu.Stream(s), cu.StreamCaptureModeRelaxed)
+	})
+}
+
+// StreamEndCapture implements gpu.Graphs. An invalidated capture is
+// ErrCaptureInvalidated; the stream has left capture mode either way.
+func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
+	dev, err := b.streamDev("StreamEndCapture", s)
+	if err != nil {
+		return 0, err
+	}
+	if capt, err := b.capturing(dev, s); err != nil || !capt {
+		if err == nil {
+			err = errf("StreamEndCapture", gpu.ErrIllegalState, "stream %#x is not capturing", uint64(s))
+		}
+		return 0, err
+	}
+	var g cu.Graph
+	var r cu.Result
+	err = b.onDevice(dev, func() error { r = b.d.StreamEndCapture(cu.Stream(s), &g); return nil })
+	if err != nil {
+		return 0, err
+	}
+	if r != cu.Success {
+		if g != 0 { // not expected, but never leak a graph
+			_ = b.call(dev, "cuGraphDestroy", func() cu.Result { return b.d.GraphDestroy(g) })
+		}
+		return 0, b.check("cuStreamEndCapture", r)
+	}
+	b.registerGraph(gpu.Graph(g), dev)
+	return gpu.Graph(g), nil
+}
+
+// StreamIsCapturing implements gpu.Graphs. A capture that was invalidated
+// but not yet ended still counts as capturing.
+func (b *Backend) StreamIsCapturing(s gpu.Stream) (bool, error) {
+	dev, err := b.streamDev("StreamIsCapturing", s)
+	if err != nil {
+		return false, err
+	}
+	return b.capturing(dev, s)
+}
+
+// GraphInstantiate implements gpu.Graphs.
+func (b *Backend) GraphInstantiate(g gpu.Graph) (gpu.GraphExec, error) {
+	gi, err := b.graphInfo("GraphInstantiate", g)
+	if err != nil {
+		return 0, err
+	}
+	var x cu.GraphExec
+	if err := b.call(gi.dev, "cuGraphInstantiateWithFlags", func() cu.Result { return b.d.GraphInstantiate(&x, cu.Graph(g), 0) }); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	b.mu.execs[gpu.GraphExec(x)] = execInfo{dev: gi.dev, graph: g}
+	b.mu.Unlock()
+	return gpu.GraphExec(x), nil
+}
+
+// execInfo is a live exec: its device and the graph it was made from (which
+// may since have been destroyed).
+type execInfo struct {
+	dev   int
+	graph gpu.Graph
+}
+
+func (b *Backend) execDev(op string, x gpu.GraphExec) (int, error) {
+	b.mu.Lock()
+	xi, ok := b.mu.execs[x]
+	b.mu.Unlock()
+	if !ok {
+		return 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+	}
+	return xi.dev, nil
+}
+
+// execNode checks a per-node exec update: x live, n nonzero and, when the
+// backend knows n, a node of x's graph of type want. It returns x's device.
+func (b *Backend) execNode(op string, x gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType) (int, error) {
+	b.mu.Lock()
+	xi, ok := b.mu.execs[x]
+	ni, known := b.mu.nodes[n]
+	b.mu.Unlock()
+	switch {
+	case !ok:
+		return 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+	case n == 0:
+		return 0, errf(op, gpu.ErrInvalidHandle, "node 0")
+	case known && ni.graph != xi.graph:
+		return 0, errf(op, gpu.ErrInvalidValue, "node %#x belongs to graph %#x, not to %#x that exec %#x was made from",
+			uint64(n), uint64(ni.graph), uint64(xi.graph), uint64(x))
+	}
+	if known {
+		if err := b.wantType(op, xi.dev, n, want); err != nil {
+			return 0, err
+		}
+	}
+	return xi.dev, nil
+}
+
+// GraphExecDestroy implements gpu.Graphs.
+func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
+	b.mu.Lock()
+	xi, ok := b.mu.execs[x]
+	delete(b.mu.execs, x)
+	b.mu.Unlock()
+	if !ok {
+		return errf("GraphExecDestroy", gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+	}
+	err := b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return b.d.GraphExecDestroy(cu.GraphExec(x)) })
+	if err != nil {
+		b.mu.Lock()
+		b.mu.execs[x] = xi
+		b.mu.Unlock()
+	}
+	return err
+}
+
+// GraphLaunch implements gpu.Graphs.
+func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
+	dev, err := b.execDev("GraphLaunch", x)
+	if err != nil {
+		return err
+	}
+	sdev, err := b.streamDev("GraphLaunch", s)
+	if err != nil {
+		return err
+	}
+	if sdev != dev {
+		return errf("GraphLaunch", gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", dev, sdev)
+	}
+	return b.call(dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(cu.GraphExec(x), cu.Stream(s)) })
+}
+
+// GraphExecUpdate implements gpu.Graphs. A refusal is an *gpu.UpdateError
+// with the driver's reason and, when it names one, the offending node.
+func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
+	dev, err := b.execDev("GraphExecUpdate", x)
+	if err != nil {
+		return err
+	}
+	if _, err := b.graphInfo("GraphExecUpdate", g); err != nil {
+		return err
+	}
+	var info cu.GraphExecUpdateResultInfo
+	var r cu.Result
+	if err := b.onDevice(dev, func() error { r = b.d.GraphExecUpdate(cu.GraphExec(x), cu.Graph(g), &info); return nil }); err != nil {
+		return err
+	}
+	switch r {
+	case cu.Success:
+		return nil
+	case cu.ErrorGraphExecUpdateFailure:
+		return &gpu.UpdateError{Op: "cuGraphExecUpdate_v2", Result: updateResult(info.Result),
+			Node: gpu.GraphNode(info.ErrorNode), Detail: "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (910)"}
+	}
+	return b.check("cuGraphExecUpdate_v2", r)
+}
+
+// GraphExecKernelNodeSetParams implements gpu.Graphs. The function must be
+// the node's (CUDA refuses other changes of function); arguments are checked
+// as for launches.
+func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
+	const op = "GraphExecKernelNodeSetParams"
+	dev, err := b.execNode(op, x, n, gpu.NodeKernel)
+	if err != nil {
+		return err
+	}
+	kp, a, _, err := b.kernelParams(op, dev, p)
+	if err != nil {
+		return err
+	}
+	defer a.release()
+	return b.call(dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
+		return b.d.GraphExecKernelNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), kp)
+	})
+}
+
+// GraphExecMemcpyNodeSetParams implements gpu.Graphs.
+func (b *Backend) GraphExecMemcpyNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
+	const op = "GraphExecMemcpyNodeSetParams"
+	dev, err := b.execNode(op, x, n, gpu.NodeMemcpy)
+	if err != nil {
+		return err
+	}
+	if p.Size == 0 {
+		return errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
+	}
+	cp, ctx := memcpyParams(p), b.devs[dev].ctx
+	return b.call(dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemcpyNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), cp, ctx)
+	})
+}
+
+// GraphExecMemsetNodeSetParams implements gpu.Graphs.
+func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, m gpu.Memset) error {
+	const op = "GraphExecMemsetNodeSetParams"
+	dev, err := b.execNode(op, x, n, gpu.NodeMemset)
+	if err != nil {
+		return err
+	}
+	mp, err := memsetParams(op, m)
+	if err != nil {
+		return err
+	}
+	ctx := b.devs[dev].ctx
+	return b.call(dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemsetNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), mp, ctx)
+	})
+}
+
+// GraphExecChildGraphNodeSetParams implements gpu.Graphs.
+func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
+	const op = "GraphExecChildGraphNodeSetParams"
+	dev, err := b.execNode(op, x, n, gpu.NodeChildGraph)
+	if err != nil {
+		return err
+	}
+	if _, err := b.graphInfo(op, child); err != nil {
+		return err
+	}
+	return b.call(dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
+		return b.d.GraphExecChildGraphNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), cu.Graph(child))
+	})
+}

@@ -1,0 +1,364 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"runtime"
+	"unsafe"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/cuda/cu"
+	"stablegraph/kernels"
+)
+
+// moduleInfo is a loaded module: its device and the image it came from.
+type moduleInfo struct {
+	dev int
+	img *gpu.ModuleImage
+}
+
+// funcInfo is a kernel the backend knows: one looked up in a module we
+// loaded (spec set), or one found in a captured graph (spec nil: a library
+// kernel whose parameters are known only by layout).
+type funcInfo struct {
+	dev    int
+	module gpu.Module // 0 for discovered kernels
+	name   string     // "" until asked, for discovered kernels
+	spec   *gpu.KernelSpec
+	params []gpu.ParamInfo // cached cuFuncGetParamInfo layout; nil until asked
+}
+
+// ModuleLoad implements gpu.Modules. It JIT-compiles img.PTX for dev; for the
+// built-in kernel set it prefers the build kernels.PTXFor picks for the
+// device (sm_90 PTX on Hopper).
+func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
+	d, err := b.device("ModuleLoad", dev)
+	if err != nil {
+		return 0, err
+	}
+	if img == nil {
+		return 0, errf("ModuleLoad", gpu.ErrInvalidValue, "nil module image")
+	}
+	if len(img.PTX) == 0 {
+		return 0, errf("ModuleLoad", gpu.ErrNotSupported, "module %q has no PTX", img.Name)
+	}
+	m, err := b.loadPTX(dev, d, img)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	b.mu.modules[gpu.Module(m)] = &moduleInfo{dev: dev, img: img}
+	b.mu.Unlock()
+	return gpu.Module(m), nil
+}
+
+// loadPTX loads img's PTX (or the device's preferred built-in build) on dev,
+// with the JIT's error log in the error when it fails.
+func (b *Backend) loadPTX(dev int, d *device, img *gpu.ModuleImage) (cu.Module, error) {
+	src := img.PTX
+	if kernels.IsBuiltinPTX(src) {
+		src = kernels.PTXFor(d.props.ComputeMajor, d.props.ComputeMinor)
+	}
+	image := make([]byte, len(src)+1) // NUL-terminated
+	copy(image, src)
+	logBuf := make([]byte, 8192)
+	var pin runtime.Pinner
+	pin.Pin(&logBuf[0]) // the driver writes it through an integer option value
+	defer pin.Unpin()
+	opts := []uint32{cu.JITErrorLogBuffer, cu.JITErrorLogBufferSizeBytes}
+	vals := []uintptr{uintptr(unsafe.Pointer(&logBuf[0])), uintptr(len(logBuf))}
+	var m cu.Module
+	err := b.call(dev, "cuModuleLoadDataEx", func() cu.Result { return b.d.ModuleLoadDataEx(&m, image, opts, vals) })
+	runtime.KeepAlive(logBuf)
+	if err != nil {
+		if ge, ok := err.(*gpu.Error); ok {
+			if log := cu.GoString(&logBuf[0]); log != "" {
+				ge.Detail += ": JIT log: " + log
+			}
+			ge.Detail += " (module " + img.Name + ")"
+		}
+		return 0, err
+	}
+	return m, nil
+}
+
+// ModuleUnload implements gpu.Modules. The module's functions become invalid.
+func (b *Backend) ModuleUnload(m gpu.Module) error {
+	b.mu.Lock()
+	mi, ok := b.mu.modules[m]
+	delete(b.mu.modules, m)
+	b.mu.Unlock()
+	if !ok {
+		return errf("ModuleUnload", gpu.ErrInvalidHandle, "module %#x is not loaded", uint64(m))
+	}
+	err := b.call(mi.dev, "cuModuleUnload", func() cu.Result { return b.d.ModuleUnload(cu.Module(m)) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		b.mu.modules[m] = mi
+		return err
+	}
+	for f, fi := range b.mu.funcs {
+		if fi.module == m {
+			delete(b.mu.funcs, f)
+		}
+	}
+	return nil
+}
+
+// ModuleFunction implements gpu.Modules. Only kernels with a spec in the
+// module image can be looked up: the spec is what launches are checked
+// against.
+func (b *Backend) ModuleFunction(m gpu.Module, name string) (gpu.Function, error) {
+	b.mu.Lock()
+	mi, ok := b.mu.modules[m]
+	b.mu.Unlock()
+	if !ok {
+		return 0, errf("ModuleFunction", gpu.ErrInvalidHandle, "module %#x is not loaded", uint64(m))
+	}
+	spec, ok := mi.img.Kernel(name)
+	if !ok {
+		return 0, errf("ModuleFunction", gpu.ErrNotFound, "module %q has no kernel %q", mi.img.Name, name)
+	}
+	var f cu.Function
+	cname := cu.CString(name)
+	if err := b.call(mi.dev, "cuModuleGetFunction", func() cu.Result { return b.d.ModuleGetFunction(&f, cu.Module(m), cname) }); err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	b.mu.funcs[gpu.Function(f)] = &funcInfo{dev: mi.dev, module: m, name: name, spec: &spec}
+	b.mu.Unlock()
+	return gpu.Function(f), nil
+}
+
+// funcInfo returns what the backend knows of f.
+func (b *Backend) funcInfo(op string, f gpu.Function) (*funcInfo, error) {
+	b.mu.Lock()
+	fi, ok := b.mu.funcs[f]
+	b.mu.Unlock()
+	if !ok {
+		return nil, errf(op, gpu.ErrInvalidHandle, "function %#x is not known (unloaded module?)", uint64(f))
+	}
+	return fi, nil
+}
+
+// FuncName implements gpu.Modules. For library kernels found in captured
+// graphs it is the driver's (mangled) name.
+func (b *Backend) FuncName(f gpu.Function) (string, error) {
+	fi, err := b.funcInfo("FuncName", f)
+	if err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	name := fi.name
+	b.mu.Unlock()
+	if name != "" {
+		return name, nil
+	}
+	err = b.onDevice(fi.dev, func() error {
+		n, r := b.d.FuncGetName(cu.Function(f))
+		name = n
+		return b.check("cuFuncGetName", r)
+	})
+	if err != nil {
+		return "", err
+	}
+	b.mu.Lock()
+	fi.name = name
+	b.mu.Unlock()
+	return name, nil
+}
+
+// maxParams bounds the cuFuncGetParamInfo loop: kernel parameters take at
+// most 32764 bytes, so there cannot be more.
+const maxParams = 32764
+
+// FuncParamInfo implements gpu.Modules: cuFuncGetParamInfo for index 0, 1,
+// ... until CUDA_ERROR_INVALID_VALUE (driver 580 has no cuFuncGetParamCount).
+func (b *Backend) FuncParamInfo(f gpu.Function) ([]gpu.ParamInfo, error) {
+	fi, err := b.funcInfo("FuncParamInfo", f)
+	if err != nil {
+		return nil, err
+	}
+	return b.paramInfo(fi, f)
+}
+
+func (b *Backend) paramInfo(fi *funcInfo, f gpu.Function) ([]gpu.ParamInfo, error) {
+	b.mu.Lock()
+	cached := fi.params
+	b.mu.Unlock()
+	if cached != nil {
+		return append([]gpu.ParamInfo(nil), cached...), nil
+	}
+	var out []gpu.ParamInfo
+	err := b.onDevice(fi.dev, func() error {
+		for i := uint64(0); i < maxParams; i++ {
+			var off, size uint64
+			r := b.d.FuncGetParamInfo(cu.Function(f), i, &off, &size)
+			if r == cu.ErrorInvalidValue {
+				return nil // past the last parameter
+			}
+			if r != cu.Success {
+				return b.check("cuFuncGetParamInfo", r)
+			}
+			out = append(out, gpu.ParamInfo{Offset: off, Size: size})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if out == nil {
+		out = []gpu.ParamInfo{}
+	}
+	b.mu.Lock()
+	fi.params = out
+	b.mu.Unlock()
+	return append([]gpu.ParamInfo(nil), out...), nil
+}
+
+// checkArgs validates args for f: against the spec of our kernels, and by
+// count and size against the driver's layout for discovered ones (whose
+// arguments are ArgBytes or typed values of the right sizes).
+func (b *Backend) checkArgs(op string, fi *funcInfo, f gpu.Function, args []gpu.Arg) error {
+	if fi.spec != nil {
+		return fi.spec.CheckArgs(op, args)
+	}
+	layout, err := b.paramInfo(fi, f)
+	if err != nil {
+		return err
+	}
+	if len(args) != len(layout) {
+		return errf(op, gpu.ErrInvalidValue, "kernel %#x takes %d parameters, got %d arguments", uint64(f), len(layout), len(args))
+	}
+	for i, a := range args {
+		if uint64(a.Size()) != layout[i].Size {
+			return errf(op, gpu.ErrInvalidValue, "kernel %#x parameter %d has %d bytes, argument %d has %d (%s)",
+				uint64(f), i, layout[i].Size, i, a.Size(), a.Kind)
+		}
+	}
+	return nil
+}
+
+// argPack is the C view of kernel arguments: each argument's bytes in its
+// own 8-byte-aligned slot of one Go allocation, and the void* array the
+// driver reads, pointing at the slots. Both are pinned until release: the
+// driver reads them during the call (and copies them; it keeps nothing).
+type argPack struct {
+	words []uint64
+	ptrs  []unsafe.Pointer
+	pin   runtime.Pinner
+}
+
+func packArgs(args []gpu.Arg) *argPack {
+	a := &argPack{}
+	if len(args) == 0 {
+		return a
+	}
+	n := 0
+	for _, x := range args {
+		n += (max(x.Size(), 1) + 7) / 8
+	}
+	a.words = make([]uint64, n)
+	a.ptrs = make([]unsafe.Pointer, len(args))
+	w := 0
+	for i, x := range args {
+		slot := unsafe.Pointer(&a.words[w])
+		dst := unsafe.Slice((*byte)(slot), x.Size())
+		if x.Kind == gpu.ArgBytes {
+			// gpu.Arg.Encode writes Bits for 4- and 8-byte arguments,
+			// which ArgBytes leaves zero: copy Raw ourselves.
+			copy(dst, x.Raw)
+		} else {
+			x.Encode(dst)
+		}
+		a.ptrs[i] = slot
+		w += (max(x.Size(), 1) + 7) / 8
+	}
+	a.pin.Pin(&a.words[0])
+	a.pin.Pin(&a.ptrs[0])
+	return a
+}
+
+// params is the void** to pass (nil without arguments).
+func (a *argPack) params() *unsafe.Pointer {
+	if len(a.ptrs) == 0 {
+		return nil
+	}
+	return &a.ptrs[0]
+}
+
+func (a *argPack) release() { a.pin.Unpin() }
+
+// decodeArgs reads n arguments through a driver-owned void** array: typed
+// by kinds when given, else as ArgBytes of the sizes in layout.
+func decodeArgs(kp unsafe.Pointer, kinds []gpu.ArgKind, layout []gpu.ParamInfo) []gpu.Arg {
+	n := len(kinds)
+	if kinds == nil {
+		n = len(layout)
+	}
+	if n == 0 || kp == nil {
+		return []gpu.Arg{}
+	}
+	ptrs := unsafe.Slice((*unsafe.Pointer)(kp), n)
+	out := make([]gpu.Arg, n)
+	for i := range out {
+		if kinds != nil {
+			out[i] = decodeTyped(kinds[i], unsafe.Slice((*byte)(ptrs[i]), kinds[i].Size()))
+		} else {
+			out[i] = gpu.Bytes(unsafe.Slice((*byte)(ptrs[i]), layout[i].Size))
+		}
+	}
+	return out
+}
+
+// decodeBuffer splits a packed parameter buffer (the CU_LAUNCH_PARAM_BUFFER
+// form of a launch) by layout.
+func decodeBuffer(buf []byte, kinds []gpu.ArgKind, layout []gpu.ParamInfo) []gpu.Arg {
+	out := make([]gpu.Arg, len(layout))
+	for i, p := range layout {
+		raw := buf[p.Offset : p.Offset+p.Size]
+		if kinds != nil && i < len(kinds) && uint64(kinds[i].Size()) == p.Size {
+			out[i] = decodeTyped(kinds[i], raw)
+		} else {
+			out[i] = gpu.Bytes(raw)
+		}
+	}
+	return out
+}
+
+func decodeTyped(k gpu.ArgKind, raw []byte) gpu.Arg {
+	switch len(raw) {
+	case 4:
+		return gpu.Arg{Kind: k, Bits: uint64(binary.LittleEndian.Uint32(raw))}
+	case 8:
+		return gpu.Arg{Kind: k, Bits: binary.LittleEndian.Uint64(raw)}
+	}
+	return gpu.Bytes(raw)
+}
+
+// LaunchKernel implements gpu.Modules. Arguments are checked against the
+// kernel's spec (or, for a library kernel found in a graph, its layout)
+// before the driver sees them.
+func (b *Backend) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.Arg, s gpu.Stream) error {
+	const op = "LaunchKernel"
+	fi, err := b.funcInfo(op, f)
+	if err != nil {
+		return err
+	}
+	dev, err := b.streamDev(op, s)
+	if err != nil {
+		return err
+	}
+	if dev != fi.dev {
+		return errf(op, gpu.ErrInvalidValue, "kernel of device %d launched on a stream of device %d", fi.dev, dev)
+	}
+	if err := b.checkArgs(op, fi, f, args); err != nil {
+		return err
+	}
+	a := packArgs(args)
+	defer a.release()
+	return b.call(dev, "cuLaunchKernel", func() cu.Result {
+		return b.d.LaunchKernel(cu.Function(f), cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
+			cfg.SharedMem, cu.Stream(s), a.params())
+	})
+}
