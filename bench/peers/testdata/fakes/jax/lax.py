@@ -1,0 +1,5 @@
+"""TEST FAKE (see ../README.md)."""
+
+
+def optimization_barrier(v):
+    return v
