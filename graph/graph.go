@@ -3,6 +3,7 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"stablegraph/gpu"
 	"stablegraph/trace"
@@ -86,10 +87,16 @@ func (c *Command) buffers() []int {
 	return nil
 }
 
-// kernelParams resolves a kernel command at addrs. The argument slice is
-// new every time: a backend may keep it, so it is never reused.
+// kernelParams resolves a kernel command at addrs into a new argument
+// slice (graph nodes and launches made from it may outlive the call).
 func (c *Command) kernelParams(addrs []gpu.DevicePtr) gpu.KernelParams {
-	args := make([]gpu.Arg, len(c.Args))
+	return c.kernelParamsInto(addrs, nil)
+}
+
+// kernelParamsInto resolves a kernel command at addrs, reusing buf for the
+// arguments.
+func (c *Command) kernelParamsInto(addrs []gpu.DevicePtr, buf []gpu.Arg) gpu.KernelParams {
+	args := slices.Grow(buf[:0], len(c.Args))[:len(c.Args)]
 	for i, a := range c.Args {
 		if a.IsPtr() {
 			args[i] = gpu.Ptr(a.Ref.At(addrs))
@@ -260,6 +267,7 @@ type Exec struct {
 	gen   uint32
 	dirty []int32
 	key   []gpu.DevicePtr
+	args  []gpu.Arg
 }
 
 // Instantiate records the commands at addrs (see Record) and instantiates
@@ -370,7 +378,12 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 		var err error
 		switch c.Kind {
 		case KindKernel:
-			err = b.GraphExecKernelNodeSetParams(x.X, n, c.kernelParams(addrs))
+			// The argument slice is reused from node to node: exec
+			// parameter updates copy the parameters at the call (CUDA
+			// does; so does sim), which is what makes them cheap.
+			p := c.kernelParamsInto(addrs, x.args)
+			x.args = p.Args
+			err = b.GraphExecKernelNodeSetParams(x.X, n, p)
 		case KindMemcpy:
 			err = b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
 		case KindMemset:

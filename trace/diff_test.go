@@ -1,0 +1,248 @@
+package trace
+
+import (
+	"encoding/binary"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"stablegraph/gpu"
+)
+
+// fakeGraphs is an in-memory graph store that hands kernel parameters back
+// exactly as given, ArgBytes included, as the CUDA backend does for
+// captured library kernels (sim would reject untyped arguments).
+type fakeGraphs struct {
+	next    uint64
+	graphs  map[gpu.Graph][]gpu.GraphNode
+	nodes   map[gpu.GraphNode]*fakeNode
+	layouts map[gpu.Function][]gpu.ParamInfo
+}
+
+type fakeNode struct {
+	typ  gpu.NodeType
+	deps []gpu.GraphNode
+	p    gpu.KernelParams
+}
+
+func newFake() *fakeGraphs {
+	return &fakeGraphs{graphs: map[gpu.Graph][]gpu.GraphNode{}, nodes: map[gpu.GraphNode]*fakeNode{},
+		layouts: map[gpu.Function][]gpu.ParamInfo{}}
+}
+
+func (f *fakeGraphs) GraphCreate(int) (gpu.Graph, error) {
+	f.next++
+	f.graphs[gpu.Graph(f.next)] = nil
+	return gpu.Graph(f.next), nil
+}
+
+func (f *fakeGraphs) GraphDestroy(g gpu.Graph) error { delete(f.graphs, g); return nil }
+
+func (f *fakeGraphs) add(g gpu.Graph, n *fakeNode) gpu.GraphNode {
+	f.next++
+	h := gpu.GraphNode(f.next)
+	f.nodes[h] = n
+	f.graphs[g] = append(f.graphs[g], h)
+	return h
+}
+
+func (f *fakeGraphs) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeKernel, deps: slices.Clone(deps), p: p}), nil
+}
+
+func (f *fakeGraphs) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeEmpty, deps: slices.Clone(deps)}), nil
+}
+
+func (f *fakeGraphs) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error) {
+	return slices.Clone(f.graphs[g]), nil
+}
+func (f *fakeGraphs) GraphNodeType(n gpu.GraphNode) (gpu.NodeType, error) {
+	return f.nodes[n].typ, nil
+}
+func (f *fakeGraphs) GraphNodeDeps(n gpu.GraphNode) ([]gpu.GraphNode, error) {
+	return f.nodes[n].deps, nil
+}
+func (f *fakeGraphs) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, error) {
+	return f.nodes[n].p, nil
+}
+func (f *fakeGraphs) FuncParamInfo(fn gpu.Function) ([]gpu.ParamInfo, error) {
+	l, ok := f.layouts[fn]
+	if !ok {
+		return nil, gpu.Errorf("FuncParamInfo", gpu.ErrInvalidHandle, "no function %d", fn)
+	}
+	return l, nil
+}
+
+// libParams is a library kernel's parameters as the driver reports them:
+// a typed pointer to operand 0, then a 32-byte struct holding a u64 scalar,
+// a pointer 64 bytes into operand 1, an i32 and 4 trailing bytes, then an
+// f32.
+func libParams(ops []gpu.DevicePtr, scalar uint64, m int32) []gpu.Arg {
+	s := make([]byte, 28)
+	binary.LittleEndian.PutUint64(s[0:], scalar)
+	binary.LittleEndian.PutUint64(s[8:], uint64(ops[1])+64)
+	binary.LittleEndian.PutUint64(s[16:], 0x1234)
+	binary.LittleEndian.PutUint32(s[24:], uint32(m))
+	return []gpu.Arg{gpu.Ptr(ops[0]), gpu.Bytes(s), gpu.F32(1.5)}
+}
+
+var libLayout = []gpu.ParamInfo{{Offset: 0, Size: 8}, {Offset: 8, Size: 28}, {Offset: 36, Size: 4}}
+
+// trace builds what capturing the library call at ops would give: a kernel
+// node, an empty node after it, and a second kernel after both.
+func (f *fakeGraphs) trace(ops []gpu.DevicePtr, scalar uint64, m int32) gpu.Graph {
+	g, _ := f.GraphCreate(0)
+	cfg := gpu.Linear(128, 0)
+	a, _ := f.GraphAddKernelNode(g, nil, gpu.KernelParams{Func: 1, Config: cfg, Args: libParams(ops, scalar, m)})
+	e, _ := f.GraphAddEmptyNode(g, []gpu.GraphNode{a})
+	f.GraphAddKernelNode(g, []gpu.GraphNode{e, a}, gpu.KernelParams{Func: 2, Config: cfg,
+		Args: []gpu.Arg{gpu.Ptr(ops[1]), gpu.I32(m)}})
+	return g
+}
+
+func TestDiffFindsPointerSlotsOnly(t *testing.T) {
+	f := newFake()
+	f.layouts[1] = libLayout
+	f.layouts[2] = []gpu.ParamInfo{{Offset: 0, Size: 8}, {Offset: 8, Size: 4}}
+	sizes := []uint64{256, 512}
+	ops1 := key(0x7f0000001000, 0x7f0000002000)
+	ops2 := key(0x7f0000801000, 0x7f0000a02000)
+	// The scalar equals operand 0's address in the first trace: the trap
+	// of rule 1. It does not move in the second trace, so it stays.
+	scalar := uint64(ops1[0])
+	tm, err := Diff(f, f.trace(ops1, scalar, 7), f.trace(ops2, scalar, 7), ops1, ops2, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Slot{
+		{Node: 0, Arg: 0, Byte: 0, Operand: 0, Off: 0},
+		{Node: 0, Arg: 1, Byte: 8, Operand: 1, Off: 64},
+		{Node: 2, Arg: 0, Byte: 0, Operand: 1, Off: 0},
+	}
+	if got := tm.Slots(); !slices.Equal(got, want) {
+		t.Fatalf("slots %+v, want %+v", got, want)
+	}
+
+	ops3 := key(0x7f0000f00000, 0x7f0000e00000)
+	g, err := tm.Build(f, 0, ops3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, _ := f.GraphNodes(g)
+	if len(nodes) != 3 || f.nodes[nodes[1]].typ != gpu.NodeEmpty || !slices.Equal(slices.Sorted(slices.Values(f.nodes[nodes[2]].deps)), []gpu.GraphNode{nodes[0], nodes[1]}) {
+		t.Fatalf("built graph has the wrong shape")
+	}
+	args := f.nodes[nodes[0]].p.Args
+	if args[0].Kind != gpu.ArgPtr || args[0].AsPtr() != ops3[0] {
+		t.Errorf("typed pointer: %v, want ptr(%#x)", args[0], uint64(ops3[0]))
+	}
+	if args[1].Kind != gpu.ArgBytes {
+		t.Fatalf("struct parameter came back as %s", args[1].Kind)
+	}
+	raw := args[1].Raw
+	if v := binary.LittleEndian.Uint64(raw[0:]); v != scalar {
+		t.Errorf("scalar equal to an old address was rewritten: %#x, want %#x", v, scalar)
+	}
+	if v := binary.LittleEndian.Uint64(raw[8:]); v != uint64(ops3[1])+64 {
+		t.Errorf("pointer in struct: %#x, want %#x", v, uint64(ops3[1])+64)
+	}
+	if v := binary.LittleEndian.Uint32(raw[24:]); v != 7 || args[2].AsF32() != 1.5 {
+		t.Errorf("scalars changed: m=%d f=%v", v, args[2])
+	}
+	if p := f.nodes[nodes[2]].p.Args; p[0].AsPtr() != ops3[1] || p[1].AsI32() != 7 {
+		t.Errorf("second kernel: %v", p)
+	}
+	// The template is not disturbed by building.
+	if b := binary.LittleEndian.Uint64(tm.nodes[0].params.Args[1].Raw[8:]); b != uint64(ops1[1])+64 {
+		t.Errorf("building rewrote the template: %#x", b)
+	}
+}
+
+func TestDiffNotPatchable(t *testing.T) {
+	sizes := []uint64{256, 512}
+	ops1 := key(0x7f0000001000, 0x7f0000002000)
+	ops2 := key(0x7f0000801000, 0x7f0000a02000)
+	cfg := gpu.Linear(128, 0)
+	one := func(f *fakeGraphs, fn gpu.Function, args ...gpu.Arg) gpu.Graph {
+		g, _ := f.GraphCreate(0)
+		f.GraphAddKernelNode(g, nil, gpu.KernelParams{Func: fn, Config: cfg, Args: args})
+		return g
+	}
+	cases := []struct {
+		name   string
+		g1, g2 func(f *fakeGraphs) gpu.Graph
+		reason string
+	}{
+		{"node count",
+			func(f *fakeGraphs) gpu.Graph { return f.trace(ops1, 0, 7) },
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops2[1]), gpu.I32(7)) },
+			"3 and 1 nodes"},
+		{"scalar depends on the addresses",
+			func(f *fakeGraphs) gpu.Graph { return f.trace(ops1, 0, 7) },
+			func(f *fakeGraphs) gpu.Graph { return f.trace(ops2, 0, 8) },
+			"parameter 1 trailing bytes"},
+		{"pointer outside the operand",
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops1[0]+300), gpu.I32(1)) },
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops2[0]+300), gpu.I32(1)) },
+			"do not point into an operand"},
+		{"pointer into another operand",
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops1[0]), gpu.I32(1)) },
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops2[1]), gpu.I32(1)) },
+			"do not point into an operand"},
+		{"different kernels",
+			func(f *fakeGraphs) gpu.Graph { return one(f, 2, gpu.Ptr(ops1[0]), gpu.I32(1)) },
+			func(f *fakeGraphs) gpu.Graph { return one(f, 3, gpu.Ptr(ops2[0]), gpu.I32(1)) },
+			"different kernels"},
+		{"layout disagrees",
+			func(f *fakeGraphs) gpu.Graph { return one(f, 3, gpu.Ptr(ops1[0]), gpu.I32(1)) },
+			func(f *fakeGraphs) gpu.Graph { return one(f, 3, gpu.Ptr(ops2[0]), gpu.I32(1)) },
+			"driver: 8"},
+		{"memcpy node",
+			func(f *fakeGraphs) gpu.Graph {
+				g, _ := f.GraphCreate(0)
+				f.add(g, &fakeNode{typ: gpu.NodeMemcpy})
+				return g
+			},
+			func(f *fakeGraphs) gpu.Graph {
+				g, _ := f.GraphCreate(0)
+				f.add(g, &fakeNode{typ: gpu.NodeMemcpy})
+				return g
+			},
+			"memcpy node"},
+		{"edges differ",
+			func(f *fakeGraphs) gpu.Graph {
+				g, _ := f.GraphCreate(0)
+				f.GraphAddEmptyNode(g, nil)
+				f.GraphAddEmptyNode(g, nil)
+				return g
+			},
+			func(f *fakeGraphs) gpu.Graph {
+				g, _ := f.GraphCreate(0)
+				n, _ := f.GraphAddEmptyNode(g, nil)
+				f.GraphAddEmptyNode(g, []gpu.GraphNode{n})
+				return g
+			},
+			"different dependencies"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFake()
+			f.layouts[1] = libLayout
+			f.layouts[2] = []gpu.ParamInfo{{Offset: 0, Size: 8}, {Offset: 8, Size: 4}}
+			f.layouts[3] = []gpu.ParamInfo{{Offset: 0, Size: 8}, {Offset: 8, Size: 8}}
+			_, err := Diff(f, c.g1(f), c.g2(f), ops1, ops2, sizes)
+			if !errors.Is(err, ErrNotPatchable) {
+				t.Fatalf("err = %v, want ErrNotPatchable", err)
+			}
+			if !strings.Contains(err.Error(), c.reason) {
+				t.Errorf("reason %q does not say %q", err, c.reason)
+			}
+		})
+	}
+	f := newFake()
+	if _, err := Diff(f, 0, 0, ops1, ops1, sizes); err == nil || errors.Is(err, ErrNotPatchable) {
+		t.Errorf("operands at the same addresses in both traces: err = %v", err)
+	}
+}
