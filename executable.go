@@ -140,10 +140,10 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 func (e *Executable) bindLocked(b Bindings) error {
 	e.mu.gen++
 	for buf, p := range b {
-		if buf.p != e.prog || buf.decl() == nil {
-			return fmt.Errorf("%w: buffer %s is not a buffer of program %q", ErrInvalidBinding, buf, e.name)
+		d, err := e.owner(buf)
+		if err != nil {
+			return err
 		}
-		d := &e.bufs[buf.id]
 		if d.class != Param && d.class != Output {
 			return fmt.Errorf("%w: buffer %q is a %s; only params and outputs are bound per step", ErrInvalidBinding, d.name, d.class)
 		}
@@ -181,10 +181,14 @@ func (e *Executable) Stats() Stats {
 	return s
 }
 
-// Traces describes the traced commands (GEMMs included), in program order.
+// Traces describes the traced commands (GEMMs included), in program order;
+// nil once the executable is closed.
 func (e *Executable) Traces() []TraceInfo {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.mu.closed {
+		return nil
+	}
 	var out []TraceInfo
 	for _, c := range e.cb.Traced() {
 		ok, why := c.Patchable()
@@ -223,11 +227,11 @@ func (e *Executable) waitLocked(ctx context.Context) error {
 	}
 }
 
-// owner checks that buf is a buffer of this executable and returns its
-// declaration.
+// owner checks that buf is a buffer of this executable (of its program,
+// declared before Compile) and returns its declaration.
 func (e *Executable) owner(buf Buffer) (*bufDecl, error) {
-	if buf.p != e.prog || buf.decl() == nil || buf.id >= len(e.bufs) {
-		return nil, fmt.Errorf("%w: buffer %s is not a buffer of program %q", ErrInvalidBinding, buf, e.name)
+	if buf.p != e.prog || buf.id < 0 || buf.id >= len(e.bufs) {
+		return nil, fmt.Errorf("%w: buffer %s is not a buffer of executable %q", ErrInvalidBinding, buf, e.name)
 	}
 	return &e.bufs[buf.id], nil
 }

@@ -75,6 +75,7 @@ func TestBindingErrors(t *testing.T) {
 		good[buf] = mustAlloc(t, b, uint64(buf.Size()))
 	}
 	alien := stablegraph.NewProgram("other").Param("x", 4)
+	late := w.p.Param("declared-after-compile", 4)
 	for name, mutate := range map[string]func(stablegraph.Bindings){
 		"missing param":   func(bb stablegraph.Bindings) { delete(bb, w.x) },
 		"missing output":  func(bb stablegraph.Bindings) { delete(bb, w.z) },
@@ -82,6 +83,7 @@ func TestBindingErrors(t *testing.T) {
 		"state bound":     func(bb stablegraph.Bindings) { bb[w.acc] = good[w.x] },
 		"other program":   func(bb stablegraph.Bindings) { bb[alien] = good[w.x] },
 		"zero buffer key": func(bb stablegraph.Bindings) { bb[stablegraph.Buffer{}] = good[w.x] },
+		"late buffer":     func(bb stablegraph.Bindings) { bb[late] = good[w.x] },
 	} {
 		bb := maps(good)
 		mutate(bb)
