@@ -237,3 +237,38 @@ func TestConcurrentRuns(t *testing.T) {
 		t.Errorf("steps %d, re-records %d", st.Steps, st.Rerecords)
 	}
 }
+
+// TestShadowOutOfMemory: when differential tracing cannot allocate its
+// shadow operands, the GEMM is not patchable but the steps still run and
+// match, the GEMM being re-traced (through the cache) when it moves.
+func TestShadowOutOfMemory(t *testing.T) {
+	b := newSim(t)
+	w := newMLP(2, 8, 1, 8, 2)
+	want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, 4)
+	// runMLP allocates its arena, then Compile its memory; the next
+	// MemAlloc is the shadow.
+	before := b.Calls("MemAlloc")
+	exe, err := stablegraph.Compile(context.Background(), b, w.p, stablegraph.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compileAllocs := b.Calls("MemAlloc") - before
+	if err := exe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemAlloc", 1+compileAllocs, gpu.ErrOutOfMemory)
+	got, _ := runMLP(t, b, w, stablegraph.StrategyPatch, pingpong, 4)
+	b.ClearFaults()
+	for i := range got {
+		for k := range got[i].outs {
+			if string(got[i].outs[k]) != string(want[i].outs[k]) {
+				t.Fatalf("step %d output %d differs from eager", i, k)
+			}
+		}
+	}
+	final := got[len(got)-1].stats
+	// One capture at step 0, one at the first move; then cache hits.
+	if final.TracesCaptured != 2 || final.TracesSynthesized != 0 || final.Rerecords != 0 {
+		t.Errorf("captured %d, synthesized %d, re-records %d; want 2, 0, 0", final.TracesCaptured, final.TracesSynthesized, final.Rerecords)
+	}
+}

@@ -208,7 +208,8 @@ const shadowAlign = 256
 
 // diff captures c at ops (the trace returned) and again with every operand
 // in a shadow allocation, and keeps the Template or the reason there is
-// none. Resource failures are returned and leave c to be diffed again.
+// none. Running out of memory for the shadow makes c not patchable; other
+// failures are returned and leave c to be diffed again.
 func (t *Tracer) diff(c *Command, ops []gpu.DevicePtr) (_ gpu.Graph, err error) {
 	g1, err := t.captureAt(c, ops)
 	if err != nil {
@@ -224,6 +225,14 @@ func (t *Tracer) diff(c *Command, ops []gpu.DevicePtr) (_ gpu.Graph, err error) 
 		total += gpu.RoundUp(s, shadowAlign) + shadowAlign
 	}
 	base, err := t.b.MemAlloc(t.dev, total+shadowAlign)
+	if errors.Is(err, gpu.ErrOutOfMemory) {
+		// Operands too large to shadow: the command stays correct, it is
+		// only re-traced when its addresses move.
+		c.why = fmt.Errorf("%w: no device memory for %d bytes of shadow operands: %v", ErrNotPatchable, total, err)
+		c.diffed = true
+		t.opts.Logger.Debug("traced command is not patchable", "command", c.Name, "reason", c.why)
+		return g1, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("shadow operands for differential tracing: %w", err)
 	}
