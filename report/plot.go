@@ -110,6 +110,7 @@ func (r *Report) WritePlot(w io.Writer, format string) (err error) {
 
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s on %s (%s)", r.Workload, r.Backend, r.Device)
+	p.Title.Padding = vg.Points(8)
 	p.X.Label.Text = "step"
 	p.Y.Label.Text = "GPU time per step (µs)"
 	if hostOnly {

@@ -85,6 +85,11 @@ type Result struct {
 
 	// Note says why the strategy fell back or failed; empty otherwise.
 	Note string `json:"note,omitempty"`
+
+	// Unchecked marks a result whose outputs were not compared with eager
+	// at all (OutputsMatchEager is then false and says nothing); the table
+	// shows "-". It is not part of the JSON: say so in Note.
+	Unchecked bool `json:"-"`
 }
 
 // Percentiles summarise samples, in the unit of the field that holds them.

@@ -237,3 +237,14 @@ func sortedMapKeys(m map[string]float64) []string {
 	slices.Sort(k)
 	return k
 }
+
+func TestTableUnchecked(t *testing.T) {
+	r := &Report{Backend: "sim", Results: []Result{{Strategy: "patch", Unchecked: true, Note: "not compared"}}}
+	var buf bytes.Buffer
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "0 B  -\n") || strings.Contains(buf.String(), "NO") {
+		t.Errorf("unchecked result shown as a mismatch:\n%s", buf.String())
+	}
+}

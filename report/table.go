@@ -134,7 +134,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 	var notes []string
 	for _, res := range r.Results {
 		match := "yes"
-		if !res.OutputsMatchEager {
+		switch {
+		case res.Unchecked:
+			match = "-"
+		case !res.OutputsMatchEager:
 			match = "NO"
 		}
 		t.AddRow(res.Strategy,

@@ -1,5 +1,6 @@
-// Command stablegraph inspects devices, measures driver costs and (soon)
-// runs and benchmarks stablegraph programs on any registered backend.
+// Command stablegraph inspects devices, runs and benchmarks stablegraph
+// workloads with every replay strategy, and measures driver costs, on any
+// registered backend.
 //
 // Usage:
 //
@@ -99,7 +100,7 @@ type command struct {
 
 // commands returns the commands in the order help lists them.
 func commands() []*command {
-	return []*command{infoCommand(), benchDriverCommand()}
+	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand()}
 }
 
 func findCommand(name string) *command {

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	sg "stablegraph"
 	"stablegraph/drivercost"
 	"stablegraph/gpu"
+	"stablegraph/report"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -176,5 +178,96 @@ func TestBenchDriver(t *testing.T) {
 	code, _, errs = runCLI(t, "bench-driver", "--backend", "sim", "--device", "3")
 	if code != exitUsage || !strings.Contains(errs, "has 1 device") {
 		t.Errorf("--device 3: code %d, stderr %s", code, errs)
+	}
+}
+
+func TestRun(t *testing.T) {
+	needSim(t)
+	path := filepath.Join(t.TempDir(), "run.json")
+	code, out, errs := runCLI(t, "--backend", "sim", "run", "--workload", "train", "--layers", "2", "--width", "16", "--batch", "4",
+		"--steps", "4", "--warmup", "1", "--pattern", "random", "--strategy", "patch", "--json", path)
+	if code != exitOK {
+		t.Fatalf("code %d, stderr:\n%s", code, errs)
+	}
+	if !strings.Contains(out, "workload train (layers=2 width=16 batch=4") || !strings.Contains(out, "patch ") ||
+		!strings.Contains(out, "yes") {
+		t.Errorf("run output:\n%s", out)
+	}
+	if !strings.Contains(errs, "run: eager reference run") || !strings.Contains(errs, "run: patch step 5/5") {
+		t.Errorf("progress:\n%s", errs)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := report.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Steps != 4 || len(rep.Results) != 1 || !rep.Results[0].OutputsMatchEager || len(rep.Results[0].StepSamplesUS) != 4 {
+		t.Errorf("report %+v", rep)
+	}
+
+	code, out, _ = runCLI(t, "--backend", "sim", "run", "--workload", "chain", "-k", "5", "--steps", "2", "--check=false", "--strategy", "record")
+	if code != exitOK || !strings.Contains(out, "not compared with eager") {
+		t.Errorf("--check=false: code %d:\n%s", code, out)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--strategy", "magic"}, "--strategy"},
+		{[]string{"run", "--workload", "resnet"}, `unknown workload "resnet"`},
+		{[]string{"run", "--pattern", "zigzag"}, "--pattern"},
+		{[]string{"run", "--steps", "0"}, "--steps must be positive"},
+		{[]string{"bench", "--strategies", "eager,magic"}, "--strategies"},
+		{[]string{"bench", "--plot", "x.gif"}, "--plot"},
+	} {
+		if code, _, errs := runCLI(t, tc.args...); code != exitUsage || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v: code %d, stderr %q", tc.args, code, errs)
+		}
+	}
+}
+
+func TestBench(t *testing.T) {
+	needSim(t)
+	dir := t.TempDir()
+	jsonPath, plotPath := filepath.Join(dir, "bench.json"), filepath.Join(dir, "bench.svg")
+	code, out, errs := runCLI(t, "--backend", "sim", "bench", "--workload", "mlp", "--layers", "2", "--width", "16", "--batch", "4",
+		"--steps", "5", "--json", jsonPath, "--plot", plotPath)
+	if code != exitOK {
+		t.Fatalf("code %d, stderr:\n%s", code, errs)
+	}
+	for _, s := range sg.Strategies() {
+		if !strings.Contains(out, "\n"+string(s)+" ") {
+			t.Errorf("table lacks strategy %s:\n%s", s, out)
+		}
+	}
+	if strings.Contains(out, "NO") {
+		t.Errorf("a strategy differs from eager:\n%s", out)
+	}
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]any
+	if err := json.Unmarshal(b, &top); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"backend", "device", "workload", "steps", "results"} {
+		if _, ok := top[k]; !ok {
+			t.Errorf("JSON lacks %q", k)
+		}
+	}
+	svg, err := os.ReadFile(plotPath)
+	if err != nil || !bytes.HasPrefix(svg, []byte("<?xml")) {
+		t.Errorf("plot: %v, %.40q", err, svg)
+	}
+
+	code, out, _ = runCLI(t, "--backend", "sim", "bench", "--workload", "chain", "-k", "3", "--steps", "2", "--strategies", "patch")
+	if code != exitOK || !strings.Contains(out, "\neager ") || !strings.Contains(out, "\npatch ") || strings.Contains(out, "\nrecord ") {
+		t.Errorf("--strategies patch: code %d:\n%s", code, out)
 	}
 }

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	sg "stablegraph"
+	"stablegraph/report"
+	"stablegraph/workload"
+)
+
+// workloadFlags are the flags run and bench share.
+type workloadFlags struct {
+	name    string
+	cfg     workload.Config
+	run     workload.RunOptions
+	pattern string
+}
+
+func (f *workloadFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.name, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", "))
+	fs.IntVar(&f.cfg.Layers, "layers", 0, "layers of mlp and train (default 8)")
+	fs.IntVar(&f.cfg.Width, "width", 0, "width of mlp and train (default 256; 1024 for the -large ones)")
+	fs.IntVar(&f.cfg.Batch, "batch", 0, "batch of mlp and train (default 8; 64 for the -large ones)")
+	fs.IntVar(&f.cfg.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
+	fs.Uint64Var(&f.cfg.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
+	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
+	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
+	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong or random")
+	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
+}
+
+// build checks the flags and builds the workload.
+func (f *workloadFlags) build() (*workload.Workload, error) {
+	p, err := workload.ParsePattern(f.pattern)
+	if err != nil {
+		return nil, usagef("--pattern: %v", err)
+	}
+	f.run.Pattern, f.run.Seed = p, f.cfg.Seed
+	if f.run.Steps <= 0 || f.run.Warmup < 0 {
+		return nil, usagef("--steps must be positive and --warmup not negative")
+	}
+	w, err := workload.New(f.name, f.cfg)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return w, nil
+}
+
+// progressEvery returns a Progress function printing a line to the env's
+// stderr at every quarter of the steps.
+func progressEvery(e *env, cmd string) func(sg.Strategy, int, int) {
+	start := time.Now()
+	return func(s sg.Strategy, step, total int) {
+		if step == total || step%max(1, total/4) == 0 {
+			e.progress("%s: %s step %d/%d (%.1f s)", cmd, s, step, total, time.Since(start).Seconds())
+		}
+	}
+}
+
+func runCommand() *command {
+	return &command{
+		name:    "run",
+		summary: "run one workload with one strategy for N steps",
+		detail: `Compiles the workload with the strategy and runs --warmup + --steps steps,
+the caller's buffers moving as --pattern says. Each step's GPU time (events
+around the step) and host time (the host clock around Executable.Run) are
+kept; the summary row goes to stdout, progress to stderr. With --check (the
+default) an eager run of the same inputs goes first and the outputs of every
+step are compared bit for bit; a difference makes the command fail.`,
+		flags: func(fs *flag.FlagSet) func(*env) error {
+			var wf workloadFlags
+			wf.register(fs)
+			strategy := fs.String("strategy", string(sg.StrategyPatch), "replay `strategy`: "+strategyList())
+			check := fs.Bool("check", true, "compare every step's outputs with an eager run")
+			jsonPath := fs.String("json", "", "write the report as JSON to `file`")
+			return func(e *env) error {
+				strat, err := sg.ParseStrategy(*strategy)
+				if err != nil {
+					return usagef("--strategy: %v", err)
+				}
+				w, err := wf.build()
+				if err != nil {
+					return err
+				}
+				return runOne(e, w, wf.run, strat, *check, *jsonPath)
+			}
+		},
+	}
+}
+
+func runOne(e *env, w *workload.Workload, o workload.RunOptions, strat sg.Strategy, check bool, jsonPath string) (err error) {
+	b, reason, err := e.open()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b, &err)
+	if o.Device < 0 || o.Device >= b.DeviceCount() {
+		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
+	}
+	e.progress("run: %s on backend %s", w.Desc, shortReason(reason))
+	o.Logger = e.log
+	props, err := b.DeviceProps(o.Device)
+	if err != nil {
+		return err
+	}
+	if check && strat != sg.StrategyEager {
+		e.progress("run: eager reference run")
+		ref, err := workload.Run(e.ctx, b, w, o)
+		if err != nil {
+			return fmt.Errorf("eager reference: %w", err)
+		}
+		o.Reference = ref.Digests
+	}
+	o.Strategy, o.Progress = strat, progressEvery(e, "run")
+	res, err := workload.Run(e.ctx, b, w, o)
+	if err != nil {
+		return err
+	}
+	switch {
+	case strat == sg.StrategyEager:
+		res.Result.OutputsMatchEager = true // it is the reference
+	case !check:
+		res.Result.Unchecked = true
+		res.Result.Note = "outputs not compared with eager (--check=false)"
+	}
+	rep := &report.Report{
+		Backend: b.Name(), Device: props.Name,
+		Workload: fmt.Sprintf("%s, %s buffers", w.Desc, o.Pattern), Steps: o.Steps,
+		Results: []report.Result{res.Result},
+	}
+	if err := writeReport(e, rep, jsonPath, ""); err != nil {
+		return err
+	}
+	if check && !res.Result.OutputsMatchEager {
+		return fmt.Errorf("%s outputs differ from eager from step %d", strat, res.Mismatch)
+	}
+	return nil
+}
+
+func benchCommand() *command {
+	return &command{
+		name:    "bench",
+		summary: "run every strategy side by side on one workload: table, JSON, plot",
+		detail: `Runs the workload with each strategy in turn (eager first: it is the
+reference), on the same inputs and the same buffer movement, and compares every
+step's outputs with eager's bit for bit. Reports per strategy the GPU time per
+step (events) and host time per step (p50, p90), re-records, graph updates,
+patched nodes, bytes copied, peak device memory and whether the outputs
+matched. With no flags: the mlp workload (8 layers, width 256, batch 8),
+100 steps, pingpong buffers, on the default backend.`,
+		flags: func(fs *flag.FlagSet) func(*env) error {
+			var wf workloadFlags
+			wf.register(fs)
+			strategies := fs.String("strategies", "", "comma-separated `list` of strategies (default all: "+strategyList()+")")
+			jsonPath := fs.String("json", "", "write the report as JSON to `file`")
+			plotPath := fs.String("plot", "", "draw per-step time per strategy to `file` (.png or .svg)")
+			return func(e *env) error {
+				var strats []sg.Strategy
+				for _, s := range strings.Split(*strategies, ",") {
+					if s = strings.TrimSpace(s); s == "" {
+						continue
+					}
+					st, err := sg.ParseStrategy(s)
+					if err != nil {
+						return usagef("--strategies: %v", err)
+					}
+					strats = append(strats, st)
+				}
+				if *plotPath != "" {
+					if _, err := report.PlotFormat(*plotPath); err != nil {
+						return usagef("--plot: %v", err)
+					}
+				}
+				w, err := wf.build()
+				if err != nil {
+					return err
+				}
+				return bench(e, w, wf.run, strats, *jsonPath, *plotPath)
+			}
+		},
+	}
+}
+
+func bench(e *env, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, jsonPath, plotPath string) (err error) {
+	b, reason, err := e.open()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b, &err)
+	if o.Device < 0 || o.Device >= b.DeviceCount() {
+		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
+	}
+	e.progress("bench: %s on backend %s", w.Desc, shortReason(reason))
+	o.Logger, o.Progress = e.log, progressEvery(e, "bench")
+	rep, err := workload.Bench(e.ctx, b, w, strats, o)
+	if err != nil {
+		return err
+	}
+	if err := writeReport(e, rep, jsonPath, plotPath); err != nil {
+		return err
+	}
+	var bad []string
+	for _, r := range rep.Results {
+		if !r.OutputsMatchEager {
+			bad = append(bad, r.Strategy)
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("outputs of %s differ from eager or the strategy failed (see notes)", strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// writeReport prints the table to stdout and writes the JSON and plot files
+// that were asked for.
+func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
+	if err := rep.WriteTable(e.stdout); err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		if err := writeFile(jsonPath, func(w io.Writer) error { return rep.WriteJSON(w, true) }); err != nil {
+			return fmt.Errorf("write %s: %w", jsonPath, err)
+		}
+		e.progress("wrote %s", jsonPath)
+	}
+	if plotPath != "" {
+		if err := rep.SavePlot(plotPath); err != nil {
+			return err
+		}
+		e.progress("wrote %s", plotPath)
+	}
+	return nil
+}
+
+func strategyList() string {
+	var s []string
+	for _, st := range sg.Strategies() {
+		s = append(s, string(st))
+	}
+	return strings.Join(s, ", ")
+}

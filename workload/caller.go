@@ -1,0 +1,200 @@
+package workload
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	sg "stablegraph"
+	"stablegraph/bfc"
+	"stablegraph/gpu"
+)
+
+// Pattern is how a caller's buffers move between steps.
+type Pattern string
+
+const (
+	// Fixed binds the same buffers every step: the replay floor.
+	Fixed Pattern = "fixed"
+	// PingPong alternates between two sets of buffers (double buffering).
+	PingPong Pattern = "pingpong"
+	// Random allocates new buffers every step at random positions of the
+	// region, between live allocations of random sizes, and frees the
+	// previous step's.
+	Random Pattern = "random"
+)
+
+// Patterns lists the patterns.
+func Patterns() []Pattern { return []Pattern{Fixed, PingPong, Random} }
+
+// ParsePattern returns the pattern named s.
+func ParsePattern(s string) (Pattern, error) {
+	p := Pattern(s)
+	if !slices.Contains(Patterns(), p) {
+		return "", fmt.Errorf("workload: unknown movement pattern %q (fixed, pingpong or random)", s)
+	}
+	return p, nil
+}
+
+// Random filler allocations: how many stay live, and their sizes.
+const (
+	fillers       = 32
+	fillerMaxSize = 64 << 10
+)
+
+// Caller is the framework side of a run: its device memory is one region
+// managed by a bfc allocator, from which it binds every step's params and
+// outputs according to its pattern, and into which it writes the inputs.
+//
+// A Caller is not safe for concurrent use.
+type Caller struct {
+	b       gpu.Backend
+	w       *Workload
+	pattern Pattern
+	region  gpu.DevicePtr
+	alloc   *bfc.Allocator
+	rng     *rand.Rand
+	sets    [][]gpu.DevicePtr // fixed and pingpong: the sets, params then outputs
+	current []gpu.DevicePtr   // random: this step's buffers
+	filler  []gpu.DevicePtr   // random: live fillers
+}
+
+// NewCaller allocates the caller's region on dev (a size that fits the
+// pattern) and, for fixed and pingpong, its buffer sets.
+func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64) (_ *Caller, err error) {
+	if _, err := ParsePattern(string(pattern)); err != nil {
+		return nil, err
+	}
+	var perSet uint64
+	for _, buf := range w.buffers() {
+		perSet += gpu.RoundUp(uint64(buf.Size()), 256)
+	}
+	// Three sets cover pingpong, and random's current and previous step
+	// with room to move; fillers take at most fillers*fillerMaxSize.
+	size := gpu.RoundUp(3*perSet+2*fillers*fillerMaxSize, 1<<20)
+	region, err := b.MemAlloc(dev, size)
+	if err != nil {
+		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
+	}
+	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rand.New(rand.NewPCG(seed, 0xca11e5))}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, b.MemFree(region))
+		}
+	}()
+	if c.alloc, err = bfc.New(region, size, bfc.Options{Name: "caller"}); err != nil {
+		return nil, fmt.Errorf("workload: caller allocator: %w", err)
+	}
+	nsets := map[Pattern]int{Fixed: 1, PingPong: 2}[pattern]
+	for range nsets {
+		set, err := c.allocSet()
+		if err != nil {
+			return nil, err
+		}
+		c.sets = append(c.sets, set)
+	}
+	return c, nil
+}
+
+// buffers are the caller-bound buffers: params, then outputs.
+func (w *Workload) buffers() []sg.Buffer { return slices.Concat(w.Params, w.Outputs) }
+
+func (c *Caller) allocSet() ([]gpu.DevicePtr, error) {
+	var set []gpu.DevicePtr
+	for _, buf := range c.w.buffers() {
+		p, err := c.alloc.Alloc(uint64(buf.Size()))
+		if err != nil {
+			for _, q := range set {
+				err = errors.Join(err, c.alloc.Free(q))
+			}
+			return nil, fmt.Errorf("workload: caller buffer %s: %w", buf.Name(), err)
+		}
+		set = append(set, p)
+	}
+	return set, nil
+}
+
+// Bind returns the bindings of step, with the inputs of that step written
+// into the params (synchronously). Under Random it first frees the previous
+// step's buffers (the caller must have waited for that step) and churns the
+// fillers.
+func (c *Caller) Bind(step int) (sg.Bindings, error) {
+	var set []gpu.DevicePtr
+	switch c.pattern {
+	case Fixed, PingPong:
+		set = c.sets[step%len(c.sets)]
+	case Random:
+		if err := c.churn(); err != nil {
+			return nil, err
+		}
+		s, err := c.allocSet()
+		if err != nil {
+			return nil, err
+		}
+		set = s
+		if err := c.freeCurrent(); err != nil {
+			return nil, errors.Join(err, c.freeSet(set))
+		}
+		c.current = set
+	}
+	bind := sg.Bindings{}
+	for i, buf := range c.w.buffers() {
+		bind[buf] = set[i]
+	}
+	for i, buf := range c.w.Params {
+		if err := c.b.MemcpyHtoD(set[i], c.w.Input(step, i)); err != nil {
+			return nil, fmt.Errorf("workload: write input %s of step %d: %w", buf.Name(), step, err)
+		}
+	}
+	return bind, nil
+}
+
+// churn frees about half the fillers and allocates new ones of random
+// sizes, so that the next set lands between them at new places.
+func (c *Caller) churn() error {
+	kept := c.filler[:0]
+	for _, p := range c.filler {
+		if c.rng.IntN(2) == 0 {
+			if err := c.alloc.Free(p); err != nil {
+				return fmt.Errorf("workload: free filler: %w", err)
+			}
+			continue
+		}
+		kept = append(kept, p)
+	}
+	c.filler = kept
+	for len(c.filler) < fillers {
+		p, err := c.alloc.Alloc(uint64(1 + c.rng.IntN(fillerMaxSize)))
+		if err != nil {
+			return fmt.Errorf("workload: filler: %w", err)
+		}
+		c.filler = append(c.filler, p)
+	}
+	return nil
+}
+
+func (c *Caller) freeSet(set []gpu.DevicePtr) error {
+	var err error
+	for _, p := range set {
+		err = errors.Join(err, c.alloc.Free(p))
+	}
+	return err
+}
+
+func (c *Caller) freeCurrent() error {
+	err := c.freeSet(c.current)
+	c.current = nil
+	return err
+}
+
+// Close frees the caller's region. The caller must have waited for every
+// step that used it.
+func (c *Caller) Close() error {
+	if c.region == 0 {
+		return nil
+	}
+	err := c.b.MemFree(c.region)
+	c.region = 0
+	return err
+}

@@ -1,0 +1,291 @@
+package workload
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	sg "stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/report"
+)
+
+// RunOptions configure Run and Bench. The zero value is valid; defaults are
+// applied in withDefaults.
+type RunOptions struct {
+	// Strategy is Run's strategy (Bench ignores it). Default eager.
+	Strategy sg.Strategy
+	// Device is the device ordinal. Default 0.
+	Device int
+	// Steps is the number of measured steps. Default 100.
+	Steps int
+	// Warmup is the number of steps run before the measured ones, outside
+	// the statistics (their outputs are still compared). Default 0.
+	Warmup int
+	// Pattern is how the caller's buffers move. Default PingPong.
+	Pattern Pattern
+	// Seed seeds the caller's random pattern. Default 1. (The workload's
+	// data has its own seed, Config.Seed.)
+	Seed uint64
+	// Reference holds the output digests of every step (warm-up included)
+	// of an eager run of the same workload, seeds and pattern; when set,
+	// Run compares each step's outputs with it. Bench sets it.
+	Reference []Digest
+	// Progress, when set, is called after every step.
+	Progress func(strategy sg.Strategy, step, total int)
+	// Logger receives debug logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (o RunOptions) withDefaults() RunOptions {
+	if o.Strategy == "" {
+		o.Strategy = sg.StrategyEager
+	}
+	if o.Steps <= 0 {
+		o.Steps = 100
+	}
+	if o.Warmup < 0 {
+		o.Warmup = 0
+	}
+	if o.Pattern == "" {
+		o.Pattern = PingPong
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Digest is the SHA-256 of one step's outputs, concatenated in the order of
+// Workload.Outputs: equal digests mean bit-identical outputs.
+type Digest [sha256.Size]byte
+
+// RunResult is the outcome of Run.
+type RunResult struct {
+	// Result is the strategy's row of a report. OutputsMatchEager is true
+	// only when Reference was given and every step matched it.
+	Result report.Result
+	// Digests are the outputs of every step, warm-up included.
+	Digests []Digest
+	// Mismatch is the first step whose outputs differ from Reference, -1
+	// when none does (or no reference was given).
+	Mismatch int
+	// Stats are the executable's counters over the measured steps.
+	Stats sg.Counters
+}
+
+// Run compiles w with opts.Strategy on b and runs opts.Warmup + opts.Steps
+// steps, each with the caller's buffers for that step: inputs written, then
+// the step timed (GPU time by events around Executable.Run, host time by the
+// clock around the same call), then the outputs read back and digested.
+// Everything it creates is released before it returns.
+func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *RunResult, err error) {
+	opts = opts.withDefaults()
+	if opts.Reference != nil && len(opts.Reference) < opts.Warmup+opts.Steps {
+		return nil, fmt.Errorf("workload: reference has %d steps, the run %d", len(opts.Reference), opts.Warmup+opts.Steps)
+	}
+	var cleanup []func() error
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			err = errors.Join(err, cleanup[i]())
+		}
+	}()
+	caller, err := NewCaller(b, opts.Device, w, opts.Pattern, opts.Seed)
+	if err != nil {
+		return nil, err
+	}
+	cleanup = append(cleanup, caller.Close)
+	s, err := b.StreamCreate(opts.Device, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		return nil, fmt.Errorf("workload: stream: %w", err)
+	}
+	cleanup = append(cleanup, func() error { return b.StreamDestroy(s) }, func() error { return b.StreamSynchronize(s) })
+	var ev [2]gpu.Event
+	for i := range ev {
+		if ev[i], err = b.EventCreate(opts.Device, gpu.EventDefault); err != nil {
+			return nil, fmt.Errorf("workload: event: %w", err)
+		}
+		e := ev[i]
+		cleanup = append(cleanup, func() error { return b.EventDestroy(e) })
+	}
+
+	baseUsed, memInfo := usedMemory(b, opts.Device)
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)
+	}
+	// Closing the executable waits for its last step; the stream is
+	// synchronized before it is destroyed (cleanup runs newest first).
+	cleanup = append(cleanup, exe.Close)
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			return nil, fmt.Errorf("workload %s: initialise %s: %w", w.Name, st.Buffer.Name(), err)
+		}
+	}
+
+	res := &RunResult{Mismatch: -1}
+	total := opts.Warmup + opts.Steps
+	var (
+		stepUS, hostUS []float64
+		before         sg.Counters
+		peak           uint64
+	)
+	for step := range total {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		bind, err := caller.Bind(step)
+		if err != nil {
+			return nil, err
+		}
+		if step == opts.Warmup {
+			before = exe.Stats().Counters
+		}
+		if err := b.EventRecord(ev[0], s); err != nil {
+			return nil, fmt.Errorf("workload: step %d: record start event: %w", step, err)
+		}
+		t0 := time.Now()
+		outs, err := exe.Run(ctx, s, bind)
+		host := time.Since(t0)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
+		}
+		if err := b.EventRecord(ev[1], s); err != nil {
+			return nil, fmt.Errorf("workload: step %d: record end event: %w", step, err)
+		}
+		if err := b.EventSynchronize(ev[1]); err != nil {
+			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
+		}
+		gpuTime, err := b.EventElapsed(ev[0], ev[1])
+		if err != nil {
+			return nil, fmt.Errorf("workload: step %d: elapsed time: %w", step, err)
+		}
+		d, err := digest(ctx, exe, w, outs)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: step %d: %w", w.Name, step, err)
+		}
+		res.Digests = append(res.Digests, d)
+		if opts.Reference != nil && res.Mismatch < 0 && d != opts.Reference[step] {
+			res.Mismatch = step
+			opts.Logger.Warn("outputs differ from eager", "workload", w.Name, "strategy", opts.Strategy, "step", step)
+		}
+		if memInfo {
+			if used, ok := usedMemory(b, opts.Device); ok && used > baseUsed {
+				peak = max(peak, used-baseUsed)
+			}
+		}
+		if step >= opts.Warmup {
+			stepUS = append(stepUS, float64(gpuTime.Nanoseconds())/1e3)
+			hostUS = append(hostUS, float64(host.Nanoseconds())/1e3)
+		}
+		if opts.Progress != nil {
+			opts.Progress(opts.Strategy, step+1, total)
+		}
+	}
+
+	st := exe.Stats().Counters.Sub(before)
+	m := exe.Memory()
+	r := report.Result{
+		Strategy:          string(opts.Strategy),
+		Rerecords:         st.Rerecords,
+		GraphUpdates:      st.GraphUpdates,
+		PatchedNodes:      st.PatchedNodes,
+		BytesCopied:       st.BytesCopied,
+		PeakDeviceBytes:   max(peak, m.States+m.Constants+m.Temps),
+		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
+	}
+	r.SetSamples(stepUS, hostUS)
+	if st.UpdateFallbacks > 0 {
+		r.Note = fmt.Sprintf("%d updates or patches refused by the driver, re-recorded", st.UpdateFallbacks)
+	}
+	if res.Mismatch >= 0 {
+		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
+	}
+	res.Result, res.Stats = r, st
+	return res, nil
+}
+
+func joinNote(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// usedMemory is the device memory in use (total - free), and false when
+// the backend cannot say.
+func usedMemory(b gpu.Backend, dev int) (uint64, bool) {
+	free, total, err := b.MemGetInfo(dev)
+	if err != nil || total < free {
+		return 0, false
+	}
+	return total - free, true
+}
+
+func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Outputs) (Digest, error) {
+	h := sha256.New()
+	for _, buf := range w.Outputs {
+		data, err := exe.ReadOutput(ctx, outs, buf)
+		if err != nil {
+			return Digest{}, fmt.Errorf("read output %s: %w", buf.Name(), err)
+		}
+		h.Write(data)
+	}
+	var d Digest
+	h.Sum(d[:0])
+	return d, nil
+}
+
+// Bench runs w with every strategy in strategies (default
+// stablegraph.Strategies()), eager first whether listed or not, and returns
+// the report. Every strategy's outputs are compared with eager's at every
+// step. A strategy that fails is reported with its error in Note and
+// OutputsMatchEager false, and the others still run; an eager failure ends
+// the bench.
+func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (*report.Report, error) {
+	opts = opts.withDefaults()
+	if len(strategies) == 0 {
+		strategies = sg.Strategies()
+	}
+	order := []sg.Strategy{sg.StrategyEager}
+	for _, s := range strategies {
+		if !slices.Contains(order, s) {
+			order = append(order, s)
+		}
+	}
+	props, err := b.DeviceProps(opts.Device)
+	if err != nil {
+		return nil, fmt.Errorf("workload: device %d: %w", opts.Device, err)
+	}
+	rep := &report.Report{
+		Backend:  b.Name(),
+		Device:   props.Name,
+		Workload: fmt.Sprintf("%s, %s buffers", w.Desc, opts.Pattern),
+		Steps:    opts.Steps,
+	}
+	for _, strat := range order {
+		o := opts
+		o.Strategy = strat
+		res, err := Run(ctx, b, w, o)
+		if err != nil {
+			if strat == sg.StrategyEager || ctx.Err() != nil {
+				return nil, err
+			}
+			rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Note: "failed: " + err.Error()})
+			continue
+		}
+		if strat == sg.StrategyEager {
+			opts.Reference = res.Digests
+			res.Result.OutputsMatchEager = true
+		}
+		rep.Results = append(rep.Results, res.Result)
+	}
+	return rep, nil
+}

@@ -1,0 +1,164 @@
+// Package workload builds the step programs that stablegraph's tests,
+// `stablegraph run` and `stablegraph bench` measure, and plays the caller
+// around them: buffers from a caching allocator that move between steps,
+// inputs written every step, outputs read back and compared.
+//
+// The workloads are those of docs/WORKLOADS.md, with the same shapes and
+// float32 data as the PyTorch and JAX peers:
+//
+//   - mlp: L layers of tanh(x·W + b), width 256 batch 8 (mlp-large: width
+//     1024 batch 64); one GEMM and one fused bias+tanh per layer.
+//   - train: the same MLP's training step: forward, mean-squared-error
+//     backward, SGD update of the state weights in place.
+//   - chain: K tiny kernels (axpb over 256 elements), the update-cost stress.
+//
+// # Caller
+//
+// A Caller owns a region of device memory managed by a bfc allocator and
+// hands out each step's param and output buffers from it according to a
+// Pattern: fixed (the same buffers every step), pingpong (two sets,
+// alternating), or random (new buffers every step between live allocations
+// of random sizes). Inputs are a pure function of (seed, step, param), so
+// two runs with the same seed see the same data whatever their strategy.
+//
+// # Runs
+//
+// Run compiles a workload with one strategy, runs warm-up and measured
+// steps, and returns a report.Result: GPU time per step from events
+// recorded around Executable.Run, host time per step from the host clock
+// around the same call, the strategy's counters over the measured steps,
+// peak device memory, and a digest of every step's outputs. Bench runs
+// every strategy, eager first, and marks which matched eager bit for bit.
+//
+// # Concurrency
+//
+// A Workload is immutable once built and may be compiled many times. A
+// Caller and a run are used from one goroutine.
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"stablegraph"
+	"stablegraph/gpu"
+)
+
+// Config selects a workload's shape. Zero fields take the workload's
+// defaults (docs/WORKLOADS.md), applied in New.
+type Config struct {
+	// Layers of mlp and train. Default 8.
+	Layers int
+	// Width and Batch of mlp and train. Defaults 256 and 8 (mlp-large:
+	// 1024 and 64).
+	Width, Batch int
+	// K is chain's kernel count (1 to 10000). Default 1000.
+	K int
+	// N is chain's element count. Default 256.
+	N int
+	// Seed seeds the weights and the inputs. Default 1.
+	Seed uint64
+}
+
+// MaxChainK is the largest chain New accepts.
+const MaxChainK = 10000
+
+// Workload is a program and what a caller needs to drive it.
+type Workload struct {
+	// Name is the workload's name ("mlp", "mlp-large", "train", "chain").
+	Name string
+	// Desc names the workload with its shape, for reports.
+	Desc string
+	// Program is the step.
+	Program *stablegraph.Program
+	// Params and Outputs are the caller-bound buffers, in declaration
+	// order.
+	Params, Outputs []stablegraph.Buffer
+	// States are the executable-owned buffers to initialise with Init
+	// before the first step, with their contents.
+	States []StateInit
+
+	seed   uint64
+	inputs []func(r *rand.Rand) []byte // per param
+}
+
+// StateInit is a state buffer's initial contents.
+type StateInit struct {
+	Buffer stablegraph.Buffer
+	Data   []byte
+}
+
+// builders are the workloads by name.
+var builders = map[string]func(Config) (*Workload, error){
+	"mlp":         func(c Config) (*Workload, error) { return mlp("mlp", c, 256, 8) },
+	"mlp-large":   func(c Config) (*Workload, error) { return mlp("mlp-large", c, 1024, 64) },
+	"train":       func(c Config) (*Workload, error) { return train("train", c, 256, 8) },
+	"train-large": func(c Config) (*Workload, error) { return train("train-large", c, 1024, 64) },
+	"chain":       chain,
+}
+
+// Names lists the workloads New knows, sorted.
+func Names() []string {
+	var n []string
+	for k := range builders {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+// New builds the workload called name with cfg.
+func New(name string, cfg Config) (*Workload, error) {
+	b, ok := builders[name]
+	if !ok {
+		return nil, fmt.Errorf("workload: unknown workload %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = 1
+	}
+	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 {
+		return nil, fmt.Errorf("workload %s: negative size in %+v", name, cfg)
+	}
+	w, err := b(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w.seed = cfg.Seed
+	if err := w.Program.Validate(); err != nil {
+		return nil, fmt.Errorf("workload %s: %w", name, err)
+	}
+	return w, nil
+}
+
+// Input returns the contents of param i (index into Params) at step: a pure
+// function of the seed, the step and i.
+func (w *Workload) Input(step, i int) []byte {
+	r := rand.New(rand.NewPCG(w.seed, uint64(step)<<16|uint64(i)))
+	return w.inputs[i](r)
+}
+
+// uniform returns n float32 values uniform in [-a, a] from r.
+func uniform(r *rand.Rand, n int, a float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32((2*r.Float64() - 1) * a)
+	}
+	return v
+}
+
+// uniformInput is a param input of n values uniform in [-1, 1].
+func uniformInput(n int) func(*rand.Rand) []byte {
+	return func(r *rand.Rand) []byte { return gpu.F32ToBytes(uniform(r, n, 1)) }
+}
+
+// weights returns the state contents for one layer's matrix and bias:
+// uniform in [-1/sqrt(width), 1/sqrt(width)] from the seed.
+func weights(seed uint64, layer, n, width int) []byte {
+	r := rand.New(rand.NewPCG(seed, 1<<40|uint64(layer)<<8|uint64(n%251)))
+	return gpu.F32ToBytes(uniform(r, n, 1/math.Sqrt(float64(width))))
+}
+
+func f32Bytes(n int) int64 { return 4 * int64(n) }

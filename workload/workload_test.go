@@ -1,0 +1,157 @@
+package workload
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"testing"
+
+	sg "stablegraph"
+	"stablegraph/gpu"
+	_ "stablegraph/gpu/sim"
+)
+
+func openSim(t *testing.T) gpu.Backend {
+	t.Helper()
+	b, _, err := gpu.Open("sim", gpu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if c, ok := gpu.LiveHandles(b); ok && !c.IsZero() {
+			t.Errorf("live handles after the test: %v", c)
+		}
+		if err := b.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return b
+}
+
+func small(t *testing.T, name string) *Workload {
+	t.Helper()
+	w, err := New(name, Config{Layers: 3, Width: 16, Batch: 4, K: 20, N: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestNew(t *testing.T) {
+	for _, name := range Names() {
+		w, err := New(name, Config{})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(w.Params) == 0 || len(w.Outputs) != 1 || w.Desc == "" {
+			t.Errorf("%s: %+v", name, w)
+		}
+		if !bytes.Equal(w.Input(3, 0), w.Input(3, 0)) || bytes.Equal(w.Input(3, 0), w.Input(4, 0)) {
+			t.Errorf("%s: inputs are not a pure function of the step", name)
+		}
+	}
+	if _, err := New("resnet", Config{}); err == nil {
+		t.Error("unknown workload accepted")
+	}
+	if _, err := New("chain", Config{K: MaxChainK + 1}); err == nil {
+		t.Error("chain over the maximum accepted")
+	}
+	if w, err := New("chain", Config{K: 1}); err != nil || w.Desc != "chain (K=1 n=256)" {
+		t.Errorf("chain K=1: %v %v", w, err)
+	}
+}
+
+// The chain computes y = a·(…(a·x + b)…) + b, K times, which the test
+// checks against float32 arithmetic on the host; mlp and train are checked
+// against eager by the strategy comparison.
+func TestChainValues(t *testing.T) {
+	b := openSim(t)
+	w := small(t, "chain")
+	res, err := Run(context.Background(), b, w, RunOptions{Steps: 2, Pattern: Random})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Digests) != 2 || res.Result.StepUS.P50 <= 0 || res.Result.HostUS.P50 <= 0 {
+		t.Fatalf("result %+v", res.Result)
+	}
+	// Recompute step 1 on the host and compare digests.
+	x := gpu.BytesToF32(w.Input(1, 0))
+	for range 20 {
+		for i := range x {
+			x[i] = float32(chainA)*x[i] + float32(chainB)
+		}
+	}
+	want := Digest(sha(gpu.F32ToBytes(x)))
+	if res.Digests[1] != want {
+		t.Errorf("chain output differs from the host computation")
+	}
+}
+
+func TestBenchStrategiesMatchEager(t *testing.T) {
+	b := openSim(t)
+	for _, name := range []string{"mlp", "train", "chain"} {
+		for _, pat := range Patterns() {
+			w := small(t, name)
+			steps := 0
+			rep, err := Bench(context.Background(), b, w, nil, RunOptions{Steps: 4, Warmup: 1, Pattern: pat,
+				Progress: func(sg.Strategy, int, int) { steps++ }})
+			if err != nil {
+				t.Fatalf("%s/%s: %v", name, pat, err)
+			}
+			if len(rep.Results) != len(sg.Strategies()) || steps != 5*len(sg.Strategies()) {
+				t.Errorf("%s/%s: %d results, %d progress calls", name, pat, len(rep.Results), steps)
+			}
+			for _, r := range rep.Results {
+				if !r.OutputsMatchEager || r.Note != "" {
+					t.Errorf("%s/%s/%s: match %v, note %q", name, pat, r.Strategy, r.OutputsMatchEager, r.Note)
+				}
+				if len(r.StepSamplesUS) != 4 || r.PeakDeviceBytes == 0 {
+					t.Errorf("%s/%s/%s: %d samples, peak %d", name, pat, r.Strategy, len(r.StepSamplesUS), r.PeakDeviceBytes)
+				}
+				switch {
+				case r.Strategy == "record" && pat != Fixed && r.Rerecords != 4:
+					t.Errorf("%s/%s: record re-recorded %d times in 4 moving steps", name, pat, r.Rerecords)
+				case r.Strategy == "record" && pat == Fixed && r.Rerecords != 0:
+					t.Errorf("%s/fixed: record re-recorded %d times", name, r.Rerecords)
+				case r.Strategy == "patch" && pat != Fixed && r.PatchedNodes == 0:
+					t.Errorf("%s/%s: patch patched nothing", name, pat)
+				case r.Strategy == "update" && pat != Fixed && r.GraphUpdates == 0:
+					t.Errorf("%s/%s: update updated nothing", name, pat)
+				}
+			}
+		}
+	}
+}
+
+func TestReferenceMismatch(t *testing.T) {
+	b := openSim(t)
+	w := small(t, "chain")
+	ref := make([]Digest, 3)
+	res, err := Run(context.Background(), b, w, RunOptions{Strategy: sg.StrategyPatch, Steps: 3, Reference: ref})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Mismatch != 0 || res.Result.OutputsMatchEager || res.Result.Note == "" {
+		t.Errorf("mismatch not reported: %+v", res.Result)
+	}
+	if _, err := Run(context.Background(), b, w, RunOptions{Steps: 3, Reference: ref[:1]}); err == nil {
+		t.Error("short reference accepted")
+	}
+}
+
+func TestRunCancelled(t *testing.T) {
+	b := openSim(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, b, small(t, "mlp"), RunOptions{Steps: 2}); err == nil {
+		t.Error("cancelled run succeeded")
+	}
+}
+
+func sha(b []byte) [32]byte {
+	var d Digest
+	h := sha256.New()
+	h.Write(b)
+	h.Sum(d[:0])
+	return d
+}
