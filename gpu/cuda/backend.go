@@ -39,22 +39,46 @@ type Backend struct {
 
 	blas blasLib // cuBLAS, loaded at the first Gemm
 
+	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {
 		sync.Mutex
-		closed  bool
-		streams map[gpu.Stream]int // stream -> device
-		events  map[gpu.Event]int
-		allocs  map[gpu.DevicePtr]allocInfo
-		hosts   map[gpu.HostAlloc]hostInfo
-		chunks  map[gpu.PhysMem]chunkInfo
-		resv    map[gpu.DevicePtr]uint64 // reservation -> size
-		maps    map[gpu.DevicePtr]mapInfo
-		modules map[gpu.Module]*moduleInfo
-		funcs   map[gpu.Function]*funcInfo
-		graphs  map[gpu.Graph]*graphInfo
-		nodes   map[gpu.GraphNode]*nodeInfo
-		execs   map[gpu.GraphExec]execInfo
+		closed bool
+		next   uint64 // the last handle value issued
+		tables
 	}
+}
+
+// tables map the handles the backend issued to the driver's objects. Handle
+// values are the backend's own, issued from a counter and never reused:
+// CUDA reuses the addresses of destroyed streams, events and graphs, and a
+// stale handle must not alias a newer object (a second destroy would
+// destroy someone else's). Device pointers are the one exception: they are
+// addresses, and an allocation is known by its start.
+type tables struct {
+	streams map[gpu.Stream]streamInfo
+	events  map[gpu.Event]eventInfo
+	allocs  map[gpu.DevicePtr]allocInfo
+	hosts   map[gpu.HostAlloc]hostInfo
+	chunks  map[gpu.PhysMem]*chunkInfo
+	resv    map[gpu.DevicePtr]uint64 // reservation -> size
+	maps    map[gpu.DevicePtr]mapInfo
+	modules map[gpu.Module]*moduleInfo
+	funcs   map[gpu.Function]*funcInfo
+	graphs  map[gpu.Graph]*graphInfo
+	nodes   map[gpu.GraphNode]*nodeInfo
+	execs   map[gpu.GraphExec]execInfo
+
+	// Reverse maps for driver objects the backend meets again: kernels
+	// and nodes read back from graphs, child graphs of nodes.
+	funcByCU  map[cu.Function]gpu.Function
+	graphByCU map[cu.Graph]gpu.Graph
+	nodeByCU  map[cu.GraphNode]gpu.GraphNode
+}
+
+// newIDLocked issues a handle value: nonzero, unique within the backend.
+func (b *Backend) newIDLocked() uint64 {
+	b.mu.next++
+	return b.mu.next
 }
 
 // device is one CUDA device and its primary context.
@@ -67,6 +91,16 @@ type device struct {
 	gemm gemmState // cuBLAS handle or fallback module, made at the first Gemm
 }
 
+type streamInfo struct {
+	dev int
+	s   cu.Stream
+}
+
+type eventInfo struct {
+	dev int
+	e   cu.Event
+}
+
 type allocInfo struct {
 	dev  int
 	size uint64
@@ -77,9 +111,14 @@ type hostInfo struct {
 	size uint64
 }
 
+// chunkInfo is a physical chunk: one driver allocation per granule, so that
+// any granule-aligned part of it can be mapped (cuMemMap maps only whole
+// allocations from offset 0).
 type chunkInfo struct {
-	dev  int
-	size uint64
+	dev   int
+	size  uint64
+	gran  uint64
+	parts []cu.MemHandle
 }
 
 type mapInfo struct {
@@ -125,34 +164,16 @@ func Open(cfg gpu.Config) (*Backend, error) {
 	return b, nil
 }
 
-// tables are the handle tables Close works from.
-type tables struct {
-	streams map[gpu.Stream]int
-	events  map[gpu.Event]int
-	allocs  map[gpu.DevicePtr]allocInfo
-	hosts   map[gpu.HostAlloc]hostInfo
-	chunks  map[gpu.PhysMem]chunkInfo
-	resv    map[gpu.DevicePtr]uint64
-	maps    map[gpu.DevicePtr]mapInfo
-	modules map[gpu.Module]*moduleInfo
-	graphs  map[gpu.Graph]*graphInfo
-	execs   map[gpu.GraphExec]execInfo
-}
-
 // initTablesLocked makes empty handle tables.
 func (b *Backend) initTablesLocked() {
-	b.mu.streams = map[gpu.Stream]int{}
-	b.mu.events = map[gpu.Event]int{}
-	b.mu.allocs = map[gpu.DevicePtr]allocInfo{}
-	b.mu.hosts = map[gpu.HostAlloc]hostInfo{}
-	b.mu.chunks = map[gpu.PhysMem]chunkInfo{}
-	b.mu.resv = map[gpu.DevicePtr]uint64{}
-	b.mu.maps = map[gpu.DevicePtr]mapInfo{}
-	b.mu.modules = map[gpu.Module]*moduleInfo{}
-	b.mu.funcs = map[gpu.Function]*funcInfo{}
-	b.mu.graphs = map[gpu.Graph]*graphInfo{}
-	b.mu.nodes = map[gpu.GraphNode]*nodeInfo{}
-	b.mu.execs = map[gpu.GraphExec]execInfo{}
+	b.mu.tables = tables{
+		streams: map[gpu.Stream]streamInfo{}, events: map[gpu.Event]eventInfo{},
+		allocs: map[gpu.DevicePtr]allocInfo{}, hosts: map[gpu.HostAlloc]hostInfo{},
+		chunks: map[gpu.PhysMem]*chunkInfo{}, resv: map[gpu.DevicePtr]uint64{}, maps: map[gpu.DevicePtr]mapInfo{},
+		modules: map[gpu.Module]*moduleInfo{}, funcs: map[gpu.Function]*funcInfo{},
+		graphs: map[gpu.Graph]*graphInfo{}, nodes: map[gpu.GraphNode]*nodeInfo{}, execs: map[gpu.GraphExec]execInfo{},
+		funcByCU: map[cu.Function]gpu.Function{}, graphByCU: map[cu.Graph]gpu.Graph{}, nodeByCU: map[cu.GraphNode]gpu.GraphNode{},
+	}
 }
 
 func unavailable(d *cu.Driver, op string, r cu.Result) error {
@@ -351,8 +372,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	leaked := b.countersLocked()
-	m := tables{streams: b.mu.streams, events: b.mu.events, allocs: b.mu.allocs, hosts: b.mu.hosts,
-		chunks: b.mu.chunks, resv: b.mu.resv, maps: b.mu.maps, modules: b.mu.modules, graphs: b.mu.graphs, execs: b.mu.execs}
+	m := b.mu.tables
 	b.mu.closed = true
 	b.initTablesLocked() // empty: calls racing with Close find nothing
 	b.mu.Unlock()
@@ -362,22 +382,22 @@ func (b *Backend) Close() error {
 	for i := range b.devs {
 		errs = append(errs, b.call(i, "cuCtxSynchronize", d.CtxSynchronize))
 	}
-	for x, xi := range m.execs {
-		errs = append(errs, b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return d.GraphExecDestroy(cu.GraphExec(x)) }))
+	for _, xi := range m.execs {
+		errs = append(errs, b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return d.GraphExecDestroy(xi.x) }))
 	}
-	for g, gi := range m.graphs {
+	for _, gi := range m.graphs {
 		if gi.owned {
-			errs = append(errs, b.call(gi.dev, "cuGraphDestroy", func() cu.Result { return d.GraphDestroy(cu.Graph(g)) }))
+			errs = append(errs, b.call(gi.dev, "cuGraphDestroy", func() cu.Result { return d.GraphDestroy(gi.g) }))
 		}
 	}
-	for mod, mi := range m.modules {
-		errs = append(errs, b.call(mi.dev, "cuModuleUnload", func() cu.Result { return d.ModuleUnload(cu.Module(mod)) }))
+	for _, mi := range m.modules {
+		errs = append(errs, b.call(mi.dev, "cuModuleUnload", func() cu.Result { return d.ModuleUnload(mi.m) }))
 	}
-	for e, dev := range m.events {
-		errs = append(errs, b.call(dev, "cuEventDestroy_v2", func() cu.Result { return d.EventDestroy(cu.Event(e)) }))
+	for _, ei := range m.events {
+		errs = append(errs, b.call(ei.dev, "cuEventDestroy_v2", func() cu.Result { return d.EventDestroy(ei.e) }))
 	}
-	for s, dev := range m.streams {
-		errs = append(errs, b.call(dev, "cuStreamDestroy_v2", func() cu.Result { return d.StreamDestroy(cu.Stream(s)) }))
+	for _, si := range m.streams {
+		errs = append(errs, b.call(si.dev, "cuStreamDestroy_v2", func() cu.Result { return d.StreamDestroy(si.s) }))
 	}
 	for p, mi := range m.maps {
 		errs = append(errs, b.call(mi.dev, "cuMemUnmap", func() cu.Result { return d.MemUnmap(cu.DevicePtr(p), mi.size) }))
@@ -385,8 +405,8 @@ func (b *Backend) Close() error {
 	for p, size := range m.resv {
 		errs = append(errs, b.call(0, "cuMemAddressFree", func() cu.Result { return d.MemAddressFree(cu.DevicePtr(p), size) }))
 	}
-	for h, ci := range m.chunks {
-		errs = append(errs, b.call(ci.dev, "cuMemRelease", func() cu.Result { return d.MemRelease(cu.MemHandle(h)) }))
+	for _, ci := range m.chunks {
+		errs = append(errs, b.releaseParts(ci.dev, ci.parts))
 	}
 	for p, ai := range m.allocs {
 		errs = append(errs, b.call(ai.dev, "cuMemFree_v2", func() cu.Result { return d.MemFree(cu.DevicePtr(p)) }))

@@ -21,12 +21,22 @@
 //
 // # Handles
 //
-// gpu handles are the driver's own values (CUstream, CUgraphNode, ...) or,
-// for host allocations, the host address. A handle not in the backend's
-// tables (zero, never issued, already destroyed) is refused with
-// gpu.ErrInvalidHandle before the driver sees it: the driver does not
-// validate stale handles and may crash on them. The tables also count live
-// handles (gpu.HandleCounter) and let Close release whatever is left.
+// gpu handles are the backend's own values, issued from a counter and never
+// reused, mapped to the driver's objects in tables: CUDA reuses the
+// addresses of destroyed streams, events and graphs, and a stale handle must
+// not alias a newer object. A handle not in the tables (zero, never issued,
+// already destroyed) is refused with gpu.ErrInvalidHandle before the driver
+// sees it; the driver does not validate stale handles and may crash on them.
+// The tables also count live handles (gpu.HandleCounter) and let Close
+// release whatever is left. Device pointers are addresses, as in CUDA.
+//
+// # Virtual memory
+//
+// cuMemMap maps only whole driver allocations from offset 0, while MemMap
+// maps any granule-aligned part of a chunk. So a chunk is one driver
+// allocation per granule (MemCreate of N granules makes N allocations) and
+// MemMap maps each granule of its range; MemUnmap and MemSetAccess cover a
+// whole range in one call.
 //
 // # Errors
 //

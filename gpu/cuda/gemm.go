@@ -124,7 +124,7 @@ func (b *Backend) prepareGemmLocked(dev int, d *device) error {
 		// typed (GraphKernelNodeParams); internal, so not counted.
 		if spec, ok := img.Kernel(kernels.Gemm); ok {
 			b.mu.Lock()
-			b.mu.funcs[gpu.Function(f)] = &funcInfo{dev: dev, name: kernels.Gemm, spec: &spec}
+			b.funcHandleLocked(f, &funcInfo{dev: dev, f: f, name: kernels.Gemm, spec: &spec})
 			b.mu.Unlock()
 		}
 		return nil
@@ -139,7 +139,7 @@ func (b *Backend) prepareGemmLocked(dev int, d *device) error {
 // Gemm implements GEMMer.
 func (b *Backend) Gemm(s gpu.Stream, c, a, bm gpu.DevicePtr, m, n, k int, transA, transB bool, alpha, beta float32) error {
 	const op = "Gemm"
-	dev, err := b.streamDev(op, s)
+	dev, cs, err := b.stream(op, s)
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func (b *Backend) Gemm(s gpu.Stream, c, a, bm gpu.DevicePtr, m, n, k int, transA
 		return err
 	}
 	if d.gemm.handle == 0 {
-		return b.gemmPTXLocked(dev, d, s, c, a, bm, m, n, k, transA, transB, alpha, beta)
+		return b.gemmPTXLocked(dev, d, cs, c, a, bm, m, n, k, transA, transB, alpha, beta)
 	}
 	lib := b.blas.lib
 	// Row-major C = op(A)·op(B) is column-major C^T = op(B)^T·op(A)^T: pass
@@ -173,7 +173,7 @@ func (b *Backend) Gemm(s gpu.Stream, c, a, bm gpu.DevicePtr, m, n, k int, transA
 		opB, ldb = cu.BLASOpT, m
 	}
 	return b.onDevice(dev, func() error {
-		if st := lib.SetStream(d.gemm.handle, cu.Stream(s)); st != cu.BLASSuccess {
+		if st := lib.SetStream(d.gemm.handle, cs); st != cu.BLASSuccess {
 			return blasError("cublasSetStream_v2", st)
 		}
 		// SetStream resets the workspace to cuBLAS's own pool: give ours back.
@@ -191,7 +191,7 @@ func (b *Backend) Gemm(s gpu.Stream, c, a, bm gpu.DevicePtr, m, n, k int, transA
 }
 
 // gemmPTXLocked launches the built-in sg_gemm.
-func (b *Backend) gemmPTXLocked(dev int, d *device, s gpu.Stream, c, a, bm gpu.DevicePtr, m, n, k int,
+func (b *Backend) gemmPTXLocked(dev int, d *device, cs cu.Stream, c, a, bm gpu.DevicePtr, m, n, k int,
 	transA, transB bool, alpha, beta float32) error {
 	flag := func(t bool) gpu.Arg {
 		if t {
@@ -206,7 +206,7 @@ func (b *Backend) gemmPTXLocked(dev int, d *device, s gpu.Stream, c, a, bm gpu.D
 	cfg := kernels.GemmConfig(m, n)
 	return b.call(dev, "cuLaunchKernel", func() cu.Result {
 		return b.d.LaunchKernel(d.gemm.fn, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			0, cu.Stream(s), pack.params())
+			0, cs, pack.params())
 	})
 }
 

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"encoding/binary"
+	"fmt"
 	"unsafe"
 
 	"stablegraph/gpu"
@@ -13,6 +14,7 @@ import (
 // in a child-graph node (a view: owned by the node, not counted).
 type graphInfo struct {
 	dev   int
+	g     cu.Graph
 	owned bool
 	nodes map[gpu.GraphNode]struct{}
 	views []gpu.Graph // child graphs of this graph's nodes handed out
@@ -22,7 +24,9 @@ type graphInfo struct {
 // discovered by GraphNodes/GraphNodeDeps.
 type nodeInfo struct {
 	graph gpu.Graph
+	n     cu.GraphNode
 	kinds []gpu.ArgKind // the argument kinds of kernel nodes made from typed args
+	typ   gpu.NodeType  // cached (a node's type never changes); 0 until known
 }
 
 func (b *Backend) graphInfo(op string, g gpu.Graph) (*graphInfo, error) {
@@ -46,20 +50,22 @@ func (b *Backend) nodeDev(op string, n gpu.GraphNode) (*nodeInfo, int, error) {
 	return ni, b.mu.graphs[ni.graph].dev, nil
 }
 
-// addNodeLocked records node n of graph g.
-func (b *Backend) addNodeLocked(g gpu.Graph, n gpu.GraphNode, kinds []gpu.ArgKind) {
-	gi := b.mu.graphs[g]
-	if gi == nil {
-		return
-	}
-	if ni, ok := b.mu.nodes[n]; ok {
-		if kinds != nil {
+// nodeHandleLocked returns the handle of driver node n of graph g, issuing
+// one the first time n is seen.
+func (b *Backend) nodeHandleLocked(g gpu.Graph, n cu.GraphNode, kinds []gpu.ArgKind) gpu.GraphNode {
+	if h, ok := b.mu.nodeByCU[n]; ok {
+		if ni := b.mu.nodes[h]; kinds != nil {
 			ni.kinds = kinds
 		}
-		return
+		return h
 	}
-	b.mu.nodes[n] = &nodeInfo{graph: g, kinds: kinds}
-	gi.nodes[n] = struct{}{}
+	h := gpu.GraphNode(b.newIDLocked())
+	b.mu.nodes[h] = &nodeInfo{graph: g, n: n, kinds: kinds}
+	b.mu.nodeByCU[n] = h
+	if gi := b.mu.graphs[g]; gi != nil {
+		gi.nodes[h] = struct{}{}
+	}
+	return h
 }
 
 // forgetGraphLocked removes g, its nodes and its views from the tables.
@@ -69,7 +75,11 @@ func (b *Backend) forgetGraphLocked(g gpu.Graph) {
 		return
 	}
 	delete(b.mu.graphs, g)
+	delete(b.mu.graphByCU, gi.g)
 	for n := range gi.nodes {
+		if ni := b.mu.nodes[n]; ni != nil {
+			delete(b.mu.nodeByCU, ni.n)
+		}
 		delete(b.mu.nodes, n)
 	}
 	for _, v := range gi.views {
@@ -86,14 +96,25 @@ func (b *Backend) GraphCreate(dev int) (gpu.Graph, error) {
 	if err := b.call(dev, "cuGraphCreate", func() cu.Result { return b.d.GraphCreate(&g, 0) }); err != nil {
 		return 0, err
 	}
-	b.registerGraph(gpu.Graph(g), dev)
-	return gpu.Graph(g), nil
+	return b.registerGraph(g, dev, true), nil
 }
 
-func (b *Backend) registerGraph(g gpu.Graph, dev int) {
+// registerGraph issues a handle for driver graph g (owned: made by the
+// caller; else a child graph owned by a node).
+func (b *Backend) registerGraph(g cu.Graph, dev int, owned bool) gpu.Graph {
 	b.mu.Lock()
-	b.mu.graphs[g] = &graphInfo{dev: dev, owned: true, nodes: map[gpu.GraphNode]struct{}{}}
-	b.mu.Unlock()
+	defer b.mu.Unlock()
+	return b.registerGraphLocked(g, dev, owned)
+}
+
+func (b *Backend) registerGraphLocked(g cu.Graph, dev int, owned bool) gpu.Graph {
+	if h, ok := b.mu.graphByCU[g]; ok {
+		return h
+	}
+	h := gpu.Graph(b.newIDLocked())
+	b.mu.graphs[h] = &graphInfo{dev: dev, g: g, owned: owned, nodes: map[gpu.GraphNode]struct{}{}}
+	b.mu.graphByCU[g] = h
+	return h
 }
 
 // GraphDestroy implements gpu.Graphs. Child graphs handed out for its nodes
@@ -112,7 +133,7 @@ func (b *Backend) GraphDestroy(g gpu.Graph) error {
 	if !ok {
 		return errf("GraphDestroy", gpu.ErrInvalidHandle, "graph %#x is not live", uint64(g))
 	}
-	err := b.call(gi.dev, "cuGraphDestroy", func() cu.Result { return b.d.GraphDestroy(cu.Graph(g)) })
+	err := b.call(gi.dev, "cuGraphDestroy", func() cu.Result { return b.d.GraphDestroy(gi.g) })
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.mu.graphs[g] = gi
@@ -135,14 +156,14 @@ func (b *Backend) depsOf(op string, g gpu.Graph, deps []gpu.GraphNode) ([]cu.Gra
 		if ni.graph != g {
 			return nil, errf(op, gpu.ErrInvalidValue, "dependency %#x belongs to graph %#x, not %#x", uint64(d), uint64(ni.graph), uint64(g))
 		}
-		out[i] = cu.GraphNode(d)
+		out[i] = ni.n
 	}
 	return out, nil
 }
 
 // addNode is the common path of the GraphAdd calls.
-func (b *Backend) addNode(op string, g gpu.Graph, deps []gpu.GraphNode, kinds []gpu.ArgKind,
-	add func(dev int, n *cu.GraphNode, deps []cu.GraphNode) error) (gpu.GraphNode, error) {
+func (b *Backend) addNode(op string, typ gpu.NodeType, g gpu.Graph, deps []gpu.GraphNode, kinds []gpu.ArgKind,
+	add func(gi *graphInfo, n *cu.GraphNode, deps []cu.GraphNode) error) (gpu.GraphNode, error) {
 	gi, err := b.graphInfo(op, g)
 	if err != nil {
 		return 0, err
@@ -152,13 +173,14 @@ func (b *Backend) addNode(op string, g gpu.Graph, deps []gpu.GraphNode, kinds []
 		return 0, err
 	}
 	var n cu.GraphNode
-	if err := add(gi.dev, &n, cdeps); err != nil {
+	if err := add(gi, &n, cdeps); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
-	b.addNodeLocked(g, gpu.GraphNode(n), kinds)
-	b.mu.Unlock()
-	return gpu.GraphNode(n), nil
+	defer b.mu.Unlock()
+	h := b.nodeHandleLocked(g, n, kinds)
+	b.mu.nodes[h].typ = typ
+	return h, nil
 }
 
 // kernelParams checks p and builds the C node parameters; release the
@@ -186,7 +208,7 @@ func (b *Backend) kernelParams(op string, dev int, p gpu.KernelParams) (*cu.Kern
 	a := packArgs(p.Args)
 	c := p.Config
 	return &cu.KernelNodeParams{
-		Func: cu.Function(p.Func), GridDimX: c.Grid.X, GridDimY: c.Grid.Y, GridDimZ: c.Grid.Z,
+		Func: fi.f, GridDimX: c.Grid.X, GridDimY: c.Grid.Y, GridDimZ: c.Grid.Z,
 		BlockDimX: c.Block.X, BlockDimY: c.Block.Y, BlockDimZ: c.Block.Z, SharedMemBytes: c.SharedMem,
 		KernelParams: unsafe.Pointer(a.params()),
 	}, a, kinds, nil
@@ -204,8 +226,8 @@ func (b *Backend) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Ke
 		return 0, err
 	}
 	defer a.release()
-	return b.addNode(op, g, deps, kinds, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(dev, "cuGraphAddKernelNode_v2", func() cu.Result { return b.d.GraphAddKernelNode(n, cu.Graph(g), cdeps, kp) })
+	return b.addNode(op, gpu.NodeKernel, g, deps, kinds, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(gi.dev, "cuGraphAddKernelNode_v2", func() cu.Result { return b.d.GraphAddKernelNode(n, gi.g, cdeps, kp) })
 	})
 }
 
@@ -234,9 +256,9 @@ func (b *Backend) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Me
 		return 0, errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
 	}
 	cp := memcpyParams(p)
-	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		ctx := b.devs[dev].ctx
-		return b.call(dev, "cuGraphAddMemcpyNode", func() cu.Result { return b.d.GraphAddMemcpyNode(n, cu.Graph(g), cdeps, cp, ctx) })
+	return b.addNode(op, gpu.NodeMemcpy, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		ctx := b.devs[gi.dev].ctx
+		return b.call(gi.dev, "cuGraphAddMemcpyNode", func() cu.Result { return b.d.GraphAddMemcpyNode(n, gi.g, cdeps, cp, ctx) })
 	})
 }
 
@@ -247,9 +269,9 @@ func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, m gpu.Me
 	if err != nil {
 		return 0, err
 	}
-	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		ctx := b.devs[dev].ctx
-		return b.call(dev, "cuGraphAddMemsetNode", func() cu.Result { return b.d.GraphAddMemsetNode(n, cu.Graph(g), cdeps, mp, ctx) })
+	return b.addNode(op, gpu.NodeMemset, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		ctx := b.devs[gi.dev].ctx
+		return b.call(gi.dev, "cuGraphAddMemsetNode", func() cu.Result { return b.d.GraphAddMemsetNode(n, gi.g, cdeps, mp, ctx) })
 	})
 }
 
@@ -257,23 +279,24 @@ func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, m gpu.Me
 // child.
 func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, child gpu.Graph) (gpu.GraphNode, error) {
 	const op = "GraphAddChildGraphNode"
-	if _, err := b.graphInfo(op, child); err != nil {
+	ci, err := b.graphInfo(op, child)
+	if err != nil {
 		return 0, err
 	}
 	if child == g {
 		return 0, errf(op, gpu.ErrInvalidValue, "graph %#x cannot contain itself", uint64(g))
 	}
-	return b.addNode(op, g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(dev, "cuGraphAddChildGraphNode", func() cu.Result {
-			return b.d.GraphAddChildGraphNode(n, cu.Graph(g), cdeps, cu.Graph(child))
+	return b.addNode(op, gpu.NodeChildGraph, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(gi.dev, "cuGraphAddChildGraphNode", func() cu.Result {
+			return b.d.GraphAddChildGraphNode(n, gi.g, cdeps, ci.g)
 		})
 	})
 }
 
 // GraphAddEmptyNode implements gpu.Graphs.
 func (b *Backend) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
-	return b.addNode("GraphAddEmptyNode", g, deps, nil, func(dev int, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(dev, "cuGraphAddEmptyNode", func() cu.Result { return b.d.GraphAddEmptyNode(n, cu.Graph(g), cdeps) })
+	return b.addNode("GraphAddEmptyNode", gpu.NodeEmpty, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
+		return b.call(gi.dev, "cuGraphAddEmptyNode", func() cu.Result { return b.d.GraphAddEmptyNode(n, gi.g, cdeps) })
 	})
 }
 
@@ -286,14 +309,14 @@ func (b *Backend) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error) {
 	var nodes []cu.GraphNode
 	err = b.onDevice(gi.dev, func() error {
 		var count uint64
-		if r := b.d.GraphGetNodes(cu.Graph(g), nil, &count); r != cu.Success {
+		if r := b.d.GraphGetNodes(gi.g, nil, &count); r != cu.Success {
 			return b.check("cuGraphGetNodes", r)
 		}
 		nodes = make([]cu.GraphNode, count)
 		if count == 0 {
 			return nil
 		}
-		if r := b.d.GraphGetNodes(cu.Graph(g), nodes, &count); r != cu.Success {
+		if r := b.d.GraphGetNodes(gi.g, nodes, &count); r != cu.Success {
 			return b.check("cuGraphGetNodes", r)
 		}
 		nodes = nodes[:count]
@@ -305,8 +328,7 @@ func (b *Backend) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error) {
 	out := make([]gpu.GraphNode, len(nodes))
 	b.mu.Lock()
 	for i, n := range nodes {
-		out[i] = gpu.GraphNode(n)
-		b.addNodeLocked(g, out[i], nil)
+		out[i] = b.nodeHandleLocked(g, n, nil)
 	}
 	b.mu.Unlock()
 	return out, nil
@@ -314,29 +336,47 @@ func (b *Backend) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error) {
 
 // GraphNodeType implements gpu.Graphs.
 func (b *Backend) GraphNodeType(n gpu.GraphNode) (gpu.NodeType, error) {
-	_, dev, err := b.nodeDev("GraphNodeType", n)
+	ni, dev, err := b.nodeDev("GraphNodeType", n)
 	if err != nil {
 		return 0, err
 	}
-	return b.nodeType(dev, n)
+	return b.typeOf(dev, ni)
+}
+
+// typeOf is ni's type, asked of the driver once.
+func (b *Backend) typeOf(dev int, ni *nodeInfo) (gpu.NodeType, error) {
+	b.mu.Lock()
+	t := ni.typ
+	b.mu.Unlock()
+	if t != 0 {
+		return t, nil
+	}
+	t, err := b.nodeType(dev, ni.n)
+	if err != nil {
+		return 0, err
+	}
+	b.mu.Lock()
+	ni.typ = t
+	b.mu.Unlock()
+	return t, nil
 }
 
 // wantType checks that n (a known node on dev) has type want, so that a
 // call for another type of node never reaches the driver.
-func (b *Backend) wantType(op string, dev int, n gpu.GraphNode, want gpu.NodeType) error {
-	t, err := b.nodeType(dev, n)
+func (b *Backend) wantType(op string, dev int, ni *nodeInfo, want gpu.NodeType) error {
+	t, err := b.typeOf(dev, ni)
 	if err != nil {
 		return err
 	}
 	if t != want {
-		return errf(op, gpu.ErrInvalidValue, "node %#x is a %v node, not %v", uint64(n), t, want)
+		return errf(op, gpu.ErrInvalidValue, "the node is a %v node, not %v", t, want)
 	}
 	return nil
 }
 
-func (b *Backend) nodeType(dev int, n gpu.GraphNode) (gpu.NodeType, error) {
+func (b *Backend) nodeType(dev int, n cu.GraphNode) (gpu.NodeType, error) {
 	var t cu.GraphNodeType
-	if err := b.call(dev, "cuGraphNodeGetType", func() cu.Result { return b.d.GraphNodeGetType(cu.GraphNode(n), &t) }); err != nil {
+	if err := b.call(dev, "cuGraphNodeGetType", func() cu.Result { return b.d.GraphNodeGetType(n, &t) }); err != nil {
 		return 0, err
 	}
 	switch t {
@@ -365,14 +405,14 @@ func (b *Backend) GraphNodeDeps(n gpu.GraphNode) ([]gpu.GraphNode, error) {
 	var deps []cu.GraphNode
 	err = b.onDevice(dev, func() error {
 		var count uint64
-		if r := b.d.GraphNodeGetDependencies(cu.GraphNode(n), nil, &count); r != cu.Success {
+		if r := b.d.GraphNodeGetDependencies(ni.n, nil, &count); r != cu.Success {
 			return b.check("cuGraphNodeGetDependencies_v2", r)
 		}
 		deps = make([]cu.GraphNode, count)
 		if count == 0 {
 			return nil
 		}
-		if r := b.d.GraphNodeGetDependencies(cu.GraphNode(n), deps, &count); r != cu.Success {
+		if r := b.d.GraphNodeGetDependencies(ni.n, deps, &count); r != cu.Success {
 			return b.check("cuGraphNodeGetDependencies_v2", r)
 		}
 		deps = deps[:count]
@@ -384,8 +424,7 @@ func (b *Backend) GraphNodeDeps(n gpu.GraphNode) ([]gpu.GraphNode, error) {
 	out := make([]gpu.GraphNode, len(deps))
 	b.mu.Lock()
 	for i, d := range deps {
-		out[i] = gpu.GraphNode(d)
-		b.addNodeLocked(ni.graph, out[i], nil)
+		out[i] = b.nodeHandleLocked(ni.graph, d, nil)
 	}
 	b.mu.Unlock()
 	return out, nil
@@ -408,12 +447,12 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 	if err != nil {
 		return gpu.KernelParams{}, err
 	}
-	if err := b.wantType(op, dev, n, gpu.NodeKernel); err != nil {
+	if err := b.wantType(op, dev, ni, gpu.NodeKernel); err != nil {
 		return gpu.KernelParams{}, err
 	}
 	var kp cu.KernelNodeParams
 	err = b.onDevice(dev, func() error {
-		if r := b.d.GraphKernelNodeGetParams(cu.GraphNode(n), &kp); r != cu.Success {
+		if r := b.d.GraphKernelNodeGetParams(ni.n, &kp); r != cu.Success {
 			return b.check("cuGraphKernelNodeGetParams_v2", r)
 		}
 		if kp.Func == 0 && kp.Kern != 0 {
@@ -426,13 +465,9 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 	if err != nil {
 		return gpu.KernelParams{}, err
 	}
-	f := gpu.Function(kp.Func)
 	b.mu.Lock()
-	fi, ok := b.mu.funcs[f]
-	if !ok {
-		fi = &funcInfo{dev: dev}
-		b.mu.funcs[f] = fi
-	}
+	f := b.funcHandleLocked(kp.Func, &funcInfo{dev: dev, f: kp.Func})
+	fi := b.mu.funcs[f]
 	kinds := ni.kinds
 	if kinds == nil && fi.spec != nil {
 		kinds = fi.spec.Params
@@ -506,50 +541,51 @@ func (b *Backend) GraphChildGraph(n gpu.GraphNode) (gpu.Graph, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := b.wantType("GraphChildGraph", dev, n, gpu.NodeChildGraph); err != nil {
+	if err := b.wantType("GraphChildGraph", dev, ni, gpu.NodeChildGraph); err != nil {
 		return 0, err
 	}
 	var g cu.Graph
-	if err := b.call(dev, "cuGraphChildGraphNodeGetGraph", func() cu.Result { return b.d.GraphChildGraphNodeGetGraph(cu.GraphNode(n), &g) }); err != nil {
+	if err := b.call(dev, "cuGraphChildGraphNodeGetGraph", func() cu.Result { return b.d.GraphChildGraphNodeGetGraph(ni.n, &g) }); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.mu.graphs[gpu.Graph(g)]; !ok {
-		b.mu.graphs[gpu.Graph(g)] = &graphInfo{dev: dev, nodes: map[gpu.GraphNode]struct{}{}}
-		if parent := b.mu.graphs[ni.graph]; parent != nil {
-			parent.views = append(parent.views, gpu.Graph(g))
-		}
+	if h, ok := b.mu.graphByCU[g]; ok {
+		return h, nil
 	}
-	return gpu.Graph(g), nil
+	h := b.registerGraphLocked(g, dev, false)
+	if parent := b.mu.graphs[ni.graph]; parent != nil {
+		parent.views = append(parent.views, h)
+	}
+	return h, nil
 }
 
 // StreamBeginCapture implements gpu.Graphs, in relaxed capture mode (see
 // the package doc).
 func (b *Backend) StreamBeginCapture(s gpu.Stream) error {
-	dev, err := b.streamDev("StreamBeginCapture", s)
+	dev, cs, err := b.stream("StreamBeginCapture", s)
 	if err != nil {
 		return err
 	}
-	if capt, err := b.capturing(dev, s); err != nil || capt {
+	if capt, err := b.capturing(dev, cs); err != nil || capt {
 		if err == nil {
 			err = errf("StreamBeginCapture", gpu.ErrIllegalState, "stream %#x is already capturing", uint64(s))
 		}
 		return err
 	}
 	return b.call(dev, "cuStreamBeginCapture_v2", func() cu.Result {
-		return b.d.StreamBeginCapture(cu.Stream(s), cu.StreamCaptureModeRelaxed)
+		return b.d.StreamBeginCapture(cs, cu.StreamCaptureModeRelaxed)
 	})
 }
 
 // StreamEndCapture implements gpu.Graphs. An invalidated capture is
 // ErrCaptureInvalidated; the stream has left capture mode either way.
 func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
-	dev, err := b.streamDev("StreamEndCapture", s)
+	dev, cs, err := b.stream("StreamEndCapture", s)
 	if err != nil {
 		return 0, err
 	}
-	if capt, err := b.capturing(dev, s); err != nil || !capt {
+	if capt, err := b.capturing(dev, cs); err != nil || !capt {
 		if err == nil {
 			err = errf("StreamEndCapture", gpu.ErrIllegalState, "stream %#x is not capturing", uint64(s))
 		}
@@ -557,7 +593,7 @@ func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
 	}
 	var g cu.Graph
 	var r cu.Result
-	err = b.onDevice(dev, func() error { r = b.d.StreamEndCapture(cu.Stream(s), &g); return nil })
+	err = b.onDevice(dev, func() error { r = b.d.StreamEndCapture(cs, &g); return nil })
 	if err != nil {
 		return 0, err
 	}
@@ -567,18 +603,17 @@ func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
 		}
 		return 0, b.check("cuStreamEndCapture", r)
 	}
-	b.registerGraph(gpu.Graph(g), dev)
-	return gpu.Graph(g), nil
+	return b.registerGraph(g, dev, true), nil
 }
 
 // StreamIsCapturing implements gpu.Graphs. A capture that was invalidated
 // but not yet ended still counts as capturing.
 func (b *Backend) StreamIsCapturing(s gpu.Stream) (bool, error) {
-	dev, err := b.streamDev("StreamIsCapturing", s)
+	dev, cs, err := b.stream("StreamIsCapturing", s)
 	if err != nil {
 		return false, err
 	}
-	return b.capturing(dev, s)
+	return b.capturing(dev, cs)
 }
 
 // GraphInstantiate implements gpu.Graphs.
@@ -588,13 +623,14 @@ func (b *Backend) GraphInstantiate(g gpu.Graph) (gpu.GraphExec, error) {
 		return 0, err
 	}
 	var x cu.GraphExec
-	if err := b.call(gi.dev, "cuGraphInstantiateWithFlags", func() cu.Result { return b.d.GraphInstantiate(&x, cu.Graph(g), 0) }); err != nil {
+	if err := b.call(gi.dev, "cuGraphInstantiateWithFlags", func() cu.Result { return b.d.GraphInstantiate(&x, gi.g, 0) }); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.execs[gpu.GraphExec(x)] = execInfo{dev: gi.dev, graph: g}
-	b.mu.Unlock()
-	return gpu.GraphExec(x), nil
+	defer b.mu.Unlock()
+	h := gpu.GraphExec(b.newIDLocked())
+	b.mu.execs[h] = execInfo{dev: gi.dev, graph: g, x: x}
+	return h, nil
 }
 
 // execInfo is a live exec: its device and the graph it was made from (which
@@ -602,40 +638,40 @@ func (b *Backend) GraphInstantiate(g gpu.Graph) (gpu.GraphExec, error) {
 type execInfo struct {
 	dev   int
 	graph gpu.Graph
+	x     cu.GraphExec
 }
 
-func (b *Backend) execDev(op string, x gpu.GraphExec) (int, error) {
+func (b *Backend) exec(op string, x gpu.GraphExec) (execInfo, error) {
 	b.mu.Lock()
 	xi, ok := b.mu.execs[x]
 	b.mu.Unlock()
 	if !ok {
-		return 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+		return execInfo{}, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
 	}
-	return xi.dev, nil
+	return xi, nil
 }
 
-// execNode checks a per-node exec update: x live, n nonzero and, when the
-// backend knows n, a node of x's graph of type want. It returns x's device.
-func (b *Backend) execNode(op string, x gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType) (int, error) {
+// execNode checks a per-node exec update: x live, n a live node of the
+// graph x was made from, of type want. (Once that graph is destroyed its
+// nodes are gone, and so are per-node updates of x.)
+func (b *Backend) execNode(op string, x gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType) (execInfo, cu.GraphNode, error) {
 	b.mu.Lock()
 	xi, ok := b.mu.execs[x]
 	ni, known := b.mu.nodes[n]
 	b.mu.Unlock()
 	switch {
 	case !ok:
-		return 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
-	case n == 0:
-		return 0, errf(op, gpu.ErrInvalidHandle, "node 0")
-	case known && ni.graph != xi.graph:
-		return 0, errf(op, gpu.ErrInvalidValue, "node %#x belongs to graph %#x, not to %#x that exec %#x was made from",
+		return xi, 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+	case !known:
+		return xi, 0, errf(op, gpu.ErrInvalidHandle, "node %#x is not a live node", uint64(n))
+	case ni.graph != xi.graph:
+		return xi, 0, errf(op, gpu.ErrInvalidValue, "node %#x belongs to graph %#x, not to %#x that exec %#x was made from",
 			uint64(n), uint64(ni.graph), uint64(xi.graph), uint64(x))
 	}
-	if known {
-		if err := b.wantType(op, xi.dev, n, want); err != nil {
-			return 0, err
-		}
+	if err := b.wantType(op, xi.dev, ni, want); err != nil {
+		return xi, 0, err
 	}
-	return xi.dev, nil
+	return xi, ni.n, nil
 }
 
 // GraphExecDestroy implements gpu.Graphs.
@@ -647,7 +683,7 @@ func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
 	if !ok {
 		return errf("GraphExecDestroy", gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
 	}
-	err := b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return b.d.GraphExecDestroy(cu.GraphExec(x)) })
+	err := b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return b.d.GraphExecDestroy(xi.x) })
 	if err != nil {
 		b.mu.Lock()
 		b.mu.execs[x] = xi
@@ -658,41 +694,46 @@ func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
 
 // GraphLaunch implements gpu.Graphs.
 func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
-	dev, err := b.execDev("GraphLaunch", x)
+	xi, err := b.exec("GraphLaunch", x)
 	if err != nil {
 		return err
 	}
-	sdev, err := b.streamDev("GraphLaunch", s)
+	sdev, cs, err := b.stream("GraphLaunch", s)
 	if err != nil {
 		return err
 	}
-	if sdev != dev {
-		return errf("GraphLaunch", gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", dev, sdev)
+	if sdev != xi.dev {
+		return errf("GraphLaunch", gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", xi.dev, sdev)
 	}
-	return b.call(dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(cu.GraphExec(x), cu.Stream(s)) })
+	return b.call(xi.dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(xi.x, cs) })
 }
 
 // GraphExecUpdate implements gpu.Graphs. A refusal is an *gpu.UpdateError
-// with the driver's reason and, when it names one, the offending node.
+// with the driver's reason and, when it names a node the backend knows, the
+// offending node.
 func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
-	dev, err := b.execDev("GraphExecUpdate", x)
+	xi, err := b.exec("GraphExecUpdate", x)
 	if err != nil {
 		return err
 	}
-	if _, err := b.graphInfo("GraphExecUpdate", g); err != nil {
+	gi, err := b.graphInfo("GraphExecUpdate", g)
+	if err != nil {
 		return err
 	}
 	var info cu.GraphExecUpdateResultInfo
 	var r cu.Result
-	if err := b.onDevice(dev, func() error { r = b.d.GraphExecUpdate(cu.GraphExec(x), cu.Graph(g), &info); return nil }); err != nil {
+	if err := b.onDevice(xi.dev, func() error { r = b.d.GraphExecUpdate(xi.x, gi.g, &info); return nil }); err != nil {
 		return err
 	}
 	switch r {
 	case cu.Success:
 		return nil
 	case cu.ErrorGraphExecUpdateFailure:
-		return &gpu.UpdateError{Op: "cuGraphExecUpdate_v2", Result: updateResult(info.Result),
-			Node: gpu.GraphNode(info.ErrorNode), Detail: "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (910)"}
+		b.mu.Lock()
+		node := b.mu.nodeByCU[info.ErrorNode]
+		b.mu.Unlock()
+		return &gpu.UpdateError{Op: "cuGraphExecUpdate_v2", Result: updateResult(info.Result), Node: node,
+			Detail: fmt.Sprintf("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (910), CUgraphExecUpdateResult %d", info.Result)}
 	}
 	return b.check("cuGraphExecUpdate_v2", r)
 }
@@ -702,40 +743,40 @@ func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
 // as for launches.
 func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
 	const op = "GraphExecKernelNodeSetParams"
-	dev, err := b.execNode(op, x, n, gpu.NodeKernel)
+	xi, cn, err := b.execNode(op, x, n, gpu.NodeKernel)
 	if err != nil {
 		return err
 	}
-	kp, a, _, err := b.kernelParams(op, dev, p)
+	kp, a, _, err := b.kernelParams(op, xi.dev, p)
 	if err != nil {
 		return err
 	}
 	defer a.release()
-	return b.call(dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
-		return b.d.GraphExecKernelNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), kp)
+	return b.call(xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
+		return b.d.GraphExecKernelNodeSetParams(xi.x, cn, kp)
 	})
 }
 
 // GraphExecMemcpyNodeSetParams implements gpu.Graphs.
 func (b *Backend) GraphExecMemcpyNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
 	const op = "GraphExecMemcpyNodeSetParams"
-	dev, err := b.execNode(op, x, n, gpu.NodeMemcpy)
+	xi, cn, err := b.execNode(op, x, n, gpu.NodeMemcpy)
 	if err != nil {
 		return err
 	}
 	if p.Size == 0 {
 		return errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
 	}
-	cp, ctx := memcpyParams(p), b.devs[dev].ctx
-	return b.call(dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
-		return b.d.GraphExecMemcpyNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), cp, ctx)
+	cp, ctx := memcpyParams(p), b.devs[xi.dev].ctx
+	return b.call(xi.dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemcpyNodeSetParams(xi.x, cn, cp, ctx)
 	})
 }
 
 // GraphExecMemsetNodeSetParams implements gpu.Graphs.
 func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, m gpu.Memset) error {
 	const op = "GraphExecMemsetNodeSetParams"
-	dev, err := b.execNode(op, x, n, gpu.NodeMemset)
+	xi, cn, err := b.execNode(op, x, n, gpu.NodeMemset)
 	if err != nil {
 		return err
 	}
@@ -743,23 +784,29 @@ func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 	if err != nil {
 		return err
 	}
-	ctx := b.devs[dev].ctx
-	return b.call(dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
-		return b.d.GraphExecMemsetNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), mp, ctx)
+	ctx := b.devs[xi.dev].ctx
+	return b.call(xi.dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemsetNodeSetParams(xi.x, cn, mp, ctx)
 	})
 }
 
-// GraphExecChildGraphNodeSetParams implements gpu.Graphs.
+// GraphExecChildGraphNodeSetParams implements gpu.Graphs. A child of another
+// topology is refused by the driver (ErrInvalidValue).
 func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
 	const op = "GraphExecChildGraphNodeSetParams"
-	dev, err := b.execNode(op, x, n, gpu.NodeChildGraph)
+	xi, err := b.exec(op, x)
 	if err != nil {
 		return err
 	}
-	if _, err := b.graphInfo(op, child); err != nil {
+	ci, err := b.graphInfo(op, child)
+	if err != nil {
 		return err
 	}
-	return b.call(dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
-		return b.d.GraphExecChildGraphNodeSetParams(cu.GraphExec(x), cu.GraphNode(n), cu.Graph(child))
+	_, cn, err := b.execNode(op, x, n, gpu.NodeChildGraph)
+	if err != nil {
+		return err
+	}
+	return b.call(xi.dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
+		return b.d.GraphExecChildGraphNodeSetParams(xi.x, cn, ci.g)
 	})
 }

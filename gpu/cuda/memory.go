@@ -128,43 +128,43 @@ func (b *Backend) Memset(m gpu.Memset) error {
 
 // MemcpyHtoDAsync implements gpu.DeviceMemory.
 func (b *Backend) MemcpyHtoDAsync(dst gpu.DevicePtr, src []byte, s gpu.Stream) error {
-	dev, err := b.streamDev("MemcpyHtoDAsync", s)
+	dev, cs, err := b.stream("MemcpyHtoDAsync", s)
 	if err != nil || len(src) == 0 {
 		return err
 	}
-	return b.call(dev, "cuMemcpyHtoDAsync_v2", func() cu.Result { return b.d.MemcpyHtoDAsync(cu.DevicePtr(dst), src, cu.Stream(s)) })
+	return b.call(dev, "cuMemcpyHtoDAsync_v2", func() cu.Result { return b.d.MemcpyHtoDAsync(cu.DevicePtr(dst), src, cs) })
 }
 
 // MemcpyDtoHAsync implements gpu.DeviceMemory.
 func (b *Backend) MemcpyDtoHAsync(dst []byte, src gpu.DevicePtr, s gpu.Stream) error {
-	dev, err := b.streamDev("MemcpyDtoHAsync", s)
+	dev, cs, err := b.stream("MemcpyDtoHAsync", s)
 	if err != nil || len(dst) == 0 {
 		return err
 	}
-	return b.call(dev, "cuMemcpyDtoHAsync_v2", func() cu.Result { return b.d.MemcpyDtoHAsync(dst, cu.DevicePtr(src), cu.Stream(s)) })
+	return b.call(dev, "cuMemcpyDtoHAsync_v2", func() cu.Result { return b.d.MemcpyDtoHAsync(dst, cu.DevicePtr(src), cs) })
 }
 
 // MemcpyDtoDAsync implements gpu.DeviceMemory.
 func (b *Backend) MemcpyDtoDAsync(dst, src gpu.DevicePtr, size uint64, s gpu.Stream) error {
-	dev, err := b.streamDev("MemcpyDtoDAsync", s)
+	dev, cs, err := b.stream("MemcpyDtoDAsync", s)
 	if err != nil || size == 0 {
 		return err
 	}
 	return b.call(dev, "cuMemcpyDtoDAsync_v2", func() cu.Result {
-		return b.d.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), size, cu.Stream(s))
+		return b.d.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), size, cs)
 	})
 }
 
 // MemsetAsync implements gpu.DeviceMemory.
 func (b *Backend) MemsetAsync(m gpu.Memset, s gpu.Stream) error {
-	dev, err := b.streamDev("MemsetAsync", s)
+	dev, cs, err := b.stream("MemsetAsync", s)
 	if err != nil {
 		return err
 	}
 	if err := checkMemset("MemsetAsync", m); err != nil || m.Count == 0 {
 		return err
 	}
-	dst, cs := cu.DevicePtr(m.Dst), cu.Stream(s)
+	dst := cu.DevicePtr(m.Dst)
 	switch m.ElemSize {
 	case 1:
 		return b.call(dev, "cuMemsetD8Async", func() cu.Result { return b.d.MemsetD8Async(dst, uint8(m.Value), m.Count, cs) })
@@ -194,7 +194,10 @@ func (b *Backend) AllocationGranularity(dev int) (uint64, error) {
 	return b.vmmDev("AllocationGranularity", dev)
 }
 
-// MemCreate implements gpu.VirtualMemory.
+// MemCreate implements gpu.VirtualMemory. The chunk is made of one driver
+// allocation per granule (size/granularity cuMemCreate calls, about 8 µs
+// each for 2 MiB on an H100), because cuMemMap maps only whole allocations
+// from offset 0 while MemMap may map any granule-aligned part of a chunk.
 func (b *Backend) MemCreate(dev int, size uint64) (gpu.PhysMem, error) {
 	gran, err := b.vmmDev("MemCreate", dev)
 	if err != nil {
@@ -203,15 +206,41 @@ func (b *Backend) MemCreate(dev int, size uint64) (gpu.PhysMem, error) {
 	if size == 0 || size%gran != 0 {
 		return 0, errf("MemCreate", gpu.ErrInvalidValue, "size %d is not a positive multiple of the granularity %d", size, gran)
 	}
-	var h cu.MemHandle
+	parts := make([]cu.MemHandle, 0, size/gran)
 	prop := allocProp(dev)
-	if err := b.call(dev, "cuMemCreate", func() cu.Result { return b.d.MemCreate(&h, size, &prop, 0) }); err != nil {
+	err = b.onDevice(dev, func() error {
+		for range size / gran {
+			var h cu.MemHandle
+			if r := b.d.MemCreate(&h, gran, &prop, 0); r != cu.Success {
+				return b.check("cuMemCreate", r)
+			}
+			parts = append(parts, h)
+		}
+		return nil
+	})
+	if err != nil {
+		_ = b.releaseParts(dev, parts) // the error that matters is err
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.chunks[gpu.PhysMem(h)] = chunkInfo{dev: dev, size: size}
-	b.mu.Unlock()
-	return gpu.PhysMem(h), nil
+	defer b.mu.Unlock()
+	h := gpu.PhysMem(b.newIDLocked())
+	b.mu.chunks[h] = &chunkInfo{dev: dev, size: size, gran: gran, parts: parts}
+	return h, nil
+}
+
+// releaseParts releases a chunk's allocations (each stays alive in the
+// driver while mapped).
+func (b *Backend) releaseParts(dev int, parts []cu.MemHandle) error {
+	return b.onDevice(dev, func() error {
+		var first error
+		for _, p := range parts {
+			if r := b.d.MemRelease(p); r != cu.Success && first == nil {
+				first = b.check("cuMemRelease", r)
+			}
+		}
+		return first
+	})
 }
 
 // MemRelease implements gpu.VirtualMemory. A mapped chunk stays alive (in
@@ -224,13 +253,7 @@ func (b *Backend) MemRelease(h gpu.PhysMem) error {
 	if !ok {
 		return errf("MemRelease", gpu.ErrInvalidHandle, "chunk %#x is not live", uint64(h))
 	}
-	err := b.call(ci.dev, "cuMemRelease", func() cu.Result { return b.d.MemRelease(cu.MemHandle(h)) })
-	if err != nil {
-		b.mu.Lock()
-		b.mu.chunks[h] = ci
-		b.mu.Unlock()
-	}
-	return err
+	return b.releaseParts(ci.dev, ci.parts)
 }
 
 // MemAddressReserve implements gpu.VirtualMemory. Sizes and alignments are
@@ -317,7 +340,7 @@ func (b *Backend) MemMap(p gpu.DevicePtr, size, offset uint64, h gpu.PhysMem) er
 	if !ok {
 		return errf(op, gpu.ErrInvalidHandle, "chunk %#x is not live", uint64(h))
 	}
-	gran := b.devs[ci.dev].props.Granularity
+	gran := ci.gran
 	switch {
 	case size == 0 || size%gran != 0 || offset%gran != 0 || uint64(p)%gran != 0:
 		return errf(op, gpu.ErrInvalidValue, "address %#x, size %d and offset %d must be multiples of the granularity %d (size > 0)",
@@ -338,8 +361,20 @@ func (b *Backend) MemMap(p gpu.DevicePtr, size, offset uint64, h gpu.PhysMem) er
 	// overlapping range fails above.
 	b.mu.maps[p] = mapInfo{dev: ci.dev, size: size, chunk: h}
 	b.mu.Unlock()
-	err := b.call(ci.dev, "cuMemMap", func() cu.Result {
-		return b.d.MemMap(cu.DevicePtr(p), size, offset, cu.MemHandle(h), 0)
+	// One cuMemMap per granule of the chunk's range, at consecutive
+	// addresses; on failure the granules mapped so far are unmapped.
+	first := offset / gran
+	err := b.onDevice(ci.dev, func() error {
+		for i := range size / gran {
+			at := cu.DevicePtr(p) + cu.DevicePtr(i*gran)
+			if r := b.d.MemMap(at, gran, 0, ci.parts[first+i], 0); r != cu.Success {
+				if i > 0 {
+					b.d.MemUnmap(cu.DevicePtr(p), i*gran)
+				}
+				return b.check("cuMemMap", r)
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		b.mu.Lock()
@@ -379,7 +414,8 @@ func (b *Backend) coveredLocked(op string, p gpu.DevicePtr, size uint64) ([]gpu.
 }
 
 // MemUnmap implements gpu.VirtualMemory: the range must be tiled exactly by
-// whole mappings.
+// whole mappings. One cuMemUnmap covers them all, however many driver
+// allocations they span.
 func (b *Backend) MemUnmap(p gpu.DevicePtr, size uint64) error {
 	b.mu.Lock()
 	ms, err := b.coveredLocked("MemUnmap", p, size)
@@ -458,8 +494,8 @@ func (b *Backend) HostAlloc(size uint64) (gpu.HostMem, error) {
 	}
 	bytes := unsafe.Slice((*byte)(hp), size)
 	clear(bytes)
-	h := gpu.HostAlloc(uintptr(hp))
 	b.mu.Lock()
+	h := gpu.HostAlloc(b.newIDLocked())
 	b.mu.hosts[h] = hostInfo{p: hp, size: size}
 	b.mu.Unlock()
 	return gpu.HostMem{Handle: h, Ptr: gpu.DevicePtr(dp), Bytes: bytes}, nil
@@ -486,7 +522,7 @@ func (b *Backend) HostFree(h gpu.HostAlloc) error {
 // StreamWriteValue64 implements gpu.StreamMemOps.
 func (b *Backend) StreamWriteValue64(s gpu.Stream, p gpu.DevicePtr, v uint64) error {
 	const op = "StreamWriteValue64"
-	dev, err := b.streamDev(op, s)
+	dev, cs, err := b.stream(op, s)
 	if err != nil {
 		return err
 	}
@@ -496,5 +532,5 @@ func (b *Backend) StreamWriteValue64(s gpu.Stream, p gpu.DevicePtr, v uint64) er
 	if p == 0 || p%8 != 0 {
 		return errf(op, gpu.ErrInvalidValue, "address %#x is not 8-byte aligned and nonzero", uint64(p))
 	}
-	return b.call(dev, "cuStreamWriteValue64_v2", func() cu.Result { return b.d.StreamWriteValue64(cu.Stream(s), cu.DevicePtr(p), v, 0) })
+	return b.call(dev, "cuStreamWriteValue64_v2", func() cu.Result { return b.d.StreamWriteValue64(cs, cu.DevicePtr(p), v, 0) })
 }

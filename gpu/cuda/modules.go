@@ -14,6 +14,7 @@ import (
 type moduleInfo struct {
 	dev int
 	img *gpu.ModuleImage
+	m   cu.Module
 }
 
 // funcInfo is a kernel the backend knows: one looked up in a module we
@@ -21,6 +22,7 @@ type moduleInfo struct {
 // kernel whose parameters are known only by layout).
 type funcInfo struct {
 	dev    int
+	f      cu.Function
 	module gpu.Module // 0 for discovered kernels
 	name   string     // "" until asked, for discovered kernels
 	spec   *gpu.KernelSpec
@@ -46,9 +48,10 @@ func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) 
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.modules[gpu.Module(m)] = &moduleInfo{dev: dev, img: img}
-	b.mu.Unlock()
-	return gpu.Module(m), nil
+	defer b.mu.Unlock()
+	h := gpu.Module(b.newIDLocked())
+	b.mu.modules[h] = &moduleInfo{dev: dev, img: img, m: m}
+	return h, nil
 }
 
 // loadPTX loads img's PTX (or the device's preferred built-in build) on dev,
@@ -90,7 +93,7 @@ func (b *Backend) ModuleUnload(m gpu.Module) error {
 	if !ok {
 		return errf("ModuleUnload", gpu.ErrInvalidHandle, "module %#x is not loaded", uint64(m))
 	}
-	err := b.call(mi.dev, "cuModuleUnload", func() cu.Result { return b.d.ModuleUnload(cu.Module(m)) })
+	err := b.call(mi.dev, "cuModuleUnload", func() cu.Result { return b.d.ModuleUnload(mi.m) })
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err != nil {
@@ -100,6 +103,7 @@ func (b *Backend) ModuleUnload(m gpu.Module) error {
 	for f, fi := range b.mu.funcs {
 		if fi.module == m {
 			delete(b.mu.funcs, f)
+			delete(b.mu.funcByCU, fi.f)
 		}
 	}
 	return nil
@@ -121,13 +125,28 @@ func (b *Backend) ModuleFunction(m gpu.Module, name string) (gpu.Function, error
 	}
 	var f cu.Function
 	cname := cu.CString(name)
-	if err := b.call(mi.dev, "cuModuleGetFunction", func() cu.Result { return b.d.ModuleGetFunction(&f, cu.Module(m), cname) }); err != nil {
+	if err := b.call(mi.dev, "cuModuleGetFunction", func() cu.Result { return b.d.ModuleGetFunction(&f, mi.m, cname) }); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.funcs[gpu.Function(f)] = &funcInfo{dev: mi.dev, module: m, name: name, spec: &spec}
-	b.mu.Unlock()
-	return gpu.Function(f), nil
+	defer b.mu.Unlock()
+	return b.funcHandleLocked(f, &funcInfo{dev: mi.dev, f: f, module: m, name: name, spec: &spec}), nil
+}
+
+// funcHandleLocked returns the handle of driver function f, issuing one
+// with info fi the first time f is seen (a function looked up twice, or
+// met again in a captured graph, keeps its handle).
+func (b *Backend) funcHandleLocked(f cu.Function, fi *funcInfo) gpu.Function {
+	if h, ok := b.mu.funcByCU[f]; ok {
+		if old := b.mu.funcs[h]; old.spec == nil && fi.spec != nil {
+			b.mu.funcs[h] = fi // a discovered kernel turned out to be ours
+		}
+		return h
+	}
+	h := gpu.Function(b.newIDLocked())
+	b.mu.funcs[h] = fi
+	b.mu.funcByCU[f] = h
+	return h
 }
 
 // funcInfo returns what the backend knows of f.
@@ -155,7 +174,7 @@ func (b *Backend) FuncName(f gpu.Function) (string, error) {
 		return name, nil
 	}
 	err = b.onDevice(fi.dev, func() error {
-		n, r := b.d.FuncGetName(cu.Function(f))
+		n, r := b.d.FuncGetName(fi.f)
 		name = n
 		return b.check("cuFuncGetName", r)
 	})
@@ -193,7 +212,7 @@ func (b *Backend) paramInfo(fi *funcInfo, f gpu.Function) ([]gpu.ParamInfo, erro
 	err := b.onDevice(fi.dev, func() error {
 		for i := uint64(0); i < maxParams; i++ {
 			var off, size uint64
-			r := b.d.FuncGetParamInfo(cu.Function(f), i, &off, &size)
+			r := b.d.FuncGetParamInfo(fi.f, i, &off, &size)
 			if r == cu.ErrorInvalidValue {
 				return nil // past the last parameter
 			}
@@ -345,7 +364,7 @@ func (b *Backend) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.
 	if err != nil {
 		return err
 	}
-	dev, err := b.streamDev(op, s)
+	dev, cs, err := b.stream(op, s)
 	if err != nil {
 		return err
 	}
@@ -358,7 +377,7 @@ func (b *Backend) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.
 	a := packArgs(args)
 	defer a.release()
 	return b.call(dev, "cuLaunchKernel", func() cu.Result {
-		return b.d.LaunchKernel(cu.Function(f), cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			cfg.SharedMem, cu.Stream(s), a.params())
+		return b.d.LaunchKernel(fi.f, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
+			cfg.SharedMem, cs, a.params())
 	})
 }

@@ -7,26 +7,26 @@ import (
 	"stablegraph/gpu/cuda/cu"
 )
 
-// streamDev returns the device of a live stream.
-func (b *Backend) streamDev(op string, s gpu.Stream) (int, error) {
+// stream returns a live stream's device and driver handle.
+func (b *Backend) stream(op string, s gpu.Stream) (int, cu.Stream, error) {
 	b.mu.Lock()
-	dev, ok := b.mu.streams[s]
+	si, ok := b.mu.streams[s]
 	b.mu.Unlock()
 	if !ok {
-		return 0, errf(op, gpu.ErrInvalidHandle, "stream %#x is not live", uint64(s))
+		return 0, 0, errf(op, gpu.ErrInvalidHandle, "stream %#x is not live", uint64(s))
 	}
-	return dev, nil
+	return si.dev, si.s, nil
 }
 
-// eventDev returns the device of a live event.
-func (b *Backend) eventDev(op string, e gpu.Event) (int, error) {
+// event returns a live event's device and driver handle.
+func (b *Backend) event(op string, e gpu.Event) (int, cu.Event, error) {
 	b.mu.Lock()
-	dev, ok := b.mu.events[e]
+	ei, ok := b.mu.events[e]
 	b.mu.Unlock()
 	if !ok {
-		return 0, errf(op, gpu.ErrInvalidHandle, "event %#x is not live", uint64(e))
+		return 0, 0, errf(op, gpu.ErrInvalidHandle, "event %#x is not live", uint64(e))
 	}
-	return dev, nil
+	return ei.dev, ei.e, nil
 }
 
 // StreamPriorityRange implements gpu.Streams.
@@ -62,15 +62,17 @@ func (b *Backend) StreamCreate(dev int, flags gpu.StreamFlags, priority int) (gp
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.streams[gpu.Stream(s)] = dev
-	b.mu.Unlock()
-	return gpu.Stream(s), nil
+	defer b.mu.Unlock()
+	h := gpu.Stream(b.newIDLocked())
+	b.mu.streams[h] = streamInfo{dev: dev, s: s}
+	return h, nil
 }
 
-// capturing reports whether s (on dev) is in a stream capture.
-func (b *Backend) capturing(dev int, s gpu.Stream) (bool, error) {
+// capturing reports whether s (on dev) is in a stream capture (active or
+// invalidated but not yet ended).
+func (b *Backend) capturing(dev int, s cu.Stream) (bool, error) {
 	var st cu.StreamCaptureStatus
-	err := b.call(dev, "cuStreamIsCapturing", func() cu.Result { return b.d.StreamIsCapturing(cu.Stream(s), &st) })
+	err := b.call(dev, "cuStreamIsCapturing", func() cu.Result { return b.d.StreamIsCapturing(s, &st) })
 	return st != cu.StreamCaptureStatusNone, err
 }
 
@@ -78,13 +80,12 @@ func (b *Backend) capturing(dev int, s gpu.Stream) (bool, error) {
 // Querying a capturing stream invalidates its capture (CUDA's rule) and is
 // ErrCaptureInvalidated.
 func (b *Backend) StreamQuery(s gpu.Stream) (bool, error) {
-	dev, err := b.streamDev("StreamQuery", s)
+	dev, cs, err := b.stream("StreamQuery", s)
 	if err != nil {
 		return false, err
 	}
 	var r cu.Result
-	err = b.onDevice(dev, func() error { r = b.d.StreamQuery(cu.Stream(s)); return nil })
-	if err != nil {
+	if err := b.onDevice(dev, func() error { r = b.d.StreamQuery(cs); return nil }); err != nil {
 		return false, err
 	}
 	switch r {
@@ -100,39 +101,40 @@ func (b *Backend) StreamQuery(s gpu.Stream) (bool, error) {
 // stream fails and invalidates the capture, as CUDA does: the error wraps
 // ErrCaptureInvalidated (the capture must be ended and discarded).
 func (b *Backend) StreamSynchronize(s gpu.Stream) error {
-	dev, err := b.streamDev("StreamSynchronize", s)
+	dev, cs, err := b.stream("StreamSynchronize", s)
 	if err != nil {
 		return err
 	}
-	return b.call(dev, "cuStreamSynchronize", func() cu.Result { return b.d.StreamSynchronize(cu.Stream(s)) })
+	return b.call(dev, "cuStreamSynchronize", func() cu.Result { return b.d.StreamSynchronize(cs) })
 }
 
 // StreamWaitEvent implements gpu.Streams. The event may belong to another
 // device.
 func (b *Backend) StreamWaitEvent(s gpu.Stream, e gpu.Event) error {
-	dev, err := b.streamDev("StreamWaitEvent", s)
+	dev, cs, err := b.stream("StreamWaitEvent", s)
 	if err != nil {
 		return err
 	}
-	if _, err := b.eventDev("StreamWaitEvent", e); err != nil {
+	_, ce, err := b.event("StreamWaitEvent", e)
+	if err != nil {
 		return err
 	}
-	return b.call(dev, "cuStreamWaitEvent", func() cu.Result { return b.d.StreamWaitEvent(cu.Stream(s), cu.Event(e), 0) })
+	return b.call(dev, "cuStreamWaitEvent", func() cu.Result { return b.d.StreamWaitEvent(cs, ce, 0) })
 }
 
-// StreamDestroy implements gpu.Streams.
+// StreamDestroy implements gpu.Streams. Pending work still completes.
 func (b *Backend) StreamDestroy(s gpu.Stream) error {
 	b.mu.Lock()
-	dev, ok := b.mu.streams[s]
+	si, ok := b.mu.streams[s]
 	delete(b.mu.streams, s) // claimed: a concurrent second destroy fails here
 	b.mu.Unlock()
 	if !ok {
 		return errf("StreamDestroy", gpu.ErrInvalidHandle, "stream %#x is not live", uint64(s))
 	}
-	err := b.call(dev, "cuStreamDestroy_v2", func() cu.Result { return b.d.StreamDestroy(cu.Stream(s)) })
+	err := b.call(si.dev, "cuStreamDestroy_v2", func() cu.Result { return b.d.StreamDestroy(si.s) })
 	if err != nil {
 		b.mu.Lock()
-		b.mu.streams[s] = dev
+		b.mu.streams[s] = si
 		b.mu.Unlock()
 	}
 	return err
@@ -151,31 +153,33 @@ func (b *Backend) EventCreate(dev int, flags gpu.EventFlags) (gpu.Event, error) 
 		return 0, err
 	}
 	b.mu.Lock()
-	b.mu.events[gpu.Event(e)] = dev
-	b.mu.Unlock()
-	return gpu.Event(e), nil
+	defer b.mu.Unlock()
+	h := gpu.Event(b.newIDLocked())
+	b.mu.events[h] = eventInfo{dev: dev, e: e}
+	return h, nil
 }
 
 // EventRecord implements gpu.Events.
 func (b *Backend) EventRecord(e gpu.Event, s gpu.Stream) error {
-	if _, err := b.eventDev("EventRecord", e); err != nil {
-		return err
-	}
-	dev, err := b.streamDev("EventRecord", s)
+	_, ce, err := b.event("EventRecord", e)
 	if err != nil {
 		return err
 	}
-	return b.call(dev, "cuEventRecord", func() cu.Result { return b.d.EventRecord(cu.Event(e), cu.Stream(s)) })
+	dev, cs, err := b.stream("EventRecord", s)
+	if err != nil {
+		return err
+	}
+	return b.call(dev, "cuEventRecord", func() cu.Result { return b.d.EventRecord(ce, cs) })
 }
 
 // EventQuery implements gpu.Events; CUDA_ERROR_NOT_READY is (false, nil).
 func (b *Backend) EventQuery(e gpu.Event) (bool, error) {
-	dev, err := b.eventDev("EventQuery", e)
+	dev, ce, err := b.event("EventQuery", e)
 	if err != nil {
 		return false, err
 	}
 	var r cu.Result
-	if err := b.onDevice(dev, func() error { r = b.d.EventQuery(cu.Event(e)); return nil }); err != nil {
+	if err := b.onDevice(dev, func() error { r = b.d.EventQuery(ce); return nil }); err != nil {
 		return false, err
 	}
 	switch r {
@@ -189,45 +193,46 @@ func (b *Backend) EventQuery(e gpu.Event) (bool, error) {
 
 // EventSynchronize implements gpu.Events.
 func (b *Backend) EventSynchronize(e gpu.Event) error {
-	dev, err := b.eventDev("EventSynchronize", e)
+	dev, ce, err := b.event("EventSynchronize", e)
 	if err != nil {
 		return err
 	}
-	return b.call(dev, "cuEventSynchronize", func() cu.Result { return b.d.EventSynchronize(cu.Event(e)) })
+	return b.call(dev, "cuEventSynchronize", func() cu.Result { return b.d.EventSynchronize(ce) })
 }
 
 // EventElapsed implements gpu.Events. Not-yet-complete records are
-// ErrNotReady; events created with EventDisableTiming are ErrInvalidHandle
-// (CUDA's answer), never ErrNotReady.
+// ErrNotReady; events never recorded or created with EventDisableTiming are
+// ErrInvalidHandle (CUDA's answer), never ErrNotReady.
 func (b *Backend) EventElapsed(start, end gpu.Event) (time.Duration, error) {
-	dev, err := b.eventDev("EventElapsed", start)
+	dev, cstart, err := b.event("EventElapsed", start)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := b.eventDev("EventElapsed", end); err != nil {
+	_, cend, err := b.event("EventElapsed", end)
+	if err != nil {
 		return 0, err
 	}
 	var ms float32
-	err = b.call(dev, "cuEventElapsedTime_v2", func() cu.Result { return b.d.EventElapsedTime(&ms, cu.Event(start), cu.Event(end)) })
+	err = b.call(dev, "cuEventElapsedTime_v2", func() cu.Result { return b.d.EventElapsedTime(&ms, cstart, cend) })
 	if err != nil {
 		return 0, err
 	}
 	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
 }
 
-// EventDestroy implements gpu.Events.
+// EventDestroy implements gpu.Events. A pending record still completes.
 func (b *Backend) EventDestroy(e gpu.Event) error {
 	b.mu.Lock()
-	dev, ok := b.mu.events[e]
+	ei, ok := b.mu.events[e]
 	delete(b.mu.events, e)
 	b.mu.Unlock()
 	if !ok {
 		return errf("EventDestroy", gpu.ErrInvalidHandle, "event %#x is not live", uint64(e))
 	}
-	err := b.call(dev, "cuEventDestroy_v2", func() cu.Result { return b.d.EventDestroy(cu.Event(e)) })
+	err := b.call(ei.dev, "cuEventDestroy_v2", func() cu.Result { return b.d.EventDestroy(ei.e) })
 	if err != nil {
 		b.mu.Lock()
-		b.mu.events[e] = dev
+		b.mu.events[e] = ei
 		b.mu.Unlock()
 	}
 	return err
