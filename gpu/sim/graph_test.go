@@ -607,3 +607,39 @@ func BenchmarkGraphReplayPerNode(bm *testing.B) {
 	must(bm, b.StreamSynchronize(s))
 	bm.ReportMetric(float64(bm.Elapsed().Nanoseconds())/float64(bm.N*nodes), "ns/node")
 }
+
+func BenchmarkEagerLaunch(bm *testing.B) {
+	b := newSim(bm, gpu.Config{})
+	k := loadKernels(bm, b, 0)
+	s := newStream(bm, b, 0)
+	p := alloc(bm, b, 0, 4)
+	fill := k.fn(bm, kernels.Fill)
+	args := fillArgs(p, 1, 1)
+	bm.ResetTimer()
+	for range bm.N {
+		must(bm, b.LaunchKernel(fill, kernels.Elementwise(1), args, s))
+	}
+	must(bm, b.StreamSynchronize(s))
+}
+
+func BenchmarkPerNodeUpdate(bm *testing.B) {
+	b := newSim(bm, gpu.Config{})
+	k := loadKernels(bm, b, 0)
+	p := alloc(bm, b, 0, 4*1000)
+	g := newGraph(bm, b, 0)
+	var ns []gpu.GraphNode
+	for i := range 1000 {
+		n, err := b.GraphAddKernelNode(g, nil, gpu.KernelParams{Func: k.fn(bm, kernels.Fill), Config: kernels.Elementwise(1),
+			Args: fillArgs(p+gpu.DevicePtr(4*i), 1, 1)})
+		must(bm, err)
+		ns = append(ns, n)
+	}
+	x := instantiate(bm, b, g)
+	fill := k.fn(bm, kernels.Fill)
+	bm.ResetTimer()
+	for i := range bm.N {
+		j := i % len(ns)
+		must(bm, b.GraphExecKernelNodeSetParams(x, ns[j], gpu.KernelParams{Func: fill, Config: kernels.Elementwise(1),
+			Args: fillArgs(p+gpu.DevicePtr(4*j), float32(i), 1)}))
+	}
+}

@@ -34,6 +34,9 @@ func (b *Backend) MemAlloc(dev int, size uint64) (gpu.DevicePtr, error) {
 	if err := b.chargeLocked(op, dev, size, charge); err != nil {
 		return 0, err
 	}
+	if err := checkAllocSize(op, size, maxAllocSize); err != nil {
+		return 0, err
+	}
 	start, ok := as.carve(size, allocAlign, allocGuard)
 	if !ok {
 		return 0, gpu.Errorf(op, gpu.ErrOutOfMemory, "virtual address space exhausted")
@@ -43,6 +46,13 @@ func (b *Backend) MemAlloc(dev int, size uint64) (gpu.DevicePtr, error) {
 	as.allocs[gpu.DevicePtr(start)] = r
 	as.used[dev] += charge
 	return gpu.DevicePtr(start), nil
+}
+
+func checkAllocSize(op string, size, limit uint64) error {
+	if size > limit {
+		return gpu.Errorf(op, gpu.ErrOutOfMemory, "%d bytes requested; sim allocates at most %d bytes at once", size, limit)
+	}
+	return nil
 }
 
 // chargeLocked checks that dev has room for charge more bytes.
@@ -334,8 +344,11 @@ func (b *Backend) HostAlloc(size uint64) (gpu.HostMem, error) {
 	if err := b.enter(op); err != nil {
 		return gpu.HostMem{}, err
 	}
-	if size == 0 || size > math.MaxInt64-8 {
-		return gpu.HostMem{}, gpu.Errorf(op, gpu.ErrInvalidValue, "size %d", size)
+	if size == 0 {
+		return gpu.HostMem{}, gpu.Errorf(op, gpu.ErrInvalidValue, "size is zero")
+	}
+	if err := checkAllocSize(op, size, maxHostSize); err != nil {
+		return gpu.HostMem{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -373,3 +373,38 @@ func TestLargeChunksAreLazy(t *testing.T) {
 		must(t, b.MemRelease(h))
 	}
 }
+
+func TestHugeRequestsAreOutOfMemoryNotCrashes(t *testing.T) {
+	b := newSim(t, gpu.Config{DeviceMemory: 1 << 62})
+	_, err := b.MemAlloc(0, 1<<61)
+	wantErr(t, err, gpu.ErrOutOfMemory)
+	_, err = b.MemCreate(0, 1<<61)
+	wantErr(t, err, gpu.ErrOutOfMemory)
+	_, err = b.HostAlloc(1 << 62)
+	wantErr(t, err, gpu.ErrOutOfMemory)
+	_, err = b.MemAddressReserve(1<<63, 0)
+	wantErr(t, err, gpu.ErrOutOfMemory)
+}
+
+func TestOldTombstonesAreForgotten(t *testing.T) {
+	b := newSim(t, gpu.Config{})
+	first, err := b.MemAlloc(0, 8)
+	must(t, err)
+	must(t, b.MemFree(first))
+	var last gpu.DevicePtr
+	for range maxTombstones + 10 {
+		p, err := b.MemAlloc(0, 8)
+		must(t, err)
+		must(t, b.MemFree(p))
+		last = p
+	}
+	buf := make([]byte, 8)
+	if fe := wantFault(t, b.MemcpyDtoH(buf, last)); fe.Reason != "freed" {
+		t.Fatalf("recent free: %+v", fe)
+	}
+	must(t, b.ResetDevice(0))
+	if fe := wantFault(t, b.MemcpyDtoH(buf, first)); fe.Reason != "unmapped" {
+		t.Fatalf("old free: %+v", fe)
+	}
+	must(t, b.ResetDevice(0))
+}

@@ -19,6 +19,15 @@ const Granularity = 2 << 20
 // maxDevices bounds Config.Devices: per-mapping access is a 64-bit mask.
 const maxDevices = 64
 
+// maxAllocSize bounds one MemAlloc or MemCreate (its page table is
+// allocated at once), maxHostSize one HostAlloc (Go memory, allocated at
+// once): larger requests are gpu.ErrOutOfMemory instead of a crash of the
+// Go runtime.
+const (
+	maxAllocSize = 1 << 40
+	maxHostSize  = 1 << 36
+)
+
 // maxSharedMem is the largest dynamic shared memory of a launch (compute 9.0
 // opt-in limit, 227 KiB).
 const maxSharedMem = 227 << 10

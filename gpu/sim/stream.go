@@ -169,6 +169,12 @@ func (st *stream) loop() {
 
 		st.mu.Lock()
 		st.done++
+		if c.kind == cmdRecord {
+			// Completed under mu after done counts it, so that whoever
+			// sees the event complete also sees the stream past it
+			// (EventSynchronize then StreamQuery reports idle).
+			c.rec.complete()
+		}
 		st.idle.Broadcast()
 		st.mu.Unlock()
 	}
@@ -189,9 +195,8 @@ func (st *stream) run(c *cmd) {
 	b := st.b
 	switch c.kind {
 	case cmdRecord:
-		// Records complete even when the device is faulted or the
+		// Completed by loop, even when the device is faulted or the
 		// backend closing, so that nobody waits forever.
-		c.rec.complete()
 		return
 	case cmdWait:
 		select {

@@ -281,3 +281,41 @@ func errorOps(err error) []string {
 	}
 	return ops
 }
+
+func TestPanickingKernelIsStickyDeviceLost(t *testing.T) {
+	b := newSim(t, gpu.Config{})
+	m, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "bad", Kernels: []gpu.KernelSpec{{
+		Name: "boom", Params: []gpu.ArgKind{gpu.ArgI32},
+		Ref: func(_ gpu.Memory, _ gpu.LaunchConfig, a []gpu.Arg) error {
+			a[0] = gpu.I32(-1) // must not reach the stored launch
+			var s []int
+			_ = s[5]
+			return nil
+		},
+	}}})
+	must(t, err)
+	defer func() { must(t, b.ModuleUnload(m)) }()
+	f, _ := b.ModuleFunction(m, "boom")
+	s := newStream(t, b, 0)
+	must(t, b.LaunchKernel(f, gpu.Linear(1, 1), []gpu.Arg{gpu.I32(1)}, s))
+	err = b.StreamSynchronize(s)
+	wantErr(t, err, gpu.ErrDeviceLost)
+	if !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("error %q does not name the kernel", err)
+	}
+	must(t, b.ResetDevice(0))
+	must(t, b.StreamSynchronize(s))
+}
+
+func TestEventCompleteImpliesStreamPastIt(t *testing.T) {
+	b := newSim(t, gpu.Config{})
+	s := newStream(t, b, 0)
+	e := newEvent(t, b, 0, gpu.EventDisableTiming)
+	for i := range 2000 {
+		must(t, b.EventRecord(e, s))
+		must(t, b.EventSynchronize(e))
+		if idle, err := b.StreamQuery(s); !idle || err != nil {
+			t.Fatalf("iteration %d: StreamQuery = %v, %v right after the stream's last event completed", i, idle, err)
+		}
+	}
+}

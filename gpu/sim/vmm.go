@@ -52,6 +52,9 @@ func (b *Backend) MemCreate(dev int, size uint64) (gpu.PhysMem, error) {
 	if err := b.chargeLocked(op, dev, size, size); err != nil {
 		return 0, err
 	}
+	if err := checkAllocSize(op, size, maxAllocSize); err != nil {
+		return 0, err
+	}
 	c := &chunk{handle: gpu.PhysMem(b.newHandleLocked()), dev: dev, size: size, mem: newBacking(size)}
 	b.mu.as.chunks[c.handle] = c
 	b.mu.as.used[dev] += size
