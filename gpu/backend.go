@@ -42,8 +42,9 @@ type Streams interface {
 	// StreamQuery reports whether all work submitted to s has completed. A
 	// fault in that work is returned as the error.
 	StreamQuery(s Stream) (idle bool, err error)
-	// StreamSynchronize waits for all work submitted to s. It fails with
-	// ErrIllegalState while s is capturing.
+	// StreamSynchronize waits for all work submitted to s. On a capturing
+	// stream it fails with ErrCaptureInvalidated and breaks the capture, as
+	// CUDA does.
 	StreamSynchronize(s Stream) error
 	// StreamWaitEvent makes later work on s wait for e's last record.
 	StreamWaitEvent(s Stream, e Event) error
@@ -72,8 +73,10 @@ type DeviceMemory interface {
 	// MemGetInfo reports free and total device memory in bytes.
 	MemGetInfo(dev int) (free, total uint64, err error)
 
-	// Synchronous copies wait for the copy to finish (and, like CUDA, for
-	// earlier work on the legacy default stream).
+	// Synchronous copies return once the copy is done. Whether they also
+	// wait for work on other streams is backend-specific (CUDA's legacy
+	// default stream does; sim does not): order them with a stream
+	// synchronization when it matters.
 	MemcpyHtoD(dst DevicePtr, src []byte) error
 	MemcpyDtoH(dst []byte, src DevicePtr) error
 	MemcpyDtoD(dst, src DevicePtr, size uint64) error
@@ -200,6 +203,23 @@ type Graphs interface {
 	// GraphExecChildGraphNodeSetParams replaces the child's parameters;
 	// child must have the same topology as the node's graph.
 	GraphExecChildGraphNodeSetParams(x GraphExec, n GraphNode, child Graph) error
+}
+
+// FaultInjector is implemented by backends that can fail calls on request
+// (sim). Tests sweep error paths with it: fail call nth (0 = the next) of
+// entry point op (a Backend method name), count calls with Calls, and check
+// that nothing leaked. The injected error wraps ErrInjected and err.
+type FaultInjector interface {
+	InjectFault(op string, nth int, err error)
+	ClearFaults()
+	Calls(op string) int
+}
+
+// DeviceResetter is implemented by backends on which a device survives a
+// fault (sim): ResetDevice clears the sticky fault. On CUDA a fault is fatal
+// to the context, so tests that fault on purpose need this interface.
+type DeviceResetter interface {
+	ResetDevice(dev int) error
 }
 
 // HandleCounter is implemented by backends that count live handles (sim

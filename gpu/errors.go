@@ -25,9 +25,8 @@ var (
 	// destroyed (a double free is reported with this error). Nothing happened.
 	ErrInvalidHandle = errors.New("gpu: invalid handle")
 	// ErrIllegalState: the call is not valid in the object's current state
-	// (ending a capture that was not begun, synchronizing a capturing
-	// stream, unmapping a range that is not mapped, releasing a chunk that is
-	// still mapped).
+	// (ending a capture that was not begun, unmapping a range that is not
+	// mapped, freeing a reservation that is still mapped).
 	ErrIllegalState = errors.New("gpu: illegal state")
 	// ErrIllegalAddress: device code touched memory that is unmapped, freed,
 	// or not accessible from its device. It is sticky: the device reports it

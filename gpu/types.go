@@ -167,13 +167,15 @@ func (a Arg) Size() int {
 // Encode writes the argument's little-endian bytes into dst, which must be
 // at least Size bytes long.
 func (a Arg) Encode(dst []byte) {
+	if a.Kind == ArgBytes {
+		copy(dst, a.Raw)
+		return
+	}
 	switch a.Size() {
 	case 4:
 		binary.LittleEndian.PutUint32(dst, uint32(a.Bits))
 	case 8:
 		binary.LittleEndian.PutUint64(dst, a.Bits)
-	default:
-		copy(dst, a.Raw)
 	}
 }
 

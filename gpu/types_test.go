@@ -1,0 +1,62 @@
+package gpu
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestArgEncode(t *testing.T) {
+	for _, tc := range []struct {
+		arg  Arg
+		want []byte
+	}{
+		{I32(-2), []byte{0xfe, 0xff, 0xff, 0xff}},
+		{F32(1), []byte{0, 0, 0x80, 0x3f}},
+		{Ptr(0x1122334455667788), []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11}},
+		// Raw arguments of 4 and 8 bytes must encode their bytes, not Bits.
+		{Bytes([]byte{1, 2, 3, 4}), []byte{1, 2, 3, 4}},
+		{Bytes([]byte{1, 2, 3, 4, 5, 6, 7, 8}), []byte{1, 2, 3, 4, 5, 6, 7, 8}},
+		{Bytes([]byte{9, 8, 7}), []byte{9, 8, 7}},
+	} {
+		got := make([]byte, tc.arg.Size())
+		tc.arg.Encode(got)
+		if !bytes.Equal(got, tc.want) {
+			t.Errorf("%v.Encode = %x, want %x", tc.arg, got, tc.want)
+		}
+	}
+}
+
+func TestKernelSpecCheckArgs(t *testing.T) {
+	k := KernelSpec{Name: "k", Params: []ArgKind{ArgPtr, ArgF32}}
+	if err := k.CheckArgs("Launch", []Arg{Ptr(1), F32(2)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]Arg{{Ptr(1)}, {Ptr(1), I32(2)}, {F32(1), F32(2)}} {
+		err := k.CheckArgs("Launch", args)
+		if !errors.Is(err, ErrInvalidValue) {
+			t.Errorf("CheckArgs(%v) = %v, want ErrInvalidValue", args, err)
+		}
+	}
+}
+
+func TestErrorsWrapSentinels(t *testing.T) {
+	e := &Error{Op: "cuMemAlloc_v2", Err: ErrOutOfMemory, Code: 2, CodeName: "CUDA_ERROR_OUT_OF_MEMORY", Detail: "out of memory"}
+	if !errors.Is(e, ErrOutOfMemory) || e.Error() != "cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory" {
+		t.Errorf("Error = %q", e.Error())
+	}
+	var ue error = &UpdateError{Op: "GraphExecUpdate", Result: UpdateTopologyChanged, Node: 7}
+	if !errors.Is(ue, ErrGraphUpdate) {
+		t.Error("UpdateError does not wrap ErrGraphUpdate")
+	}
+	var fe error = &FaultError{Device: 1, Kernel: "sg_copy", Addr: 0x1000, Size: 4, Reason: "freed"}
+	if !errors.Is(fe, ErrIllegalAddress) {
+		t.Error("FaultError does not wrap ErrIllegalAddress")
+	}
+}
+
+func TestOpenUnknownBackend(t *testing.T) {
+	if _, _, err := Open("nope", Config{}); err == nil {
+		t.Fatal("Open of an unknown backend succeeded")
+	}
+}
