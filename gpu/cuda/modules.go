@@ -283,13 +283,7 @@ func packArgs(args []gpu.Arg) *argPack {
 	for i, x := range args {
 		slot := unsafe.Pointer(&a.words[w])
 		dst := unsafe.Slice((*byte)(slot), x.Size())
-		if x.Kind == gpu.ArgBytes {
-			// gpu.Arg.Encode writes Bits for 4- and 8-byte arguments,
-			// which ArgBytes leaves zero: copy Raw ourselves.
-			copy(dst, x.Raw)
-		} else {
-			x.Encode(dst)
-		}
+		x.Encode(dst)
 		a.ptrs[i] = slot
 		w += (max(x.Size(), 1) + 7) / 8
 	}
