@@ -172,6 +172,42 @@ func New(dev, nbufs int, cmds []Command, tr *trace.Tracer) (*CommandBuffer, erro
 // Len is the number of commands.
 func (cb *CommandBuffer) Len() int { return len(cb.cmds) }
 
+// Extend returns a new command buffer over nbufs buffers (at least cb's)
+// that runs pre, then cb's commands, then post, each depending on the one
+// before. The persistent-address strategies wrap a step this way in the
+// copies that move params in and outputs out, so that the copies are nodes
+// of the step's graph and a step stays one launch. cb is unchanged; the new
+// buffer shares cb's tracer and traced commands (and so their caches).
+func (cb *CommandBuffer) Extend(nbufs int, pre, post []Command) (*CommandBuffer, error) {
+	if nbufs < cb.nbufs {
+		return nil, gpu.Errorf("graph.Extend", gpu.ErrInvalidValue, "%d buffers, fewer than the %d of the command buffer extended", nbufs, cb.nbufs)
+	}
+	return New(cb.dev, nbufs, slices.Concat(pre, cb.cmds, post), cb.tr)
+}
+
+// Users returns how many commands reference at least one of bufs, and how
+// many of those are traced: the nodes a patch updates when every buffer of
+// bufs moves. Buffers out of range are ignored.
+func (cb *CommandBuffer) Users(bufs []int) (nodes, traced int) {
+	seen := make([]bool, len(cb.cmds))
+	for _, b := range bufs {
+		if b < 0 || b >= cb.nbufs {
+			continue
+		}
+		for _, c := range cb.byBuf[b] {
+			if seen[c] {
+				continue
+			}
+			seen[c] = true
+			nodes++
+			if cb.cmds[c].Kind == KindTraced {
+				traced++
+			}
+		}
+	}
+	return nodes, traced
+}
+
 // Moved reports whether any buffer a command references is at a different
 // address in next than in prev.
 func (cb *CommandBuffer) Moved(prev, next []gpu.DevicePtr) bool {
