@@ -81,11 +81,16 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 	if e.cb, err = e.buildCommands(cmds); err != nil {
 		return nil, err
 	}
-	if e.mu.strat, err = newStrategy(e, opts.Strategy); err != nil {
+	e.flow = analyseFlow(e.bufs, cmds)
+	if e.mu.strat, e.choice, err = newStrategy(e, opts.Strategy); err != nil {
 		return nil, err
 	}
-	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs),
-		"temp_bytes", e.mem.Temps, "temp_bytes_unshared", e.mem.TempsUnshared)
+	if l, ok := e.mu.strat.(outputLeaser); ok {
+		e.leased = l.leasesOutputs()
+	}
+	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs), "runs", e.choice.Strategy,
+		"temp_bytes", e.mem.Temps, "temp_bytes_unshared", e.mem.TempsUnshared,
+		"persistent_bytes", e.mem.Persistent, "slot_bytes", e.mem.Slots)
 	return e, nil
 }
 

@@ -35,12 +35,14 @@
 //	exe, err := stablegraph.Compile(ctx, backend, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
 //	defer exe.Close()
 //	outs, err := exe.Run(ctx, stream, stablegraph.Bindings{x: xPtr, y: yPtr})
+//	defer outs.Release() // a no-op unless outputs are leased (zero-copy pool)
 //
 // Each step the caller binds every param and output to its memory (from a
 // caching allocator such as package bfc, so addresses move); states,
 // temps and constants belong to the executable. Run enqueues the step and
-// returns where the outputs are; ReadOutput and ReadBuffer read results
-// back, WriteBuffer initialises states.
+// returns where the outputs are (Outputs.Addr): the caller's buffers, or
+// pool slot memory leased to the caller; ReadOutput and ReadBuffer read
+// results back, WriteBuffer initialises states.
 //
 // # Strategies
 //
@@ -50,13 +52,49 @@
 // StrategyPatch updates in place only the nodes whose buffers moved
 // (package graph), moving traced nodes through their child graph with
 // traces from a per-command LRU cache keyed by address or built from a
-// differential-tracing template (package trace). All produce the same bits
-// as eager. Executable.Stats counts what each did.
+// differential-tracing template (package trace).
+//
+// Two strategies never move the program's addresses at all. StrategyStable
+// gives every param and output a persistent allocation for the life of the
+// executable; StrategyPool gives each of Options.PoolSlots slots of
+// VMM-mapped memory its own copy of them, with one graph per slot. The
+// step's graph is recorded once over those addresses and wrapped in copy
+// nodes: params are copied in and outputs copied back to the caller's
+// buffers inside the graph, so a step is one launch, and when the caller's
+// buffers move only the copy nodes' caller-side pointers are updated
+// (Counters.CopyNodeUpdates; PatchedNodes stays zero). States are never
+// copied. Options.StreamCopies enqueues the copies around the launch
+// instead. Buffers are copied only as the step needs: in when the step reads
+// the caller's contents (every param it reads; an output read before it is
+// written or written only in part), out when the step writes them. A
+// program whose commands use their own addresses as data sees the
+// persistent addresses, not the caller's.
+//
+// StrategyPool waits, before reusing a slot, for a device-written timeline
+// to pass the step that last used it (backing off, at most
+// Options.SlotWait; then ErrSlotWait), and enqueues the timeline write that
+// releases the slot right after the slot's graph. With
+// Options.ZeroCopyOutputs it does not copy outputs out: Run's Outputs are
+// the slot's memory, leased until Outputs.Release, and a slot is not reused
+// while leased. It needs VMM and stream memory operations; Compile refuses
+// it with an error wrapping gpu.ErrNotSupported on devices without them.
+//
+// StrategyAuto chooses among patch, stable and pool per program and device
+// by a cost model (Costs, by default the H100 figures of GPU-MACHINE.md):
+// nodes to patch against bytes and copies to make, VMM support and slot
+// memory. It never chooses what the device cannot run, and falls back to
+// the next candidate when building one runs out of memory;
+// Executable.Choice says what it chose and why.
+//
+// All produce the same bits as eager. Executable.Stats counts what each
+// did; Executable.Memory counts the memory each holds (persistent copies
+// and slots included).
 //
 // # Concurrency and resources
 //
 // An Executable is safe for concurrent use; steps are serialised (see
-// Executable). Every error path releases the handles it created, and Close
-// releases everything; on the sim backend the live-handle counters return
-// to zero.
+// Executable). A pool step waiting for a slot waits without the
+// executable's lock. Every error path releases the handles it created, and
+// Close releases everything, reporting every release that fails; on the
+// sim backend the live-handle counters return to zero.
 package stablegraph

@@ -17,6 +17,16 @@ var (
 	ErrInvalidBinding = errors.New("stablegraph: invalid binding")
 	// ErrClosed is returned by every method of a closed Executable.
 	ErrClosed = errors.New("stablegraph: executable closed")
+	// ErrSlotWait is returned by Run under StrategyPool when no slot became
+	// ready within Options.SlotWait (or ctx's deadline): the device did not
+	// finish the step that last used the slot (a hung or stalled device),
+	// or every slot stayed leased by zero-copy outputs not released. It
+	// comes with gpu.ErrTimeout. Nothing was enqueued; the executable stays
+	// usable once the device advances or a lease is released.
+	ErrSlotWait = errors.New("stablegraph: timed out waiting for a pool slot")
+	// ErrReleased is returned by ReadOutput for zero-copy outputs whose
+	// lease was released: their slot may hold another step's results.
+	ErrReleased = errors.New("stablegraph: outputs already released")
 )
 
 // CompileError is one mistake in a program. Command is the index of the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,16 +19,65 @@ import (
 // Each must hold at least the buffer's declared size.
 type Bindings map[Buffer]gpu.DevicePtr
 
-// Outputs give, after a step, the device address holding each output
-// buffer's result. With the strategies of this build it is the address the
-// caller bound; strategies that lease output memory will return theirs.
-type Outputs map[Buffer]gpu.DevicePtr
+// Outputs say, after a step, where each output buffer's result is. It is
+// the address the caller bound, except under StrategyPool with
+// Options.ZeroCopyOutputs, where it is the memory of the pool slot that ran
+// the step, leased to the caller: that slot is not reused until Release,
+// so the results stay valid until then and no longer.
+//
+// The zero Outputs holds no output. Outputs may be copied; copies share
+// the lease. Release is safe from any goroutine.
+type Outputs struct {
+	addrs map[Buffer]gpu.DevicePtr
+	lease *lease
+}
+
+// Addr is the address of output buf's result, 0 when buf is not an output
+// of the step.
+func (o Outputs) Addr(buf Buffer) gpu.DevicePtr { return o.addrs[buf] }
+
+// Buffers lists the outputs, in no particular order.
+func (o Outputs) Buffers() []Buffer {
+	out := make([]Buffer, 0, len(o.addrs))
+	for b := range o.addrs {
+		out = append(out, b)
+	}
+	return out
+}
+
+// Leased reports whether the outputs are pool slot memory leased to the
+// caller and not yet released.
+func (o Outputs) Leased() bool { return o.lease != nil && !o.lease.isReleased() }
+
+// Release ends the lease on the outputs' slot, so that a later step may
+// reuse it; the addresses must not be used after. It is idempotent, a no-op
+// for outputs that are not leased, and safe to call after the executable
+// is closed (Close ends every lease).
+func (o Outputs) Release() {
+	if o.lease != nil {
+		o.lease.release()
+	}
+}
 
 // MemoryStats are the bytes of device memory an executable owns.
 type MemoryStats struct {
 	States, Constants uint64
 	Temps             uint64 // the temp arena, with sharing
 	TempsUnshared     uint64 // what the temps would take without sharing
+	// Persistent is what StrategyStable holds: a persistent copy of every
+	// param and output.
+	Persistent uint64
+	// Slots is what StrategyPool holds: SlotCount slots of physical memory,
+	// each with a copy of every param and output, rounded up to the VMM
+	// granularity.
+	Slots     uint64
+	SlotCount int
+}
+
+// Total is all the device memory the executable holds while it runs
+// (TempsUnshared aside, which is not allocated).
+func (m MemoryStats) Total() uint64 {
+	return m.States + m.Constants + m.Temps + m.Persistent + m.Slots
 }
 
 // TraceInfo describes one traced command (GEMMs included).
@@ -46,7 +96,9 @@ type TraceInfo struct {
 // must not be used from two goroutines at once), and consecutive steps are
 // ordered on the device even when they are run on different streams: each
 // Run records an event, and a Run on another stream first waits for it,
-// because every step shares the executable's temps and states.
+// because every step shares the executable's temps and states. The one
+// wait that does not hold the mutex is a pool step's wait for a slot, so
+// that results can be read and leases released meanwhile.
 type Executable struct {
 	// Immutable after Compile.
 	b       gpu.Backend
@@ -60,7 +112,12 @@ type Executable struct {
 	outputs []int
 	funcs   map[string]gpu.Function
 	cb      *graph.CommandBuffer
+	flow    []bufFlow // per buffer, how the step uses it (flow.go)
 	mem     MemoryStats
+	choice  Choice // the strategy that runs and why
+	// leased: the strategy hands out its own memory for outputs (zero-copy
+	// pool), so outputs need not be bound.
+	leased bool
 
 	mu struct {
 		sync.Mutex
@@ -82,13 +139,23 @@ type Executable struct {
 	}
 }
 
-// Strategy is the executable's replay strategy.
-func (e *Executable) Strategy() Strategy { return e.opts.Strategy }
+// Strategy is the replay strategy that runs: the one requested, or the
+// one StrategyAuto chose (see Choice).
+func (e *Executable) Strategy() Strategy { return e.choice.Strategy }
+
+// Choice says which strategy runs and why: for StrategyAuto, the modelled
+// cost of every candidate and any fallback.
+func (e *Executable) Choice() Choice {
+	c := e.choice
+	c.Candidates = slices.Clone(c.Candidates)
+	return c
+}
 
 // Program is the program compiled.
 func (e *Executable) Program() *Program { return e.prog }
 
-// Memory reports the device memory the executable owns.
+// Memory reports the device memory the executable owns, the strategy's
+// persistent copies and pool slots included.
 func (e *Executable) Memory() MemoryStats { return e.mem }
 
 // Run executes one step on stream s with the params and outputs at the
@@ -96,25 +163,64 @@ func (e *Executable) Memory() MemoryStats { return e.mem }
 // returns without waiting for it; synchronise s (or read through
 // ReadOutput) before using the results. State buffers are updated in
 // place.
+//
+// Under StrategyPool, Run may first wait for a slot, without holding the
+// executable's lock, up to Options.SlotWait or ctx's deadline; passing it
+// is an error wrapping ErrSlotWait. With zero-copy outputs the caller must
+// Release the Outputs returned (see Outputs).
 func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return Outputs{}, err
 	}
+	var (
+		deadline time.Time
+		waits    int64
+	)
 	e.mu.Lock()
+	for {
+		if e.mu.closed {
+			e.mu.Unlock()
+			return Outputs{}, ErrClosed
+		}
+		if err := e.bindLocked(b); err != nil {
+			e.mu.Unlock()
+			return Outputs{}, fmt.Errorf("stablegraph: run %q: %w", e.name, err)
+		}
+		aq, ok := e.mu.strat.(acquirer)
+		if !ok {
+			break
+		}
+		wait := aq.acquire()
+		if wait == nil {
+			break
+		}
+		// Wait without the lock, so that other goroutines may read
+		// results, release leases or close meanwhile; then bind again,
+		// since another step may have run.
+		waits++
+		e.mu.stats.SlotWaits++
+		if deadline.IsZero() {
+			deadline = time.Now().Add(e.opts.SlotWait)
+		}
+		e.mu.Unlock()
+		wctx, cancel := context.WithDeadline(ctx, deadline)
+		err := wait(wctx)
+		cancel()
+		if err != nil {
+			return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.choice.Strategy, err)
+		}
+		e.mu.Lock()
+	}
 	defer e.mu.Unlock()
-	if e.mu.closed {
-		return nil, ErrClosed
-	}
-	if err := e.bindLocked(b); err != nil {
-		return nil, fmt.Errorf("stablegraph: run %q: %w", e.name, err)
-	}
 	before := e.mu.stats.Counters
+	before.SlotWaits -= waits // this step's waits belong to its Last
 	if e.mu.last != 0 && e.mu.last != s {
 		if err := e.b.StreamWaitEvent(s, e.mu.done); err != nil {
-			return nil, fmt.Errorf("stablegraph: run %q: order after the previous step: %w", e.name, err)
+			e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
+			return Outputs{}, fmt.Errorf("stablegraph: run %q: order after the previous step: %w", e.name, err)
 		}
 	}
-	err := e.mu.strat.run(ctx, s, e.mu.addrs)
+	res, err := e.mu.strat.run(ctx, s, e.mu.addrs)
 	// Record even after a failure: part of the step may be enqueued, and
 	// the next step must still come after it.
 	if rerr := e.b.EventRecord(e.mu.done, s); rerr != nil {
@@ -125,12 +231,19 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	e.syncTraceStatsLocked()
 	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
 	if err != nil {
-		return nil, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.opts.Strategy, err)
+		if res.lease != nil {
+			res.lease.release()
+		}
+		return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.choice.Strategy, err)
 	}
 	e.mu.stats.Steps++
-	outs := make(Outputs, len(e.outputs))
-	for _, id := range e.outputs {
-		outs[Buffer{p: e.prog, id: id}] = e.mu.addrs[id]
+	outs := Outputs{addrs: make(map[Buffer]gpu.DevicePtr, len(e.outputs)), lease: res.lease}
+	for i, id := range e.outputs {
+		p := e.mu.addrs[id]
+		if res.outs != nil {
+			p = res.outs[i]
+		}
+		outs.addrs[Buffer{p: e.prog, id: id}] = p
 	}
 	return outs, nil
 }
@@ -156,6 +269,9 @@ func (e *Executable) bindLocked(b Bindings) error {
 	for _, id := range e.bound {
 		if e.mu.boundGen[id] != e.mu.gen {
 			d := &e.bufs[id]
+			if d.class == Output && e.leased {
+				continue // the strategy gives its own memory
+			}
 			return fmt.Errorf("%w: %s %q is not bound", ErrInvalidBinding, d.class, d.name)
 		}
 	}
@@ -177,7 +293,7 @@ func (e *Executable) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.mu.stats
-	s.Strategy = e.opts.Strategy
+	s.Strategy = e.choice.Strategy
 	return s
 }
 
@@ -255,7 +371,8 @@ func (e *Executable) ReadBuffer(ctx context.Context, buf Buffer) ([]byte, error)
 }
 
 // ReadOutput waits for the last step to complete and returns the contents
-// of output buf as placed in outs.
+// of output buf as placed in outs. Outputs whose lease was released are
+// ErrReleased: their slot may hold another step's results.
 func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) ([]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -266,9 +383,12 @@ func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) (
 	if err != nil {
 		return nil, err
 	}
-	p, ok := outs[buf]
+	p, ok := outs.addrs[buf]
 	if d.class != Output || !ok {
 		return nil, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
+	}
+	if outs.lease != nil && outs.lease.isReleased() {
+		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, ErrReleased)
 	}
 	return e.readLocked(ctx, d, p)
 }
@@ -342,7 +462,10 @@ func (e *Executable) BindState(ctx context.Context, buf Buffer, p gpu.DevicePtr)
 }
 
 // Close waits for the last step, then releases every handle the executable
-// holds: graphs, traces, memory, modules, its stream and event. Close is
+// holds: graphs, traces, memory (persistent copies and pool slots
+// included), modules, its stream and event, reporting every release that
+// fails. Leased outputs become invalid; Release on them stays a no-op.
+// Steps waiting for a pool slot wake and fail with ErrClosed. Close is
 // idempotent; every other method fails with ErrClosed afterwards.
 func (e *Executable) Close() error {
 	e.mu.Lock()

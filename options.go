@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"strings"
+	"time"
 
 	"stablegraph/trace"
 )
@@ -30,12 +31,37 @@ const (
 	// with per-node exec parameter updates; traced nodes through their
 	// child graph (see package graph and package trace).
 	StrategyPatch Strategy = "patch"
+	// StrategyStable gives every param and output buffer one persistent
+	// address for the life of the executable (cached allocations): the
+	// graph is recorded once over them, params are copied in and outputs
+	// copied back to the caller's buffers every step, states are never
+	// copied. The copies are nodes of the step's graph, so a step is one
+	// launch; only their caller-side pointers are updated when the caller's
+	// buffers move (Counters.CopyNodeUpdates), nothing else is patched.
+	StrategyStable Strategy = "stable"
+	// StrategyPool keeps Options.PoolSlots slots of physical memory
+	// permanently mapped (VMM), each holding its own copy of the params and
+	// outputs, with one graph per slot recorded once and replayed forever.
+	// Each step takes the least recently used free slot, waiting on a
+	// device-written timeline for the step that last used it (at most
+	// Options.SlotWait), copies params in, launches the slot's graph,
+	// enqueues the timeline write that releases the slot, and copies the
+	// outputs out, or with Options.ZeroCopyOutputs leases them to the caller
+	// (see Outputs). It needs VMM and stream memory operations; Compile
+	// fails with an error wrapping gpu.ErrNotSupported without them.
+	StrategyPool Strategy = "pool"
+	// StrategyAuto chooses among patch, stable and pool for the program and
+	// device from a cost model (Options.Costs): bytes to copy against nodes
+	// to patch, VMM support and slot memory. It never chooses a strategy the
+	// device cannot run; Executable.Choice says what it chose and why.
+	StrategyAuto Strategy = "auto"
 )
 
 // Strategies lists the strategies this build implements, in the order
 // benchmarks report them.
 func Strategies() []Strategy {
-	return []Strategy{StrategyEager, StrategyRecord, StrategyUpdate, StrategyPatch}
+	return []Strategy{StrategyEager, StrategyRecord, StrategyUpdate, StrategyPatch,
+		StrategyStable, StrategyPool, StrategyAuto}
 }
 
 // ParseStrategy returns the strategy named s.
@@ -45,7 +71,7 @@ func ParseStrategy(s string) (Strategy, error) {
 			return st, nil
 		}
 	}
-	names := make([]string, 0, 4)
+	names := make([]string, 0, len(Strategies()))
 	for _, st := range Strategies() {
 		names = append(names, string(st))
 	}
@@ -73,7 +99,42 @@ type Options struct {
 	// Logger receives the executable's logs; per-step paths log at debug
 	// level only. Default slog.Default().
 	Logger *slog.Logger
+
+	// PoolSlots is the number of slots of StrategyPool (1 to MaxPoolSlots).
+	// Two let the host prepare a step while the device runs the one
+	// before. Default 2.
+	PoolSlots int
+	// SlotWait bounds how long Run waits for a pool slot: for the device to
+	// finish the step that last used it, or for a zero-copy lease on it to
+	// be released. Passing it is an error wrapping ErrSlotWait and
+	// gpu.ErrTimeout. Default 30 s.
+	SlotWait time.Duration
+	// ZeroCopyOutputs makes StrategyPool (also when StrategyAuto chooses
+	// it) hand out its outputs in the slot that ran instead of copying them
+	// into the caller's buffers: Run's Outputs hold the slot's addresses
+	// and a lease, and the slot is not reused until Outputs.Release. Output
+	// bindings are then optional and ignored. Other strategies write the
+	// caller's output buffers as usual. Default false.
+	ZeroCopyOutputs bool
+	// StreamCopies makes stable and pool copy params and outputs with
+	// stream copies around the graph launch instead of copy nodes inside
+	// the graph: no node is updated when the caller's buffers move, at the
+	// price of one more launch per copy. Default false (copies in the
+	// graph, one launch per step).
+	StreamCopies bool
+	// Costs are the per-operation costs StrategyAuto chooses by. Zero
+	// fields take the values of DefaultCosts.
+	Costs Costs
 }
+
+// MaxPoolSlots bounds Options.PoolSlots.
+const MaxPoolSlots = 64
+
+// Option defaults that are not zero values of other types.
+const (
+	defaultPoolSlots = 2
+	defaultSlotWait  = 30 * time.Second
+)
 
 func (o Options) withDefaults() (Options, error) {
 	if o.Strategy == "" {
@@ -99,6 +160,22 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	switch {
+	case o.PoolSlots == 0:
+		o.PoolSlots = defaultPoolSlots
+	case o.PoolSlots < 0 || o.PoolSlots > MaxPoolSlots:
+		return o, fmt.Errorf("stablegraph: %d pool slots (1 to %d)", o.PoolSlots, MaxPoolSlots)
+	}
+	switch {
+	case o.SlotWait == 0:
+		o.SlotWait = defaultSlotWait
+	case o.SlotWait < 0:
+		return o, fmt.Errorf("stablegraph: negative slot wait %v", o.SlotWait)
+	}
+	var err error
+	if o.Costs, err = o.Costs.withDefaults(); err != nil {
+		return o, err
 	}
 	return o, nil
 }

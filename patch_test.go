@@ -83,6 +83,12 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 					"traced-xor":   uint64(bind[outs["traced-xor"]]) ^ 0xdead,
 				}
 				for name, o := range outs {
+					if persistentAddresses(exe) && (name == "traced-self" || name == "traced-xor") {
+						// Under stable and pool the program runs on
+						// persistent copies: a command whose result is
+						// its own address sees theirs, not the caller's.
+						continue
+					}
 					data, err := exe.ReadOutput(ctx, res, o)
 					if err != nil {
 						t.Fatal(err)
@@ -117,6 +123,13 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// persistentAddresses reports whether exe runs the program on persistent
+// copies of its params and outputs.
+func persistentAddresses(exe *stablegraph.Executable) bool {
+	st := exe.Strategy()
+	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool
 }
 
 // TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update

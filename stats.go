@@ -32,8 +32,20 @@ type Counters struct {
 	// TraceCacheHits and TraceCacheMisses count trace cache lookups.
 	TraceCacheHits, TraceCacheMisses int64
 	// BytesCopied counts bytes the strategy itself copied to move params in
-	// or outputs out; the strategies of this build copy nothing.
+	// and outputs out (stable, pool); the other strategies copy nothing.
 	BytesCopied int64
+	// CopyNodeUpdates counts updates of the copy nodes that stable and pool
+	// put in their graphs, whose only moving pointer is the caller's
+	// buffer. They are counted apart from PatchedNodes, which stays zero
+	// for those strategies in steady state: the step body is never
+	// patched.
+	CopyNodeUpdates int64
+	// TimelineWrites counts timeline writes enqueued to release pool slots,
+	// one per step.
+	TimelineWrites int64
+	// SlotWaits counts the times a pool step found no slot ready (the
+	// device still using it, or its outputs still leased) and had to wait.
+	SlotWaits int64
 }
 
 // Sub returns c - d, field by field.
@@ -51,11 +63,16 @@ func (c Counters) Sub(d Counters) Counters {
 		TraceCacheHits:    c.TraceCacheHits - d.TraceCacheHits,
 		TraceCacheMisses:  c.TraceCacheMisses - d.TraceCacheMisses,
 		BytesCopied:       c.BytesCopied - d.BytesCopied,
+		CopyNodeUpdates:   c.CopyNodeUpdates - d.CopyNodeUpdates,
+		TimelineWrites:    c.TimelineWrites - d.TimelineWrites,
+		SlotWaits:         c.SlotWaits - d.SlotWaits,
 	}
 }
 
 // Stats is a snapshot of an executable's counters.
 type Stats struct {
+	// Strategy is the strategy that runs: the one StrategyAuto chose, when
+	// it was asked for (see Executable.Choice).
 	Strategy Strategy
 	// Steps counts successful Runs.
 	Steps int64

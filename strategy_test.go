@@ -152,8 +152,8 @@ func runMLP(t *testing.T, b gpu.Backend, w *mlp, strategy stablegraph.Strategy, 
 		}
 		r := result{stats: exe.Stats(), moved: moved}
 		for _, o := range w.outputs {
-			if outs[o] != bind[o] {
-				t.Fatalf("output %s at %#x, bound at %#x", o.Name(), uint64(outs[o]), uint64(bind[o]))
+			if outs.Addr(o) != bind[o] {
+				t.Fatalf("output %s at %#x, bound at %#x", o.Name(), uint64(outs.Addr(o)), uint64(bind[o]))
 			}
 			data, err := exe.ReadOutput(ctx, outs, o)
 			if err != nil {
@@ -218,7 +218,8 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move movement, res []resu
 	for i, r := range res[1:] {
 		i++
 		last := r.stats.Last
-		switch st {
+		// Under auto, what the chosen strategy should have done.
+		switch r.stats.Strategy {
 		case stablegraph.StrategyRecord:
 			if want := int64(b2i(r.moved)); last.Rerecords != want {
 				t.Errorf("step %d: %d re-records, want %d", i, last.Rerecords, want)
@@ -238,6 +239,28 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move movement, res []resu
 			// step nothing is ever captured again, whatever moves.
 			if last.TracesCaptured != 0 {
 				t.Errorf("step %d: %d traces captured under patch", i, last.TracesCaptured)
+			}
+		case stablegraph.StrategyStable, stablegraph.StrategyPool:
+			// The body is recorded once (per pool slot, at its first
+			// use) and never patched; only copy nodes follow the caller.
+			firstUse := r.stats.Strategy == stablegraph.StrategyPool && i < 2
+			if !firstUse && (last.Records != 0 || last.TracesCaptured != 0) {
+				t.Errorf("step %d: %d records, %d traces captured", i, last.Records, last.TracesCaptured)
+			}
+			if last.Rerecords != 0 || last.PatchedNodes != 0 || last.GraphUpdates != 0 || last.BytesCopied != res[0].stats.Last.BytesCopied {
+				t.Errorf("step %d: %d re-records, %d patched, %d updates, %d bytes copied (step 0: %d)", i,
+					last.Rerecords, last.PatchedNodes, last.GraphUpdates, last.BytesCopied, res[0].stats.Last.BytesCopied)
+			}
+			if r.stats.Strategy == stablegraph.StrategyStable && r.moved != (last.CopyNodeUpdates != 0) {
+				t.Errorf("step %d: moved=%v but %d copy nodes updated", i, r.moved, last.CopyNodeUpdates)
+			}
+			// A pool slot compares with its own last step: with two
+			// slots and ping-pong, each slot always sees the same set.
+			if r.stats.Strategy == stablegraph.StrategyPool && move != random && last.CopyNodeUpdates != 0 {
+				t.Errorf("step %d: %d copy nodes updated under pool with %s buffers", i, last.CopyNodeUpdates, move)
+			}
+			if pool := r.stats.Strategy == stablegraph.StrategyPool; pool != (last.TimelineWrites == 1) {
+				t.Errorf("step %d: %d timeline writes under %s", i, last.TimelineWrites, r.stats.Strategy)
 			}
 		}
 		// With ping-pong, every traced command's address sets repeat from

@@ -1,0 +1,156 @@
+package stablegraph_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/kernels"
+)
+
+// fanOut is a program whose param x is read by k kernels (a wide block
+// reading its input everywhere), into one output y: patching it updates k
+// nodes per step, copying it costs two copies.
+func fanOut(k int) *stablegraph.Program {
+	const n = 64
+	p := stablegraph.NewProgram("fan-out")
+	x := p.Param("x", 4*n)
+	y := p.Output("y", 4*n)
+	acc := p.Temp("acc", 4*n)
+	p.Memset(acc.All(), 0, 4)
+	for range k {
+		p.Launch(kernels.Axpy, kernels.Elementwise(n), stablegraph.InOut(acc.All()), stablegraph.In(x.All()), stablegraph.F32(0.5), stablegraph.I32(n))
+	}
+	p.Launch(kernels.Copy, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(acc.All()), stablegraph.I32(n))
+	return p
+}
+
+// TestAutoChoice checks what auto chooses, with the default H100 costs and
+// others, and that it says why.
+func TestAutoChoice(t *testing.T) {
+	ctx := context.Background()
+	b := newSim(t)
+	for _, c := range []struct {
+		name string
+		p    *stablegraph.Program
+		opts stablegraph.Options
+		want stablegraph.Strategy
+		says string
+	}{
+		// Two copies of 6 us each against two node updates of 0.33 us.
+		{"few-nodes", fanOut(1), stablegraph.Options{}, stablegraph.StrategyPatch, "2 nodes to patch"},
+		// 60 node updates cost more than two copies.
+		{"many-nodes", fanOut(60), stablegraph.Options{}, stablegraph.StrategyStable, "61 nodes to patch"},
+		// Leasing the output saves a copy: pool beats stable.
+		{"zero-copy", fanOut(60), stablegraph.Options{ZeroCopyOutputs: true}, stablegraph.StrategyPool, "outputs leased"},
+		// ... unless its slots would take too much of the device.
+		{"slots-too-big", fanOut(60), stablegraph.Options{ZeroCopyOutputs: true, Costs: stablegraph.Costs{PoolMemoryFraction: 1e-9}},
+			stablegraph.StrategyStable, "pool: not usable"},
+		// Copies made free: stable beats four node updates.
+		{"cheap-copies", fanOut(3), stablegraph.Options{Costs: stablegraph.Costs{CopyLatencyUS: 1e-9, CopyBytesPerUS: 1e12, NodeUpdateUS: 1}},
+			stablegraph.StrategyStable, "stable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.opts.Strategy = stablegraph.StrategyAuto
+			exe, err := stablegraph.Compile(ctx, b, c.p, c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer exe.Close()
+			ch := exe.Choice()
+			if ch.Requested != stablegraph.StrategyAuto || ch.Strategy != c.want || exe.Strategy() != c.want || exe.Stats().Strategy != c.want {
+				t.Fatalf("chose %s, want %s; reason: %s", ch.Strategy, c.want, ch.Reason)
+			}
+			if !strings.Contains(ch.Reason, c.says) || !strings.HasPrefix(ch.Reason, "cheapest modelled step: "+string(c.want)) {
+				t.Errorf("reason %q does not say %q", ch.Reason, c.says)
+			}
+			if len(ch.Candidates) != 3 || ch.Candidates[0].Strategy != c.want {
+				t.Fatalf("candidates %+v", ch.Candidates)
+			}
+			for i := 1; i < len(ch.Candidates); i++ {
+				a, b := ch.Candidates[i-1], ch.Candidates[i]
+				if (!a.Usable && b.Usable) || (a.Usable == b.Usable && a.Usable && a.StepUS > b.StepUS) {
+					t.Errorf("candidates not usable and cheapest first: %+v", ch.Candidates)
+				}
+			}
+			// What was chosen is what runs, and it is what memory says.
+			m := exe.Memory()
+			if (c.want == stablegraph.StrategyStable) != (m.Persistent > 0) || (c.want == stablegraph.StrategyPool) != (m.Slots > 0) {
+				t.Errorf("memory %+v under %s", m, c.want)
+			}
+		})
+	}
+	// A strategy asked for by name says so.
+	exe, err := stablegraph.Compile(ctx, b, fanOut(1), stablegraph.Options{Strategy: stablegraph.StrategyStable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Close()
+	if ch := exe.Choice(); ch.Requested != stablegraph.StrategyStable || ch.Strategy != stablegraph.StrategyStable || ch.Reason != "requested" || ch.Candidates != nil {
+		t.Errorf("choice %+v", ch)
+	}
+}
+
+// TestAutoFallsBack: when the chosen strategy cannot be built because the
+// device runs out of memory, auto takes the next and records why; any
+// other failure is returned. Nothing leaks either way.
+func TestAutoFallsBack(t *testing.T) {
+	ctx := context.Background()
+	b := newSim(t)
+	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3}
+	b.InjectFault("MemCreate", 1, gpu.ErrOutOfMemory)
+	exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts)
+	b.ClearFaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := exe.Choice()
+	if ch.Strategy != stablegraph.StrategyStable || !strings.Contains(ch.Reason, "fell back because pool failed to build") {
+		t.Errorf("chose %s: %s", ch.Strategy, ch.Reason)
+	}
+	if live := b.LiveHandles(); live.Chunks != 0 || live.Mappings != 0 || live.Reservations != 0 {
+		t.Errorf("the failed pool left %s", live)
+	}
+	if err := exe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemCreate", 0, nil)
+	if exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts); !errors.Is(err, gpu.ErrInjected) {
+		if err == nil {
+			exe.Close()
+		}
+		t.Errorf("auto with a pool failing for another reason = %v, want the error", err)
+	}
+	b.ClearFaults()
+}
+
+func TestPersistentOptions(t *testing.T) {
+	b := newSim(t)
+	p := fanOut(1)
+	for _, o := range []stablegraph.Options{
+		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},
+		{Costs: stablegraph.Costs{NodeUpdateUS: -1}}, {Costs: stablegraph.Costs{PoolMemoryFraction: 2}},
+	} {
+		if exe, err := stablegraph.Compile(context.Background(), b, p, o); err == nil {
+			exe.Close()
+			t.Errorf("Compile accepted %+v", o)
+		}
+	}
+	want := []stablegraph.Strategy{"eager", "record", "update", "patch", "stable", "pool", "auto"}
+	if got := stablegraph.Strategies(); !slices.Equal(got, want) {
+		t.Errorf("Strategies() = %v", got)
+	}
+	for _, s := range want {
+		if got, err := stablegraph.ParseStrategy(string(s)); err != nil || got != s {
+			t.Errorf("ParseStrategy(%q) = %q, %v", s, got, err)
+		}
+	}
+	if d := stablegraph.DefaultCosts(); d.NodeUpdateUS != 0.33 || d.TimelineWriteUS != 1 {
+		t.Errorf("default costs %+v", d)
+	}
+}

@@ -1,0 +1,345 @@
+package stablegraph_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/gpu/sim"
+	"stablegraph/workload"
+)
+
+// wlResult is what a workload run produced.
+type wlResult struct {
+	outs   [][][]byte // per step, per output (workload order)
+	states [][]byte   // final states (workload order)
+	stats  []stablegraph.Stats
+	choice stablegraph.Choice
+}
+
+// runWorkload runs steps of w with opts, the caller's buffers moving by
+// pattern, reading every output after every step (then releasing it).
+func runWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts stablegraph.Options, pattern workload.Pattern, steps int) wlResult {
+	t.Helper()
+	ctx := context.Background()
+	s := newStream(t, b)
+	caller, err := workload.NewCaller(b, 0, w, pattern, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := caller.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	exe, err := stablegraph.Compile(ctx, b, w.Program, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := exe.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res := wlResult{choice: exe.Choice()}
+	for step := range steps {
+		bind, err := caller.Bind(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs, err := exe.Run(ctx, s, bind)
+		if err != nil {
+			t.Fatalf("%s step %d: %v", exe.Strategy(), step, err)
+		}
+		if opts.ZeroCopyOutputs && exe.Strategy() == stablegraph.StrategyPool != outs.Leased() {
+			t.Fatalf("step %d: leased=%v under %s with zero-copy outputs", step, outs.Leased(), exe.Strategy())
+		}
+		var got [][]byte
+		for _, o := range w.Outputs {
+			data, err := exe.ReadOutput(ctx, outs, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, data)
+		}
+		outs.Release()
+		res.outs = append(res.outs, got)
+		res.stats = append(res.stats, exe.Stats())
+	}
+	for _, st := range w.States {
+		data, err := exe.ReadBuffer(ctx, st.Buffer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.states = append(res.states, data)
+	}
+	return res
+}
+
+func mustWorkload(t testing.TB, name string, cfg workload.Config) *workload.Workload {
+	t.Helper()
+	w, err := workload.New(name, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// sameResults demands every output of every step and every final state
+// equal to want's, bit for bit.
+func sameResults(t *testing.T, got, want wlResult) {
+	t.Helper()
+	for i := range want.outs {
+		for k := range want.outs[i] {
+			if !bytes.Equal(got.outs[i][k], want.outs[i][k]) {
+				t.Fatalf("step %d output %d differs from eager", i, k)
+			}
+		}
+	}
+	for k := range want.states {
+		if !bytes.Equal(got.states[k], want.states[k]) {
+			t.Fatalf("final state %d differs from eager", k)
+		}
+	}
+}
+
+// persistentVariants are the option sets the persistent-address strategies
+// are tested under.
+func persistentVariants() []struct {
+	name string
+	opts stablegraph.Options
+} {
+	v := []struct {
+		name string
+		opts stablegraph.Options
+	}{
+		{"stable", stablegraph.Options{Strategy: stablegraph.StrategyStable}},
+		{"stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StreamCopies: true}},
+		{"auto", stablegraph.Options{Strategy: stablegraph.StrategyAuto}},
+		{"auto-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true}},
+	}
+	for n := 1; n <= 3; n++ {
+		v = append(v,
+			struct {
+				name string
+				opts stablegraph.Options
+			}{fmt.Sprintf("pool-%d", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n}},
+			struct {
+				name string
+				opts stablegraph.Options
+			}{fmt.Sprintf("pool-%d-zero-copy", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, ZeroCopyOutputs: true}})
+	}
+	v = append(v, struct {
+		name string
+		opts stablegraph.Options
+	}{"pool-2-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyPool, StreamCopies: true}})
+	return v
+}
+
+// TestPersistentMatchEagerOnWorkloads is the acceptance check of stable,
+// pool (1, 2 and 3 slots, copied and zero-copy outputs) and auto: on mlp,
+// train and chain, with params and outputs moving every step, every output
+// and the final states equal eager's bit for bit, and once warm (each pool
+// slot used once) a step records, captures, patches and updates nothing:
+// it launches one graph and, when the caller's buffers moved, updates only
+// copy nodes.
+func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
+	const steps = 8
+	workloads := []struct {
+		name string
+		cfg  workload.Config
+	}{
+		{"mlp", workload.Config{Layers: 3, Width: 32, Batch: 4}},
+		{"train", workload.Config{Layers: 3, Width: 32, Batch: 4}},
+		{"chain", workload.Config{K: 40, N: 64}},
+	}
+	for _, wc := range workloads {
+		t.Run(wc.name, func(t *testing.T) {
+			w := mustWorkload(t, wc.name, wc.cfg)
+			for _, pattern := range []workload.Pattern{workload.PingPong, workload.Random} {
+				t.Run(string(pattern), func(t *testing.T) {
+					b := newSim(t)
+					want := runWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps)
+					for _, v := range persistentVariants() {
+						t.Run(v.name, func(t *testing.T) {
+							got := runWorkload(t, b, w, v.opts, pattern, steps)
+							sameResults(t, got, want)
+							checkSteadyState(t, got, v.opts)
+						})
+					}
+				})
+			}
+		})
+	}
+}
+
+// checkSteadyState checks what a persistent-address strategy did once warm.
+func checkSteadyState(t *testing.T, r wlResult, opts stablegraph.Options) {
+	t.Helper()
+	final := r.stats[len(r.stats)-1]
+	warm := 1
+	if final.Strategy == stablegraph.StrategyPool {
+		warm = opts.PoolSlots
+		if warm == 0 {
+			warm = 2 // the default
+		}
+	}
+	d := final.Counters.Sub(r.stats[warm-1].Counters)
+	n := int64(len(r.stats) - warm)
+	if final.Strategy == stablegraph.StrategyPatch {
+		// Auto chose patch (on these small programs the copies cost more
+		// than the few nodes to patch): patching is its steady state, but
+		// never a record or a capture.
+		if d.Records != 0 || d.Rerecords != 0 || d.TracesCaptured != 0 || d.GraphLaunches != n || d.BytesCopied != 0 {
+			t.Errorf("auto chose patch; steady state: %+v", d)
+		}
+		return
+	}
+	if d.Records != 0 || d.Rerecords != 0 || d.PatchedNodes != 0 || d.GraphUpdates != 0 || d.UpdateFallbacks != 0 ||
+		d.TracesCaptured != 0 || d.TracesSynthesized != 0 || d.GraphLaunches != n {
+		t.Errorf("%s, steady state: %+v; want only %d graph launches and copies", final.Strategy, d, n)
+	}
+	switch final.Strategy {
+	case stablegraph.StrategyStable, stablegraph.StrategyPool:
+		if d.BytesCopied == 0 {
+			t.Errorf("%s copied nothing", final.Strategy)
+		}
+		if (final.Strategy == stablegraph.StrategyPool) != (d.TimelineWrites == n) {
+			t.Errorf("%s: %d timeline writes over %d steps", final.Strategy, d.TimelineWrites, n)
+		}
+		if opts.StreamCopies {
+			if d.CopyNodeUpdates != 0 || d.Launches == 0 {
+				t.Errorf("stream copies: %d copy node updates, %d copies launched", d.CopyNodeUpdates, d.Launches)
+			}
+		} else if d.Launches != 0 {
+			t.Errorf("copies in the graph, but %d other launches", d.Launches)
+		}
+	}
+}
+
+// TestPersistentDefaultShapes runs stable, pool and auto at the workloads'
+// default shapes (chain of 1000 kernels, width 256) for a few steps.
+func TestPersistentDefaultShapes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("default shapes are slow on sim")
+	}
+	const steps = 4
+	for _, name := range []string{"mlp", "train", "chain"} {
+		t.Run(name, func(t *testing.T) {
+			b := newSim(t)
+			w := mustWorkload(t, name, workload.Config{})
+			want := runWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, steps)
+			for _, st := range []stablegraph.Strategy{stablegraph.StrategyStable, stablegraph.StrategyPool, stablegraph.StrategyAuto} {
+				t.Run(string(st), func(t *testing.T) {
+					got := runWorkload(t, b, w, stablegraph.Options{Strategy: st}, workload.Random, steps)
+					sameResults(t, got, want)
+					if testing.Verbose() {
+						t.Logf("auto: %s", got.choice.Reason)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestWorkloadBenchIncludesNewStrategies runs the bench driver's path
+// (workload.Bench over stablegraph.Strategies()) and expects the new
+// strategies in the report, matching eager, with their memory visible.
+func TestWorkloadBenchIncludesNewStrategies(t *testing.T) {
+	b := newSim(t)
+	w := mustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
+	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var patchPeak, poolPeak uint64
+	for _, r := range rep.Results {
+		seen[r.Strategy] = true
+		if !r.OutputsMatchEager {
+			t.Errorf("%s: outputs do not match eager (%s)", r.Strategy, r.Note)
+		}
+		switch r.Strategy {
+		case "patch":
+			patchPeak = r.PeakDeviceBytes
+		case "pool":
+			poolPeak = r.PeakDeviceBytes
+		}
+	}
+	for _, st := range []string{"stable", "pool", "auto"} {
+		if !seen[st] {
+			t.Errorf("bench has no %s row", st)
+		}
+	}
+	// Two 2 MiB slots: the pool's memory price must show.
+	if poolPeak < patchPeak+2*(2<<20) {
+		t.Errorf("peak device bytes: pool %d, patch %d; the slots are not counted", poolPeak, patchPeak)
+	}
+}
+
+// TestMemoryAccounting: stable counts its persistent copies, pool its
+// slots, and Total sums everything.
+func TestMemoryAccounting(t *testing.T) {
+	ctx := context.Background()
+	b := newSim(t)
+	w := newMLP(2, 8, 2, 10, 3)
+	for _, c := range []struct {
+		opts       stablegraph.Options
+		persistent uint64
+		slots      uint64
+	}{
+		{stablegraph.Options{Strategy: stablegraph.StrategyPatch}, 0, 0},
+		// x, x2, y, z, m, ycopy, each rounded to 256.
+		{stablegraph.Options{Strategy: stablegraph.StrategyStable}, 6 * 256, 0},
+		{stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, 0, 3 * (2 << 20)},
+	} {
+		exe, err := stablegraph.Compile(ctx, b, w.p, c.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := exe.Memory()
+		if m.Persistent != c.persistent || m.Slots != c.slots || m.Total() != m.States+m.Constants+m.Temps+c.persistent+c.slots {
+			t.Errorf("%s: %+v (total %d); want persistent %d, slots %d", c.opts.Strategy, m, m.Total(), c.persistent, c.slots)
+		}
+		if c.opts.Strategy == stablegraph.StrategyPool && m.SlotCount != 3 {
+			t.Errorf("%d slots", m.SlotCount)
+		}
+		if err := exe.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStableCloseReportsFailedFree: a free that fails at Close is reported,
+// not swallowed, and the other frees still happen.
+func TestStableCloseReportsFailedFree(t *testing.T) {
+	ctx := context.Background()
+	// Not newSim: the allocation whose free fails stays live by definition.
+	b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	w := newMLP(2, 8, 1, 8, 2)
+	exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: stablegraph.StrategyStable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemFree", 0, nil)
+	if err := exe.Close(); !errors.Is(err, gpu.ErrInjected) {
+		t.Fatalf("Close with a failing free = %v", err)
+	}
+	b.ClearFaults()
+	if live := b.LiveHandles(); live != (gpu.Counters{Allocations: 1}) {
+		t.Fatalf("live after one failed free: %s; want exactly that allocation", live)
+	}
+}

@@ -1,0 +1,286 @@
+package stablegraph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"stablegraph/gpu"
+	"stablegraph/vmm"
+)
+
+// pool is StrategyPool: Options.PoolSlots slots, each one VMM allocation
+// holding a copy of every param and output, mapped at Compile and kept
+// mapped until Close, each with its own graph recorded at its first use and
+// replayed forever after (see persist.go for the copies). States, constants
+// and temps are the executable's own, shared by all slots: steps are
+// ordered on the device anyway, because they share the states.
+//
+// # Slots and the timeline
+//
+// One vmm.Timeline per executable. Each slot remembers the point signalled
+// after its last step; a slot is ready when the timeline has reached that
+// point (the device is done with it) and no lease holds it. A step:
+//
+//  1. acquire (under the executable's lock) picks the least recently used
+//     slot not leased; when it is not ready, the executable drops its lock
+//     and waits, on the timeline (backing off, up to Options.SlotWait) or
+//     for a lease to be released, then tries again;
+//  2. run brings the slot's graph to the caller's addresses (only copy
+//     nodes change), launches it, and enqueues the timeline write that
+//     releases the slot right after, before anything that synchronises
+//     (ARCHITECTURE.md rule 4);
+//  3. the outputs handed back are the slot's that ran (rule 5): copied into
+//     the caller's buffers by the graph, or, with zero-copy outputs, the
+//     slot's own addresses under a lease.
+//
+// # Leases
+//
+// With Options.ZeroCopyOutputs a successful step leases its slot to the
+// caller until Outputs.Release. acquire never picks a leased slot; when all
+// are leased, Run waits up to Options.SlotWait for a release and then fails
+// with ErrSlotWait. Release may be called from any goroutine, without the
+// executable's lock: the lease state has its own mutex (lock order: the
+// executable's, then leases).
+type pool struct {
+	strategyEnv
+	plan     *copyPlan
+	tl       *vmm.Timeline
+	slots    []*poolSlot
+	zeroCopy bool
+	outIdx   []int // per output of the executable, its index in plan.persistent
+
+	// Guarded by the executable's lock.
+	next *poolSlot // the slot acquire chose for the next run
+	uses uint64    // steps launched, for least-recently-used order
+
+	leases struct {
+		sync.Mutex
+		// changed is closed (and replaced) at every release, and closed
+		// for good at close, to wake the runs waiting for a slot.
+		changed chan struct{}
+		closed  bool
+	}
+}
+
+// poolSlot is one slot. leased is guarded by pool.leases; the rest by the
+// executable's lock.
+type poolSlot struct {
+	index  int
+	mem    *vmm.Allocation
+	g      *slotGraph
+	point  uint64 // timeline point signalled after its last step; 0: never used
+	used   uint64 // pool.uses at its last step
+	leased bool
+}
+
+// newPool checks the device, maps the slots and creates the timeline, and
+// returns the strategy and the device bytes its slots hold. A device
+// without VMM or stream memory operations fails with an error wrapping
+// gpu.ErrNotSupported before anything is created; a failure at slot k
+// releases slots 0..k-1.
+func newPool(e *Executable, env strategyEnv) (_ *pool, bytes uint64, err error) {
+	if _, _, err := gpu.VirtualMemoryOf(e.b, e.dev); err != nil {
+		return nil, 0, fmt.Errorf("pool: slots need virtual memory management: %w", err)
+	}
+	if _, err := gpu.StreamMemOpsOf(e.b, e.dev); err != nil {
+		return nil, 0, fmt.Errorf("pool: the slot timeline needs stream memory operations: %w", err)
+	}
+	plan, err := newCopyPlan(e, e.opts.ZeroCopyOutputs, !e.opts.StreamCopies)
+	if err != nil {
+		return nil, 0, err
+	}
+	offs, size := plan.layout(e.bufs, e.opts.Alignment)
+	// A program without params and outputs still gets (empty) slots, so
+	// the pool behaves the same; the smallest allocation is one granule.
+	size = max(size, 1)
+	p := &pool{strategyEnv: env, plan: plan, zeroCopy: e.opts.ZeroCopyOutputs}
+	p.leases.changed = make(chan struct{})
+	for _, id := range e.outputs {
+		for k, pid := range plan.persistent {
+			if pid == id {
+				p.outIdx = append(p.outIdx, k)
+			}
+		}
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, p.close())
+		}
+	}()
+	n := e.opts.PoolSlots
+	for k := range n {
+		a, err := vmm.Allocate(e.b, e.dev, size, nil)
+		if err != nil {
+			return nil, 0, fmt.Errorf("pool: map slot %d of %d (%d bytes): %w", k, n, size, err)
+		}
+		persist := make([]gpu.DevicePtr, len(offs))
+		for i, off := range offs {
+			persist[i] = a.Ptr().Add(off)
+		}
+		p.slots = append(p.slots, &poolSlot{index: k, mem: a, g: plan.newSlot(persist)})
+		bytes += a.Size()
+	}
+	if p.tl, err = vmm.NewTimeline(e.b, e.dev); err != nil {
+		return nil, 0, fmt.Errorf("pool: %w", err)
+	}
+	return p, bytes, nil
+}
+
+// leasesOutputs reports whether Run hands out slot memory instead of
+// copying into the caller's output buffers.
+func (p *pool) leasesOutputs() bool { return p.zeroCopy }
+
+// acquire chooses the slot of the next run. It returns nil when that slot
+// is ready, or a function that waits, without the executable's lock, until
+// it may be (ctx carries the deadline).
+func (p *pool) acquire() func(context.Context) error {
+	if p.next != nil {
+		return nil
+	}
+	p.leases.Lock()
+	var slot *poolSlot
+	for _, s := range p.slots {
+		if !s.leased && (slot == nil || s.used < slot.used) {
+			slot = s
+		}
+	}
+	changed := p.leases.changed
+	p.leases.Unlock()
+	if slot == nil {
+		n := len(p.slots)
+		return func(ctx context.Context) error {
+			select {
+			case <-changed:
+				return nil
+			case <-ctx.Done():
+				return slotWaitErr(fmt.Sprintf("all %d slots are leased (zero-copy outputs not released)", n),
+					fmt.Errorf("%w (%w)", gpu.ErrTimeout, ctx.Err()), ctx.Err())
+			}
+		}
+	}
+	if point := slot.point; !p.tl.Reached(point) {
+		return func(ctx context.Context) error {
+			if err := p.tl.Wait(ctx, point, 0); err != nil {
+				return slotWaitErr(fmt.Sprintf("slot %d: the device has not finished the step that last used it", slot.index), err, ctx.Err())
+			}
+			return nil
+		}
+	}
+	p.next = slot
+	return nil
+}
+
+// slotWaitErr wraps a failed wait for a slot: ErrSlotWait when the deadline
+// passed, the cancellation otherwise.
+func slotWaitErr(what string, err, ctxErr error) error {
+	if errors.Is(ctxErr, context.Canceled) {
+		return fmt.Errorf("pool: %s: %w", what, ctxErr)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrSlotWait, what, err)
+}
+
+func (p *pool) run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (stepResult, error) {
+	if p.acquire() != nil {
+		// The executable always acquires first; this is a bug guard, not a
+		// path that waits.
+		return stepResult{}, fmt.Errorf("pool: no slot is ready: %w", gpu.ErrIllegalState)
+	}
+	slot := p.next
+	p.next = nil
+	launched, err := p.plan.step(&p.strategyEnv, slot.g, s, addrs)
+	if launched {
+		// Rule 4: the write that releases the slot follows the slot's work
+		// at once, before the executable records its step event or anyone
+		// synchronises.
+		point, serr := p.tl.Signal(s)
+		if serr == nil {
+			slot.point = point
+			p.stats.TimelineWrites++
+		} else {
+			// The slot's work is in flight with no point to wait for: wait
+			// for it here, so the slot is free when it is next taken.
+			err = errors.Join(err, fmt.Errorf("pool: signal the timeline after slot %d: %w", slot.index, serr))
+			if werr := p.b.StreamSynchronize(s); werr != nil {
+				err = errors.Join(err, fmt.Errorf("pool: wait for slot %d instead: %w", slot.index, werr))
+			}
+		}
+		p.uses++
+		slot.used = p.uses
+	}
+	if err != nil {
+		return stepResult{}, err
+	}
+	if !p.zeroCopy {
+		return stepResult{}, nil
+	}
+	outs := make([]gpu.DevicePtr, len(p.outIdx))
+	for i, k := range p.outIdx {
+		outs[i] = slot.g.persist[k]
+	}
+	p.leases.Lock()
+	slot.leased = true
+	p.leases.Unlock()
+	return stepResult{outs: outs, lease: &lease{p: p, slot: slot}}, nil
+}
+
+// close wakes the runs waiting for a slot, destroys the graphs, closes the
+// timeline and unmaps and releases every slot, reporting every failure.
+// The executable has waited for its last step, so the timeline has no
+// write pending.
+func (p *pool) close() error {
+	p.leases.Lock()
+	if !p.leases.closed {
+		p.leases.closed = true
+		close(p.leases.changed)
+	}
+	p.leases.Unlock()
+	var errs []error
+	for _, s := range p.slots {
+		errs = append(errs, p.plan.dropExec(&p.strategyEnv, s.g))
+	}
+	if p.tl != nil {
+		if err := p.tl.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("pool: %w", err))
+		}
+		p.tl = nil
+	}
+	for _, s := range p.slots {
+		if err := s.mem.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("pool: slot %d: %w", s.index, err))
+		}
+	}
+	p.slots = nil
+	return errors.Join(errs...)
+}
+
+// lease is a pool slot held for the caller by zero-copy outputs.
+type lease struct {
+	p        *pool
+	slot     *poolSlot
+	released bool // guarded by p.leases
+}
+
+// release gives the slot back to the pool and wakes the runs waiting for
+// one. It is idempotent and safe from any goroutine.
+func (l *lease) release() {
+	p := l.p
+	p.leases.Lock()
+	defer p.leases.Unlock()
+	if l.released {
+		return
+	}
+	l.released = true
+	l.slot.leased = false
+	if !p.leases.closed {
+		close(p.leases.changed)
+		p.leases.changed = make(chan struct{})
+	}
+}
+
+func (l *lease) isReleased() bool {
+	l.p.leases.Lock()
+	defer l.p.leases.Unlock()
+	return l.released
+}
