@@ -112,6 +112,15 @@
 // refused, and affect later launches only. Updates copy an exec's node list
 // at most once per launch, so patching n nodes costs O(n) plus one copy.
 //
+// # Collectives
+//
+// *Backend implements gpu.Collectives with its devices as the ranks: every
+// rank of a communicator is a device of the same Backend. A collective is a
+// launch of an internal kernel, so it is captured as a kernel node like any
+// library kernel, and completes once every rank's stream has reached it;
+// results are exact (reductions in rank order). Waits for other ranks end
+// at SetCommTimeout's deadline. See collectives.go for the model.
+//
 // # Testing hooks
 //
 // Beyond gpu.Backend, *Backend has InjectFault (fail the Nth call of an entry

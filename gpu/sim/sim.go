@@ -64,6 +64,7 @@ type Backend struct {
 	closing chan struct{} // closed by Close: workers drop remaining work
 	workers sync.WaitGroup
 	inj     injector
+	coll    collState // communicators (collectives.go)
 
 	// mu guards the handle tables and the address space. Page contents are
 	// not guarded by it (see addrspace.go); kernels copy under mu.RLock so
@@ -158,7 +159,8 @@ var backendType = reflect.TypeFor[gpu.Backend]()
 // ...) or "ResetDevice". Each injection fires once. Entry points without an
 // error result (Name, DeviceCount) are counted but cannot fail.
 func (b *Backend) InjectFault(op string, nth int, err error) {
-	if _, ok := backendType.MethodByName(op); !ok && op != "ResetDevice" {
+	_, coll := collectivesType.MethodByName(op)
+	if _, ok := backendType.MethodByName(op); !ok && !coll && op != "ResetDevice" {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()
@@ -194,6 +196,7 @@ func (b *Backend) StallTimeline(stall bool) { b.stall.Store(stall) }
 func (b *Backend) stick(dev int, err error) {
 	if b.devs[dev].fault.CompareAndSwap(nil, &stuck{err}) {
 		b.log.Debug("sim: device faulted; later work on it is skipped until ResetDevice", "device", dev, "err", err)
+		b.abortCommsOf(dev, err) // its ranks will never arrive
 	}
 }
 
@@ -331,6 +334,7 @@ func (b *Backend) countersLocked() gpu.Counters {
 		Mappings:     b.mu.as.mappings,
 		Modules:      len(b.mu.modules),
 		GraphExecs:   len(b.mu.execs),
+		Comms:        b.liveComms(),
 	}
 	for _, g := range b.mu.graphs {
 		if g.owner == nil {
@@ -373,6 +377,7 @@ func (b *Backend) Close() error {
 	b.mu.as = addrSpace{}
 	b.mu.as.init(len(b.devs))
 	b.mu.as.cursor = addrLimit // nothing can be carved any more
+	b.closeComms()
 	b.mu.Unlock()
 
 	close(b.closing)
