@@ -1,0 +1,20 @@
+package gputest_test
+
+import (
+	"testing"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/gputest"
+	"stablegraph/gpu/sim"
+)
+
+// TestSim runs the conformance suite on the sim backend with two devices.
+func TestSim(t *testing.T) {
+	gputest.Run(t, func(t *testing.T) gpu.Backend {
+		b, err := sim.New(gpu.Config{Devices: 2})
+		if err != nil {
+			t.Fatalf("sim.New: %v", err)
+		}
+		return b
+	})
+}
