@@ -135,13 +135,24 @@ func TestCompileErrors(t *testing.T) {
 // TestCompileFaults fails, one at a time, every device call Compile makes
 // and checks that each failure is returned and releases everything.
 func TestCompileFaults(t *testing.T) {
+	for _, st := range []stablegraph.Strategy{stablegraph.StrategyPatch, stablegraph.StrategyStable, stablegraph.StrategyAuto} {
+		t.Run(string(st), func(t *testing.T) { compileFaults(t, stablegraph.Options{Strategy: st}) })
+	}
+	// Auto choosing stable, which allocates.
+	t.Run("auto-stable", func(t *testing.T) {
+		compileFaults(t, stablegraph.Options{Strategy: stablegraph.StrategyAuto,
+			Costs: stablegraph.Costs{CopyLatencyUS: 1e-9, CopyBytesPerUS: 1e12, NodeUpdateUS: 10}})
+	})
+}
+
+func compileFaults(t *testing.T, opts stablegraph.Options) {
 	b := newSim(t)
 	w := newMLP(2, 8, 2, 10, 2)
 	for _, op := range []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"} {
 		for nth := 0; ; nth++ {
 			before := b.Calls(op)
 			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, w.p, stablegraph.Options{})
+			exe, err := stablegraph.Compile(context.Background(), b, w.p, opts)
 			fired := b.Calls(op)-before > nth
 			if err == nil {
 				if fired {
@@ -178,14 +189,23 @@ func TestRunFaults(t *testing.T) {
 		"GraphInstantiate", "GraphLaunch", "GraphExecUpdate", "GraphExecKernelNodeSetParams",
 		"GraphExecChildGraphNodeSetParams", "GraphExecMemcpyNodeSetParams", "GraphExecMemsetNodeSetParams",
 		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
-		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync",
+		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync", "StreamWriteValue64",
 	}
 	const steps = 5
 	// Outputs that do not depend on the state a failed step may have half
 	// updated: y, z and ycopy (m reads the accumulator).
 	compared := []int{0, 1, 3}
+	variants := map[string]stablegraph.Options{
+		"stable-stream-copies": {Strategy: stablegraph.StrategyStable, StreamCopies: true},
+		"pool-1":               {Strategy: stablegraph.StrategyPool, PoolSlots: 1},
+		"pool-3":               {Strategy: stablegraph.StrategyPool, PoolSlots: 3},
+		"pool-stream-copies":   {Strategy: stablegraph.StrategyPool, StreamCopies: true},
+	}
 	for _, st := range stablegraph.Strategies() {
-		t.Run(string(st), func(t *testing.T) {
+		variants[string(st)] = stablegraph.Options{Strategy: st}
+	}
+	for name, opts := range variants {
+		t.Run(name, func(t *testing.T) {
 			b := newSim(t)
 			w := newMLP(2, 8, 2, 10, 3)
 			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, steps)
@@ -198,7 +218,7 @@ func TestRunFaults(t *testing.T) {
 				for _, at := range []int{0, 1, 2} {
 					for _, nth := range []int{0, 1, 3} {
 						base := b.LiveHandles()
-						exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: st})
+						exe, err := stablegraph.Compile(ctx, b, w.p, opts)
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -328,7 +328,7 @@ func TestStableCloseReportsFailedFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
+	t.Cleanup(func() { b.Close() })
 	w := newMLP(2, 8, 1, 8, 2)
 	exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: stablegraph.StrategyStable})
 	if err != nil {

@@ -692,3 +692,41 @@ func BenchmarkPoolStep(b *testing.B) {
 		}
 	}
 }
+
+// TestPoolCloseReportsFailedRelease: a slot whose unmap or release fails at
+// Close is reported, and the other slots are still released.
+func TestPoolCloseReportsFailedRelease(t *testing.T) {
+	for _, op := range []string{"MemUnmap", "MemRelease", "MemAddressFree", "HostFree", "GraphExecDestroy"} {
+		t.Run(op, func(t *testing.T) {
+			// Not newSim: what failed to be released stays live by definition.
+			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { b.Close() }) // last: after the frees below
+			ctx := context.Background()
+			s := newStream(t, b)
+			pp := newPoolProgram()
+			xs := pp.inputs(t, b, 3)
+			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range xs {
+				bind := stablegraph.Bindings{pp.x: x, pp.y: mustAlloc(t, b, uint64(pp.y.Size())), pp.s: mustAlloc(t, b, uint64(pp.s.Size()))}
+				if _, err := exe.Run(ctx, s, bind); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := b.Calls(op)
+			b.InjectFault(op, 0, nil)
+			if err := exe.Close(); !errors.Is(err, gpu.ErrInjected) {
+				t.Fatalf("Close with %s failing = %v", op, err)
+			}
+			b.ClearFaults()
+			if calls := b.Calls(op) - before; op != "HostFree" && calls < 3 {
+				t.Errorf("Close called %s %d times after the first failed; want every slot tried", op, calls)
+			}
+		})
+	}
+}
