@@ -33,6 +33,9 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 	if err := p.check(); err != nil {
 		return nil, err
 	}
+	if err := p.checkComms(b, opts.Device); err != nil {
+		return nil, err
+	}
 	e := &Executable{
 		b:    b,
 		dev:  opts.Device,

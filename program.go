@@ -272,6 +272,7 @@ type cmdDecl struct {
 	gemm     GEMM
 	name     string // trace
 	fn       TraceFunc
+	coll     *collDecl // collectives (traced commands; collective.go)
 }
 
 // label names the command in errors: "launch sg_gemm", "trace allreduce".
@@ -286,6 +287,9 @@ func (c *cmdDecl) label() string {
 	case cmdGemm:
 		return "gemm"
 	case cmdTrace:
+		if c.coll != nil {
+			return c.name
+		}
 		return "trace " + c.name
 	}
 	return "unknown command"

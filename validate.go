@@ -162,6 +162,9 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 			}
 		}
 	case cmdTrace:
+		if c.coll != nil {
+			p.checkCollective(ck, i, c, op)
+		}
 		if c.name == "" {
 			ck.add(i, op, "", "traced command has no name")
 		}
