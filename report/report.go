@@ -22,7 +22,8 @@
 //	}
 //
 // step_us is GPU time per step (events around the step), host_us host time
-// per step (the host clock around the call). The counters are totals over the
+// per step (the host clock around the call), wall_us (when present) wall time
+// per step with steps running back to back. The counters are totals over the
 // measured steps. The per-step samples are kept under their own keys and may
 // be absent; "note" (absent when empty) records why a strategy fell back or
 // failed.
@@ -65,6 +66,11 @@ type Result struct {
 	StepUS Percentiles `json:"step_us"`
 	// HostUS is host time per step, microseconds.
 	HostUS Percentiles `json:"host_us"`
+	// WallUS is wall time per step when steps run back to back, as a
+	// training loop runs them (batches of steps timed by the host clock up
+	// to a synchronization, divided by the batch size); nil when not
+	// measured.
+	WallUS *Percentiles `json:"wall_us,omitempty"`
 
 	// Totals over the measured steps.
 	Rerecords    int64 `json:"rerecords"`

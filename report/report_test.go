@@ -18,6 +18,7 @@ func sample() *Report {
 	eager.SetSamples([]float64{120, 110, 130, 125}, []float64{300, 310, 290, 305})
 	patch := Result{Strategy: "patch", PatchedNodes: 64, GraphUpdates: 0, PeakDeviceBytes: 3 << 20, OutputsMatchEager: true}
 	patch.SetSamples([]float64{2400, 1.5, 1.4, 1.6}, []float64{5000, 4, 5, 4.5})
+	patch.WallUS = &Percentiles{P50: 2.25, P90: 2.5}
 	rec := Result{Strategy: "record", Rerecords: 4, BytesCopied: 1536, PeakDeviceBytes: 5 << 20, Note: "fell back from pool: no VMM"}
 	rec.SetSamples([]float64{900, 950, 1000, 980}, []float64{1000, 1100, 1050, 990})
 	r.Results = []Result{eager, patch, rec}
@@ -71,6 +72,9 @@ func TestJSONFieldNames(t *testing.T) {
 	for i, res := range results {
 		want := slices.Clone(required)
 		want = append(want, "host_samples_us", "step_samples_us")
+		if i == 1 {
+			want = append(want, "wall_us") // optional: only the patch sample has it
+		}
 		if i == 2 {
 			want = append(want, "note")
 		}
@@ -130,11 +134,11 @@ func TestTable(t *testing.T) {
 	}
 	want := `backend sim, device sim device 0, workload mlp width=256 batch=8 layers=8, 4 steps
 
-strategy  step p50 µs  step p90 µs  host p50 µs  host p90 µs  re-records  updates  patched nodes   copied  peak memory  matches eager
---------  -----------  -----------  -----------  -----------  ----------  -------  -------------  -------  -----------  -------------
-eager           122.5        128.5        302.5        308.5           0        0              0      0 B      3.0 MiB  yes
-patch            1.55         1680         4.75         3502           0        0             64      0 B      3.0 MiB  yes
-record          965.0        994.0         1025         1085           4        0              0  1.5 KiB      5.0 MiB  NO
+strategy  step p50 µs  step p90 µs  host p50 µs  host p90 µs  wall p50 µs  re-records  updates  patched nodes   copied  peak memory  matches eager
+--------  -----------  -----------  -----------  -----------  -----------  ----------  -------  -------------  -------  -----------  -------------
+eager           122.5        128.5        302.5        308.5            -           0        0              0      0 B      3.0 MiB  yes
+patch            1.55         1680         4.75         3502         2.25           0        0             64      0 B      3.0 MiB  yes
+record          965.0        994.0         1025         1085            -           4        0              0  1.5 KiB      5.0 MiB  NO
 
 notes:
   record: fell back from pool: no VMM

@@ -127,9 +127,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return fmt.Errorf("report: write table: %w", err)
 	}
 	t := Table{
-		Header: []string{"strategy", "step p50 µs", "step p90 µs", "host p50 µs", "host p90 µs",
+		Header: []string{"strategy", "step p50 µs", "step p90 µs", "host p50 µs", "host p90 µs", "wall p50 µs",
 			"re-records", "updates", "patched nodes", "copied", "peak memory", "matches eager"},
-		Align: []Align{Left, Right, Right, Right, Right, Right, Right, Right, Right, Right, Left},
+		Align: []Align{Left, Right, Right, Right, Right, Right, Right, Right, Right, Right, Right, Left},
 	}
 	var notes []string
 	for _, res := range r.Results {
@@ -140,9 +140,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 		case !res.OutputsMatchEager:
 			match = "NO"
 		}
+		wall := "-"
+		if res.WallUS != nil {
+			wall = FormatUS(res.WallUS.P50)
+		}
 		t.AddRow(res.Strategy,
 			FormatUS(res.StepUS.P50), FormatUS(res.StepUS.P90),
-			FormatUS(res.HostUS.P50), FormatUS(res.HostUS.P90),
+			FormatUS(res.HostUS.P50), FormatUS(res.HostUS.P90), wall,
 			strconv.FormatInt(res.Rerecords, 10), strconv.FormatInt(res.GraphUpdates, 10),
 			strconv.FormatInt(res.PatchedNodes, 10), FormatBytes(uint64(max(res.BytesCopied, 0))),
 			FormatBytes(res.PeakDeviceBytes), match)

@@ -35,6 +35,15 @@ type RunOptions struct {
 	// of an eager run of the same workload, seeds and pattern; when set,
 	// Run compares each step's outputs with it. Bench sets it.
 	Reference []Digest
+	// WallBatches is how many batches of WallBatchSize back-to-back steps
+	// are timed for WallUS after the checked steps, with fixed and pingpong
+	// buffers (random ones need a wait between steps). Default 10; -1
+	// measures none.
+	WallBatches int
+	// WallBatchSize is the number of steps per wall-time batch. Default 10.
+	WallBatchSize int
+	// NoFloor leaves out Bench's replay-fixed row.
+	NoFloor bool
 	// Progress, when set, is called after every step.
 	Progress func(strategy sg.Strategy, step, total int)
 	// Logger receives debug logs. Default slog.Default().
@@ -59,6 +68,12 @@ func (o RunOptions) withDefaults() RunOptions {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
+	}
+	if o.WallBatches == 0 {
+		o.WallBatches = 10
+	}
+	if o.WallBatchSize <= 0 {
+		o.WallBatchSize = 10
 	}
 	return o
 }
@@ -191,25 +206,65 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 
 	st := exe.Stats().Counters.Sub(before)
-	m := exe.Memory()
 	r := report.Result{
 		Strategy:          string(opts.Strategy),
 		Rerecords:         st.Rerecords,
 		GraphUpdates:      st.GraphUpdates,
 		PatchedNodes:      st.PatchedNodes,
 		BytesCopied:       st.BytesCopied,
-		PeakDeviceBytes:   max(peak, m.States+m.Constants+m.Temps),
+		PeakDeviceBytes:   max(peak, exe.Memory().Total()),
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
 	}
 	r.SetSamples(stepUS, hostUS)
+	if opts.Pattern != Random && opts.WallBatches > 0 {
+		wall, err := measureWall(ctx, b, exe, caller, s, total, opts)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: wall time with %s: %w", w.Name, opts.Strategy, err)
+		}
+		r.WallUS = &wall
+	}
+	if c := exe.Choice(); c.Requested != c.Strategy {
+		r.Note = fmt.Sprintf("ran %s: %s", c.Strategy, c.Reason)
+	}
 	if st.UpdateFallbacks > 0 {
-		r.Note = fmt.Sprintf("%d updates or patches refused by the driver, re-recorded", st.UpdateFallbacks)
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d updates or patches refused by the driver, re-recorded", st.UpdateFallbacks))
 	}
 	if res.Mismatch >= 0 {
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
 	}
 	res.Result, res.Stats = r, st
 	return res, nil
+}
+
+// measureWall times opts.WallBatches batches of opts.WallBatchSize steps run
+// back to back, as a training loop runs them: no event, readback or input
+// write between steps, one stream synchronization per batch. The bindings
+// are the caller's next two sets (one for fixed), written once before.
+func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions) (report.Percentiles, error) {
+	var binds []sg.Bindings
+	for i := range 2 {
+		bind, err := caller.Bind(next + i)
+		if err != nil {
+			return report.Percentiles{}, err
+		}
+		binds = append(binds, bind)
+	}
+	perStep := make([]float64, 0, opts.WallBatches)
+	for range opts.WallBatches {
+		t0 := time.Now()
+		for i := range opts.WallBatchSize {
+			outs, err := exe.Run(ctx, s, binds[i%len(binds)])
+			if err != nil {
+				return report.Percentiles{}, err
+			}
+			outs.Release()
+		}
+		if err := b.StreamSynchronize(s); err != nil {
+			return report.Percentiles{}, err
+		}
+		perStep = append(perStep, float64(time.Since(t0).Nanoseconds())/1e3/float64(opts.WallBatchSize))
+	}
+	return report.Summarize(perStep), nil
 }
 
 func joinNote(a, b string) string {
@@ -287,5 +342,26 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		}
 		rep.Results = append(rep.Results, res.Result)
 	}
+	if opts.Pattern != Fixed && !opts.NoFloor {
+		// The floor every overhead ratio is measured against: the same
+		// step graph replayed with nothing moving, in the same run.
+		o := opts
+		o.Strategy, o.Pattern = sg.StrategyPatch, Fixed
+		res, err := Run(ctx, b, w, o)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			rep.Results = append(rep.Results, report.Result{Strategy: FloorRow, Note: "failed: " + err.Error()})
+		} else {
+			res.Result.Strategy = FloorRow
+			res.Result.Note = joinNote(res.Result.Note, "patch strategy with fixed buffers: the graph replayed with nothing moving")
+			rep.Results = append(rep.Results, res.Result)
+		}
+	}
 	return rep, nil
 }
+
+// FloorRow is the name of Bench's row for the step graph replayed with no
+// buffer moving: the floor of every strategy's step time.
+const FloorRow = "replay-fixed"

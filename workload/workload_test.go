@@ -98,12 +98,23 @@ func TestBenchStrategiesMatchEager(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s/%s: %v", name, pat, err)
 			}
-			if len(rep.Results) != len(sg.Strategies()) || steps != 5*len(sg.Strategies()) {
+			runs := len(sg.Strategies())
+			if pat != Fixed {
+				runs++ // the replay-fixed floor
+			}
+			if len(rep.Results) != runs || steps != 5*runs {
 				t.Errorf("%s/%s: %d results, %d progress calls", name, pat, len(rep.Results), steps)
 			}
+			if _, ok := rep.Result(FloorRow); ok != (pat != Fixed) {
+				t.Errorf("%s/%s: floor row present = %v", name, pat, ok)
+			}
 			for _, r := range rep.Results {
-				if !r.OutputsMatchEager || r.Note != "" {
+				explained := r.Strategy == "auto" || r.Strategy == FloorRow
+				if !r.OutputsMatchEager || (r.Note != "") != explained {
 					t.Errorf("%s/%s/%s: match %v, note %q", name, pat, r.Strategy, r.OutputsMatchEager, r.Note)
+				}
+				if (r.WallUS != nil) != (pat != Random || r.Strategy == FloorRow) || (r.WallUS != nil && r.WallUS.P50 <= 0) {
+					t.Errorf("%s/%s/%s: wall time %v", name, pat, r.Strategy, r.WallUS)
 				}
 				if len(r.StepSamplesUS) != 4 || r.PeakDeviceBytes == 0 {
 					t.Errorf("%s/%s/%s: %d samples, peak %d", name, pat, r.Strategy, len(r.StepSamplesUS), r.PeakDeviceBytes)
