@@ -11,6 +11,9 @@
 //   - train: the same MLP's training step: forward, mean-squared-error
 //     backward, SGD update of the state weights in place.
 //   - chain: K tiny kernels (axpb over 256 elements), the update-cost stress.
+//   - dp: one rank's data-parallel training step: train on the rank's shard
+//     of the batch, the gradients all-reduced over Config.Comm before the
+//     update (see dp.go).
 //
 // # Caller
 //
@@ -61,6 +64,10 @@ type Config struct {
 	N int
 	// Seed seeds the weights and the inputs. Default 1.
 	Seed uint64
+	// Comm is dp's communicator: the rank's shard of the batch and the
+	// ranks its gradients are all-reduced over. Nil: dp is the single-rank
+	// step over the whole batch. Other workloads ignore it.
+	Comm *stablegraph.Comm
 }
 
 // MaxChainK is the largest chain New accepts.
@@ -80,6 +87,9 @@ type Workload struct {
 	// States are the executable-owned buffers to initialise with Init
 	// before the first step, with their contents.
 	States []StateInit
+	// Comm is the communicator the program's collectives use (dp), nil
+	// when it has none. The program must run on Comm.Device().
+	Comm *stablegraph.Comm
 
 	seed   uint64
 	inputs []func(r *rand.Rand) []byte // per param
@@ -93,11 +103,13 @@ type StateInit struct {
 
 // builders are the workloads by name.
 var builders = map[string]func(Config) (*Workload, error){
-	"mlp":         func(c Config) (*Workload, error) { return mlp("mlp", c, 256, 8) },
-	"mlp-large":   func(c Config) (*Workload, error) { return mlp("mlp-large", c, 1024, 64) },
-	"train":       func(c Config) (*Workload, error) { return train("train", c, 256, 8) },
-	"train-large": func(c Config) (*Workload, error) { return train("train-large", c, 1024, 64) },
-	"chain":       chain,
+	"mlp":          func(c Config) (*Workload, error) { return mlp("mlp", c, 256, 8) },
+	"mlp-large":    func(c Config) (*Workload, error) { return mlp("mlp-large", c, 1024, 64) },
+	"train":        func(c Config) (*Workload, error) { return train("train", c, 256, 8) },
+	"train-large":  func(c Config) (*Workload, error) { return train("train-large", c, 1024, 64) },
+	"chain":        chain,
+	"chain-moving": chainMoving,
+	"dp":           dp,
 }
 
 // Names lists the workloads New knows, sorted.
