@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"math/rand/v2"
 
 	sg "stablegraph"
 	"stablegraph/kernels"
@@ -131,7 +132,14 @@ const (
 // chain builds K axpb kernels over n elements: the first reads x, each
 // next one reads the previous one's result (two temps, alternating), the
 // last writes y.
-func chain(c Config) (*Workload, error) {
+func chain(c Config) (*Workload, error) { return buildChain("chain", c, false) }
+
+// chainMoving is chain whose two intermediates are caller-bound params
+// rather than temps, so that every kernel's buffers move when the caller's
+// do: the case where every node of the graph must be updated each step.
+func chainMoving(c Config) (*Workload, error) { return buildChain("chain-moving", c, true) }
+
+func buildChain(name string, c Config, moving bool) (*Workload, error) {
 	k, n := c.K, c.N
 	if k == 0 {
 		k = 1000
@@ -142,16 +150,26 @@ func chain(c Config) (*Workload, error) {
 	if k > MaxChainK || n > 1<<26 {
 		return nil, fmt.Errorf("workload chain: K=%d (at most %d) n=%d too large", k, MaxChainK, n)
 	}
-	p := sg.NewProgram("chain")
-	wl := &Workload{Name: "chain", Desc: fmt.Sprintf("chain (K=%d n=%d)", k, n), Program: p}
+	p := sg.NewProgram(name)
+	wl := &Workload{Name: name, Desc: fmt.Sprintf("%s (K=%d n=%d)", name, k, n), Program: p}
 	x := p.Param("x", f32Bytes(n))
 	y := p.Output("y", f32Bytes(n))
 	wl.Params, wl.Outputs = []sg.Buffer{x}, []sg.Buffer{y}
 	wl.inputs = append(wl.inputs, uniformInput(n))
 	var t [2]sg.Buffer
 	if k > 1 {
-		t[0] = p.Temp("t0", f32Bytes(n))
-		t[1] = p.Temp("t1", f32Bytes(n))
+		for i := range t {
+			name := fmt.Sprintf("t%d", i)
+			if moving {
+				// Written before read by the step: the caller's contents
+				// do not matter, zeros keep every run identical.
+				t[i] = p.Param(name, f32Bytes(n))
+				wl.Params = append(wl.Params, t[i])
+				wl.inputs = append(wl.inputs, func(*rand.Rand) []byte { return make([]byte, f32Bytes(n)) })
+			} else {
+				t[i] = p.Temp(name, f32Bytes(n))
+			}
+		}
 	}
 	prev := x
 	for i := 1; i <= k; i++ {
