@@ -31,6 +31,12 @@ type Config struct {
 	// CUBLASLibrary names the libcublas file to load (cuda only). Default:
 	// STABLEGRAPH_LIBCUBLAS, else a list of candidates; cuBLAS is optional.
 	CUBLASLibrary string
+	// NCCLLibrary names the libnccl file to load for collectives (cuda
+	// only). Default: STABLEGRAPH_LIBNCCL, else a list of candidates
+	// (system library directories, CUDA toolkits, PyTorch's NCCL wheel).
+	// NCCL is optional: without it the backend's collectives return
+	// gpu.ErrNotSupported listing the places tried.
+	NCCLLibrary string
 	// Logger receives backend logs; hot paths log at debug level only.
 	// Default slog.Default().
 	Logger *slog.Logger

@@ -37,7 +37,8 @@ type Backend struct {
 	opts options
 	devs []*device
 
-	blas blasLib // cuBLAS, loaded at the first Gemm
+	blas blasLib   // cuBLAS, loaded at the first Gemm
+	nccl ncclState // NCCL and the communicators (collectives.go)
 
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {
@@ -352,6 +353,7 @@ func (b *Backend) countersLocked() gpu.Counters {
 		Streams: len(b.mu.streams), Events: len(b.mu.events), Allocations: len(b.mu.allocs),
 		HostAllocs: len(b.mu.hosts), Chunks: len(b.mu.chunks), Reservations: len(b.mu.resv),
 		Mappings: len(b.mu.maps), Modules: len(b.mu.modules), GraphExecs: len(b.mu.execs),
+		Comms: b.liveComms(),
 	}
 	for _, g := range b.mu.graphs {
 		if g.owned {
@@ -382,6 +384,7 @@ func (b *Backend) Close() error {
 	for i := range b.devs {
 		errs = append(errs, b.call(i, "cuCtxSynchronize", d.CtxSynchronize))
 	}
+	errs = append(errs, b.closeComms())
 	for _, xi := range m.execs {
 		errs = append(errs, b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return d.GraphExecDestroy(xi.x) }))
 	}

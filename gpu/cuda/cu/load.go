@@ -149,4 +149,5 @@ var cache struct {
 	sync.Mutex
 	drivers map[string]*Driver
 	blas    map[string]*BLAS
+	nccl    map[string]*NCCL
 }
