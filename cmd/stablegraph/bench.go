@@ -8,6 +8,7 @@ import (
 	"time"
 
 	sg "stablegraph"
+	"stablegraph/gpu"
 	"stablegraph/report"
 	"stablegraph/workload"
 )
@@ -18,6 +19,7 @@ type workloadFlags struct {
 	cfg     workload.Config
 	run     workload.RunOptions
 	pattern string
+	ranks   rankFlags
 }
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
@@ -31,6 +33,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong or random")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
+	f.ranks.register(fs)
 }
 
 // build checks the flags and builds the workload.
@@ -47,7 +50,7 @@ func (f *workloadFlags) build() (*workload.Workload, error) {
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	return w, nil
+	return w, f.ranks.check(f.name)
 }
 
 // progressEvery returns a Progress function printing a line to the env's
@@ -70,7 +73,12 @@ the caller's buffers moving as --pattern says. Each step's GPU time (events
 around the step) and host time (the host clock around Executable.Run) are
 kept; the summary row goes to stdout, progress to stderr. With --check (the
 default) an eager run of the same inputs goes first and the outputs of every
-step are compared bit for bit; a difference makes the command fail.`,
+step are compared bit for bit; a difference makes the command fail.
+
+Workloads with collectives (dp) run on several ranks: --nproc N starts N
+ranks on this host (N processes, one GPU each, on cuda; N simulated devices
+in this process on sim), or --rank, --world, --rendezvous and --token launch
+one rank by hand on any host. Rank 0 reports.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -86,39 +94,43 @@ step are compared bit for bit; a difference makes the command fail.`,
 				if err != nil {
 					return err
 				}
-				return runOne(e, w, wf.run, strat, *check, *jsonPath)
+				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					return runBody(e, b, w, o, strat, *check, lead)
+				}
+				return wf.execute(e, fs, "run", w, body, func(rep *report.Report) error {
+					return writeReport(e, rep, *jsonPath, "")
+				})
 			}
 		},
 	}
 }
 
-func runOne(e *env, w *workload.Workload, o workload.RunOptions, strat sg.Strategy, check bool, jsonPath string) (err error) {
-	b, reason, err := e.open()
-	if err != nil {
-		return err
-	}
-	defer closeBackend(b, &err)
-	if o.Device < 0 || o.Device >= b.DeviceCount() {
-		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
-	}
-	e.progress("run: %s on backend %s", w.Desc, shortReason(reason))
-	o.Logger = e.log
+// runBody is run's work on an opened backend: an eager reference run when
+// check asks for one, then the strategy's run. The report comes back also
+// when the outputs differ from eager, with the error saying so.
+func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strat sg.Strategy, check, lead bool) (*report.Report, error) {
 	props, err := b.DeviceProps(o.Device)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	watch := workload.WatchCollectives(w.Comm, &o)
 	if check && strat != sg.StrategyEager {
-		e.progress("run: eager reference run")
+		if lead {
+			e.progress("run: eager reference run")
+		}
 		ref, err := workload.Run(e.ctx, b, w, o)
 		if err != nil {
-			return fmt.Errorf("eager reference: %w", err)
+			return nil, fmt.Errorf("eager reference: %w", err)
 		}
 		o.Reference = ref.Digests
 	}
-	o.Strategy, o.Progress = strat, progressEvery(e, "run")
+	o.Strategy = strat
+	if lead {
+		o.Progress = chainProgress(o.Progress, progressEvery(e, "run"))
+	}
 	res, err := workload.Run(e.ctx, b, w, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case strat == sg.StrategyEager:
@@ -132,13 +144,22 @@ func runOne(e *env, w *workload.Workload, o workload.RunOptions, strat sg.Strate
 		Workload: fmt.Sprintf("%s, %s buffers", w.Desc, o.Pattern), Steps: o.Steps,
 		Results: []report.Result{res.Result},
 	}
-	if err := writeReport(e, rep, jsonPath, ""); err != nil {
-		return err
-	}
+	watch.Annotate(rep)
 	if check && !res.Result.OutputsMatchEager {
-		return fmt.Errorf("%s outputs differ from eager from step %d", strat, res.Mismatch)
+		return rep, fmt.Errorf("%s outputs differ from eager from step %d", strat, res.Mismatch)
 	}
-	return nil
+	return rep, nil
+}
+
+// chainProgress calls a then b.
+func chainProgress(a, b func(sg.Strategy, int, int)) func(sg.Strategy, int, int) {
+	if a == nil {
+		return b
+	}
+	return func(s sg.Strategy, step, total int) {
+		a(s, step, total)
+		b(s, step, total)
+	}
 }
 
 func benchCommand() *command {
@@ -151,7 +172,10 @@ step's outputs with eager's bit for bit. Reports per strategy the GPU time per
 step (events) and host time per step (p50, p90), re-records, graph updates,
 patched nodes, bytes copied, peak device memory and whether the outputs
 matched. With no flags: the mlp workload (8 layers, width 256, batch 8),
-100 steps, pingpong buffers, on the default backend.`,
+100 steps, pingpong buffers, on the default backend. Workloads with
+collectives (dp) take --nproc or --rank/--world/--rendezvous as in run; every
+rank runs every strategy, rank 0 reports, and the notes say how many
+collectives each strategy captured in steady state.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -179,30 +203,30 @@ matched. With no flags: the mlp workload (8 layers, width 256, batch 8),
 				if err != nil {
 					return err
 				}
-				return bench(e, w, wf.run, strats, *jsonPath, *plotPath)
+				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					return benchBody(e, b, w, o, strats, lead)
+				}
+				return wf.execute(e, fs, "bench", w, body, func(rep *report.Report) error {
+					return writeReport(e, rep, *jsonPath, *plotPath)
+				})
 			}
 		},
 	}
 }
 
-func bench(e *env, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, jsonPath, plotPath string) (err error) {
-	b, reason, err := e.open()
-	if err != nil {
-		return err
+// benchBody is bench's work on an opened backend: every strategy in
+// turn. The report comes back also when a strategy failed or differs from
+// eager, with the error saying which.
+func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, lead bool) (*report.Report, error) {
+	if lead {
+		o.Progress = chainProgress(o.Progress, progressEvery(e, "bench"))
 	}
-	defer closeBackend(b, &err)
-	if o.Device < 0 || o.Device >= b.DeviceCount() {
-		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
-	}
-	e.progress("bench: %s on backend %s", w.Desc, shortReason(reason))
-	o.Logger, o.Progress = e.log, progressEvery(e, "bench")
+	watch := workload.WatchCollectives(w.Comm, &o)
 	rep, err := workload.Bench(e.ctx, b, w, strats, o)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := writeReport(e, rep, jsonPath, plotPath); err != nil {
-		return err
-	}
+	watch.Annotate(rep)
 	var bad []string
 	for _, r := range rep.Results {
 		if !r.OutputsMatchEager {
@@ -210,9 +234,9 @@ func bench(e *env, w *workload.Workload, o workload.RunOptions, strats []sg.Stra
 		}
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("outputs of %s differ from eager or the strategy failed (see notes)", strings.Join(bad, ", "))
+		return rep, fmt.Errorf("outputs of %s differ from eager or the strategy failed (see notes)", strings.Join(bad, ", "))
 	}
-	return nil
+	return rep, nil
 }
 
 // writeReport prints the table to stdout and writes the JSON and plot files

@@ -48,6 +48,7 @@ type globalFlags struct {
 	verbose   bool
 	libcuda   string
 	libcublas string
+	libnccl   string
 }
 
 func (g *globalFlags) register(fs *flag.FlagSet) {
@@ -58,6 +59,7 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&g.verbose, "v", g.verbose, "debug logs on stderr")
 	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search)")
 	fs.StringVar(&g.libcublas, "libcublas", g.libcublas, "`path` of libcublas to load (cuda; default: the backend's search)")
+	fs.StringVar(&g.libnccl, "libnccl", g.libnccl, "`path` of libnccl to load for collectives (cuda; default: the backend's search)")
 }
 
 // env is what a command runs with.
@@ -67,6 +69,10 @@ type env struct {
 	stderr io.Writer
 	global *globalFlags
 	log    *slog.Logger
+	// exit ends the process at once (os.Exit): a rank whose peer died
+	// cannot wait for collectives that will never complete. Tests replace
+	// it.
+	exit func(code int)
 }
 
 // open opens the backend the global flags select.
@@ -75,6 +81,7 @@ func (e *env) open() (gpu.Backend, string, error) {
 		Devices:       e.global.devices,
 		CUDALibrary:   e.global.libcuda,
 		CUBLASLibrary: e.global.libcublas,
+		NCCLLibrary:   e.global.libnccl,
 		Logger:        e.log,
 	}
 	b, reason, err := gpu.Open(e.global.backend, cfg)
@@ -177,7 +184,8 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	e := &env{
 		ctx: ctx, stdout: stdout, stderr: stderr, global: &g,
-		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})),
+		log:  slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})),
+		exit: exitProcess,
 	}
 	if err := exec(e); err != nil {
 		var ue *usageError
@@ -239,7 +247,7 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error.
 	io.WriteString(w, b.String())
 }
 
-var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas"}
+var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas", "libnccl"}
 
 func commandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 	var b strings.Builder

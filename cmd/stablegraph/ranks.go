@@ -1,0 +1,401 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	sg "stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/rendezvous"
+	"stablegraph/report"
+	"stablegraph/workload"
+)
+
+// Ranks: run and bench of a workload with collectives (dp) on several
+// ranks, one GPU each.
+//
+//   - --nproc N on CUDA starts N processes of this executable on this host,
+//     rank r on GPU r, with --rank r --world N --rendezvous 127.0.0.1:PORT
+//     and a random --token, and the NCCL settings of ncclDefaults unless the
+//     environment sets them. Rank 0's report goes to stdout; every rank's
+//     stderr is relayed with a "[rank r]" prefix. If a rank fails, the
+//     others learn it from the rendezvous and stop; the command fails.
+//   - --nproc N on sim runs the N ranks in this process, on N simulated
+//     devices (--devices is raised to N): the sim has no multi-process
+//     collectives.
+//   - --rank R --world W --rendezvous host:port (and the same --token on
+//     every rank) launches one rank by hand, on any host: rank 0 listens on
+//     host:port, the others connect to it; together they make the NCCL
+//     communicator.
+//
+// A rank process waits at most --rendezvous-timeout for the others to
+// arrive. While it runs, a lost rank (its process died: the rendezvous
+// connection ended without goodbye) makes it exit at once with an error,
+// since collectives waiting for the lost rank would never complete.
+
+// rankFlags are the flags of multi-rank runs.
+type rankFlags struct {
+	nproc      int
+	rank       int
+	world      int
+	rendezvous string
+	token      string
+	timeout    time.Duration
+}
+
+// rankFlagNames are the flags the --nproc launcher sets for each rank
+// itself, rather than passing on the command line it was given.
+var rankFlagNames = []string{"nproc", "rank", "world", "rendezvous", "token", "device"}
+
+func (f *rankFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&f.nproc, "nproc", 0, "run `N` ranks of a workload with collectives (dp) on this host: N processes, one GPU each (cuda), or N simulated devices in this process (sim)")
+	fs.IntVar(&f.rank, "rank", 0, "this process's `rank`, when ranks are launched by hand (with --world and --rendezvous)")
+	fs.IntVar(&f.world, "world", 0, "the `number` of ranks, when ranks are launched by hand")
+	fs.StringVar(&f.rendezvous, "rendezvous", "", "`host:port` rank 0 listens on and the other ranks connect to")
+	fs.StringVar(&f.token, "token", "", "job `token`, the same on every rank: rank 0 refuses ranks of another job")
+	fs.DurationVar(&f.timeout, "rendezvous-timeout", rendezvous.DefaultTimeout, "how long ranks wait for each other to arrive")
+}
+
+// check validates the rank flags for workload name.
+func (f *rankFlags) check(name string) error {
+	switch {
+	case f.nproc < 0 || f.world < 0:
+		return usagef("--nproc and --world must not be negative")
+	case f.nproc > 0 && f.world > 0:
+		return usagef("--nproc launches the ranks itself; do not give --world with it")
+	case f.world > 0 && (f.rank < 0 || f.rank >= f.world):
+		return usagef("--rank %d out of range [0, %d)", f.rank, f.world)
+	case f.world > 1 && f.rendezvous == "":
+		return usagef("--world %d needs --rendezvous host:port (rank 0's address)", f.world)
+	case f.world == 0 && f.rank != 0:
+		return usagef("--rank needs --world")
+	case f.timeout <= 0:
+		return usagef("--rendezvous-timeout must be positive")
+	}
+	if (f.nproc > 0 || f.world > 0) && name != "dp" {
+		return usagef("workload %s has no collectives; --nproc and --world run workloads that do (dp)", name)
+	}
+	return nil
+}
+
+// rankBody runs a command's work on an opened backend for one rank (or the
+// only one). lead is the rank that reports (progress, table, files).
+type rankBody func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error)
+
+// execute runs body as the flags say (see the top of this file); output
+// writes the lead rank's report.
+func (f *workloadFlags) execute(e *env, fs *flag.FlagSet, cmd string, w *workload.Workload, body rankBody, output func(*report.Report) error) error {
+	switch {
+	case f.ranks.nproc > 0:
+		return f.launch(e, fs, cmd, body, output)
+	case f.ranks.world > 0:
+		return f.runRank(e, cmd, body, output)
+	}
+	b, reason, err := e.open()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b, &err)
+	if f.run.Device < 0 || f.run.Device >= b.DeviceCount() {
+		return usagef("--device %d: backend %s has %d device(s)", f.run.Device, b.Name(), b.DeviceCount())
+	}
+	e.progress("%s: %s on backend %s", cmd, w.Desc, shortReason(reason))
+	o := f.run
+	o.Logger = e.log
+	rep, err := body(e, b, w, o, true)
+	if rep != nil {
+		err = errors.Join(output(rep), err)
+	}
+	return err
+}
+
+// launch is --nproc: N ranks in this process on sim, else N processes.
+func (f *workloadFlags) launch(e *env, fs *flag.FlagSet, cmd string, body rankBody, output func(*report.Report) error) (err error) {
+	n := f.ranks.nproc
+	if e.global.backend == "sim" || e.global.backend == "auto" {
+		e.global.devices = max(e.global.devices, n)
+		b, reason, err := e.open()
+		if err != nil {
+			return err
+		}
+		if b.Name() == "sim" {
+			defer closeBackend(b, &err)
+			return f.inProcess(e, cmd, b, reason, body, output)
+		}
+		// auto found a GPU: one process per GPU, as on cuda.
+		if err := b.Close(); err != nil {
+			return err
+		}
+	}
+	return f.spawn(e, fs, cmd)
+}
+
+// inProcess runs the ranks on the devices of one sim backend, one
+// goroutine each.
+func (f *workloadFlags) inProcess(e *env, cmd string, b gpu.Backend, reason string, body rankBody, output func(*report.Report) error) error {
+	n := f.ranks.nproc
+	if t, ok := b.(interface{ SetCommTimeout(time.Duration) }); ok {
+		t.SetCommTimeout(f.ranks.timeout)
+	}
+	devs := make([]int, n)
+	for i := range devs {
+		devs[i] = i
+	}
+	comms, err := sg.NewComms(b, devs)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, c := range comms {
+			err = errors.Join(err, c.Close())
+		}
+	}()
+	ws, err := workload.ForRanks(f.name, f.cfg, comms)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	e.progress("%s: %s, %d ranks in this process on backend %s", cmd, ws[0].Desc, n, shortReason(reason))
+	reps := make([]*report.Report, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			o := f.run
+			o.Logger, o.Device = e.log, comms[r].Device()
+			reps[r], errs[r] = body(e, b, ws[r], o, r == 0)
+			if errs[r] != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, errs[r])
+			}
+		})
+	}
+	wg.Wait()
+	err = errors.Join(errs...)
+	if reps[0] != nil {
+		err = errors.Join(output(reps[0]), err)
+	}
+	return err
+}
+
+// spawn starts the N rank processes and waits for them.
+func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
+	n := f.ranks.nproc
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this executable to start the ranks: %w", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("pick a rendezvous port: %w", err)
+	}
+	addr := l.Addr().String()
+	l.Close() // rank 0 listens there; a port taken meanwhile fails its Join clearly
+	var tok [8]byte
+	if _, err := rand.Read(tok[:]); err != nil {
+		return err
+	}
+	token := hex.EncodeToString(tok[:])
+	args := childArgs(e.global, fs, cmd)
+	e.progress("%s: starting %d ranks, one process per GPU, rendezvous at %s", cmd, n, addr)
+
+	ctx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	procs := make([]*exec.Cmd, n)
+	var relays sync.WaitGroup
+	for r := range n {
+		a := slices.Concat(args, []string{"--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
+			"--rendezvous", addr, "--token", token, "--device", strconv.Itoa(r)})
+		c := exec.CommandContext(ctx, self, a...)
+		c.Env = childEnv()
+		c.WaitDelay = 5 * time.Second
+		if r == 0 {
+			c.Stdout = e.stdout
+		}
+		stderr, err := c.StderrPipe()
+		if err != nil {
+			return err
+		}
+		if err := c.Start(); err != nil {
+			cancel()
+			for _, p := range procs[:r] {
+				p.Wait()
+			}
+			return fmt.Errorf("start rank %d: %w", r, err)
+		}
+		procs[r] = c
+		relays.Go(func() { relay(e.stderr, stderr, fmt.Sprintf("[rank %d] ", r)) })
+	}
+	// Wait for every rank. Once one has failed the others are told by the
+	// rendezvous and stop; any still running after the grace period is
+	// killed.
+	errs := make([]error, n)
+	failed := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for r, c := range procs {
+		wg.Go(func() {
+			if err := c.Wait(); err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				failed <- struct{}{}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-failed:
+		select {
+		case <-done:
+		case <-time.After(f.ranks.timeout + 30*time.Second):
+			cancel()
+			<-done
+		}
+	}
+	relays.Wait()
+	return errors.Join(errs...)
+}
+
+// childArgs are the command-line arguments of a rank process: the global
+// flags, the command, and the command's flags that were set, less the ones
+// the launcher sets per rank.
+func childArgs(g *globalFlags, fs *flag.FlagSet, cmd string) []string {
+	args := []string{"--backend", g.backend, "--devices", strconv.Itoa(g.devices)}
+	if g.verbose {
+		args = append(args, "-v")
+	}
+	for name, v := range map[string]string{"libcuda": g.libcuda, "libcublas": g.libcublas, "libnccl": g.libnccl} {
+		if v != "" {
+			args = append(args, "--"+name, v)
+		}
+	}
+	args = append(args, cmd)
+	fs.Visit(func(fl *flag.Flag) {
+		if slices.Contains(rankFlagNames, fl.Name) || slices.Contains(globalNames, fl.Name) {
+			return
+		}
+		args = append(args, "--"+fl.Name+"="+fl.Value.String())
+	})
+	return args
+}
+
+// relay copies r to w line by line, each line prefixed.
+func relay(w io.Writer, r io.Reader, prefix string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fmt.Fprintf(w, "%s%s\n", prefix, sc.Bytes())
+	}
+}
+
+// runRank is one rank of a multi-process run: join the rendezvous, share
+// the NCCL id, make the communicator, run, and report on rank 0.
+func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*report.Report) error) (err error) {
+	rk := f.ranks
+	b, reason, err := e.open()
+	if err != nil {
+		return err
+	}
+	defer closeBackend(b, &err)
+	dev := f.run.Device
+	if dev < 0 || dev >= b.DeviceCount() {
+		return usagef("--device %d: backend %s has %d device(s)", dev, b.Name(), b.DeviceCount())
+	}
+	if b.Name() == "sim" && rk.world > 1 {
+		return usagef("the sim's collectives run between the devices of one process: use --nproc %d with --backend sim", rk.world)
+	}
+	g, err := rendezvous.Join(e.ctx, rendezvous.Config{Addr: rk.rendezvous, Rank: rk.rank, World: rk.world,
+		Token: rk.token, Timeout: rk.timeout, Logger: e.log})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, g.Close()) }()
+	// abort tells the other ranks why this one stops, so they stop too.
+	abort := func(err error) error {
+		g.Abort(fmt.Sprintf("rank %d: %v", rk.rank, err))
+		return err
+	}
+	var id gpu.CommID
+	if rk.rank == 0 {
+		if id, err = sg.NewCommID(b); err != nil {
+			return abort(err)
+		}
+	}
+	data, err := g.Broadcast(e.ctx, id[:])
+	if err != nil {
+		return err
+	}
+	if len(data) != len(id) {
+		return abort(fmt.Errorf("rank 0 sent a communicator id of %d bytes, not %d", len(data), len(id)))
+	}
+	copy(id[:], data)
+	stop := watchRendezvous(e, g, rk.rank)
+	comm, err := sg.NewComm(b, dev, id, rk.world, rk.rank)
+	if err != nil {
+		stop()
+		return abort(err)
+	}
+	defer func() { err = errors.Join(err, comm.Close()) }()
+	cfg := f.cfg
+	cfg.Comm = comm
+	w, err := workload.New(f.name, cfg)
+	if err != nil {
+		stop()
+		return abort(usagef("%v", err))
+	}
+	lead := rk.rank == 0
+	if lead {
+		e.progress("%s: %s on backend %s", cmd, w.Desc, shortReason(reason))
+	}
+	o := f.run
+	o.Logger, o.Device = e.log, dev
+	rep, err := body(e, b, w, o, lead)
+	if err != nil && rep == nil {
+		stop()
+		return abort(err)
+	}
+	// Every rank finishes its collectives before any destroys its
+	// communicator.
+	berr := g.Barrier(e.ctx)
+	stop()
+	err = errors.Join(err, berr)
+	if lead && rep != nil {
+		err = errors.Join(output(rep), err)
+	}
+	return err
+}
+
+// watchRendezvous makes the process exit, with the reason on stderr, when
+// the rendezvous fails while the rank runs: a rank was lost, and work
+// waiting for it in a collective would never complete. stop ends the watch.
+func watchRendezvous(e *env, g *rendezvous.Group, rank int) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-quit:
+		case <-g.Done():
+			if err := g.Err(); err != nil && !errors.Is(err, rendezvous.ErrClosed) {
+				fmt.Fprintf(e.stderr, "stablegraph: rank %d stops: %v (collectives waiting for the lost rank cannot complete)\n", rank, err)
+				e.exit(exitFailure)
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() { close(quit) })
+		<-done
+	}
+}
