@@ -96,7 +96,14 @@ func readGraph(r GraphReader, g gpu.Graph) ([]rnode, error) {
 		}
 		slices.Sort(out[i].deps)
 		if typ == gpu.NodeKernel {
-			if out[i].params, err = r.GraphKernelNodeParams(n); err != nil {
+			out[i].params, err = r.GraphKernelNodeParams(n)
+			if errors.Is(err, gpu.ErrNotSupported) {
+				// The backend cannot read this kernel's parameters back
+				// (NCCL's kernels pass a buffer shorter than their declared
+				// layout): nothing can be proved about them.
+				return nil, notPatchable("node %d: the backend cannot read its kernel parameters: %v", i, err)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("read trace node %d: %w", i, err)
 			}
 		}

@@ -62,9 +62,11 @@ func TestCollectivesWithoutNCCL(t *testing.T) {
 	}
 }
 
-// TestNCCLAllReduce runs a communicator over every GPU of this process
-// (one goroutine per rank, as ncclCommInitRank wants), eagerly and from a
-// captured graph. It needs NCCL and skips without it.
+// TestNCCLAllReduce runs a communicator over every GPU of this process,
+// eagerly and from a captured graph. Every NCCL call of a rank is made from
+// that rank's own goroutine: NCCL may block one rank's call until the
+// others have made theirs (one thread driving several ranks needs
+// ncclGroupStart). It needs NCCL and skips without it.
 func TestNCCLAllReduce(t *testing.T) {
 	b := openOrSkip(t, gpu.Config{})
 	closeClean(t, b)
@@ -87,11 +89,15 @@ func TestNCCLAllReduce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
+		var wg sync.WaitGroup
 		for _, c := range comms {
-			if err := b.CommDestroy(c); err != nil {
-				t.Error(err)
-			}
+			wg.Go(func() {
+				if err := b.CommDestroy(c); err != nil {
+					t.Error(err)
+				}
+			})
 		}
+		wg.Wait()
 	}()
 	for r, c := range comms {
 		rank, size, err := b.CommRank(c)
@@ -149,27 +155,39 @@ func TestNCCLAllReduce(t *testing.T) {
 			}
 		}
 	}
-	fill(0)
-	for r := range rs {
-		if err := b.AllReduce(comms[r], rs[r].p, rs[r].p, count, gpu.Float32, gpu.Sum, rs[r].s); err != nil {
+	perRank := func(f func(r int) error) {
+		t.Helper()
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r := range n {
+			wg.Go(func() { errs[r] = f(r) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	fill(0)
+	perRank(func(r int) error {
+		return b.AllReduce(comms[r], rs[r].p, rs[r].p, count, gpu.Float32, gpu.Sum, rs[r].s)
+	})
 	check(0, "eager")
-	for r := range rs {
+	perRank(func(r int) error {
 		if err := b.StreamBeginCapture(rs[r].s); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if err := b.AllReduce(comms[r], rs[r].p, rs[r].p, count, gpu.Float32, gpu.Sum, rs[r].s); err != nil {
-			t.Fatal(err)
+			return err
 		}
+		var err error
 		if rs[r].g, err = b.StreamEndCapture(rs[r].s); err != nil {
-			t.Fatal(err)
+			return err
 		}
+		rs[r].x, err = b.GraphInstantiate(rs[r].g)
+		return err
+	})
+	for r := range rs {
 		defer b.GraphDestroy(rs[r].g)
-		if rs[r].x, err = b.GraphInstantiate(rs[r].g); err != nil {
-			t.Fatal(err)
-		}
 		defer b.GraphExecDestroy(rs[r].x)
 	}
 	for step := 1; step <= 3; step++ {
