@@ -1,0 +1,58 @@
+package faultcampaign_test
+
+import (
+	"context"
+	"flag"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"stablegraph/faultcampaign"
+	_ "stablegraph/gpu/sim"
+	"stablegraph/workload"
+)
+
+var full = flag.Bool("campaign.full", false, "sweep every call index of every site (the full campaign; minutes)")
+
+// TestFaultCampaign runs the fault campaign: every strategy and workload,
+// each driver entry point the trial reaches failed in turn (see the package
+// doc). By default it tries at most two call indices per (phase, entry
+// point), the first and the last, which CI affords; -campaign.full tries
+// every one:
+//
+//	go test -run TestFaultCampaign -v ./faultcampaign
+//	go test -run TestFaultCampaign -v -timeout 60m ./faultcampaign -campaign.full
+func TestFaultCampaign(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	cfg := faultcampaign.Config{PerSite: 2}
+	if *full {
+		cfg.PerSite = 0
+		cfg.Patterns = []workload.Pattern{workload.Random, workload.PingPong}
+	}
+	if testing.Short() {
+		cfg.PerSite = 1
+	}
+	cfg.Progress = func(c faultcampaign.Cell) {
+		t.Logf("%-13s %-9s %-21s sites %4d tried %4d injected %4d failed %d (%v)", c.Workload, c.Pattern, c.Variant,
+			c.Sites, c.Tried, c.Injected(), c.Counts[faultcampaign.Failed], c.Duration.Round(time.Millisecond))
+	}
+	rep, err := faultcampaign.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fault campaign summary:\n%s", rep.Table())
+	for _, c := range rep.Cells {
+		for _, f := range c.Faults {
+			if f.Outcome != faultcampaign.Failed {
+				t.Logf("  %s", f)
+			}
+		}
+	}
+	for _, f := range rep.Failures() {
+		t.Errorf("%s", f)
+	}
+	if rep.Goroutines > 0 {
+		t.Errorf("%d goroutines left behind by the campaign", rep.Goroutines)
+	}
+}
