@@ -18,6 +18,13 @@
 // around the work on one stream. Rows named "per launch", "per node" or
 // "per kernel" divide a sample by the number of kernels it covered.
 //
+// Host rows of calls that enqueue work time them on a stream with nothing
+// pending: the stream is synchronized before, outside the timed region, so
+// that a call never waits behind earlier work for room in the stream's
+// queue. The first launch of a new graph exec uploads the graph to the
+// device and is a row of its own; the GraphLaunch and replay rows measure a
+// later launch of the same exec.
+//
 // Work that the device does not support (no VMM, no stream memory
 // operations, an exec update the backend refuses with ErrNotSupported) gives
 // a row marked skipped with the reason; any other error ends Run. Either

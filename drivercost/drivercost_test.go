@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"stablegraph/gpu"
@@ -49,7 +51,8 @@ func TestRunSim(t *testing.T) {
 	want := []string{RowStreamCreate, RowStreamDestroy, RowStreamCreateBatch, RowStreamDestroyBatch, RowEventCreate,
 		RowEventDestroy, RowMemAlloc, RowMemFree, RowWriteValueEnqueue, RowWriteValueSeen, RowCopy1M, RowCopy64M, RowParamInfo,
 		"VMM 2 MiB MemCreate", "VMM 64 MiB MemRelease"}
-	for _, what := range []string{"capture", "instantiate", "launch", "replay", "eager", "update", "recapture-update", "set-params"} {
+	for _, what := range []string{"capture", "instantiate", "first-launch", "launch", "replay", "eager", "eager-host",
+		"update", "recapture-update", "set-params"} {
 		want = append(want, GraphRow(what, 10), GraphRow(what, 100))
 	}
 	for _, name := range want {
@@ -127,7 +130,8 @@ func TestReferencesNameRows(t *testing.T) {
 		}
 	}
 	for _, k := range []int{10, 100, 1000} {
-		for _, what := range []string{"capture", "instantiate", "launch", "replay", "eager", "update", "recapture-update", "set-params"} {
+		for _, what := range []string{"capture", "instantiate", "first-launch", "launch", "replay", "eager", "eager-host",
+			"update", "recapture-update", "set-params"} {
 			names[GraphRow(what, k)] = true
 		}
 	}
@@ -166,5 +170,92 @@ skipped:
 `
 	if got := b.String(); got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// idleCheck wraps a backend and records every GraphLaunch made while its
+// stream still has kernels or graphs pending (launched and not yet waited
+// for with StreamSynchronize or EventSynchronize): host times of such
+// launches would include waiting behind the earlier work.
+type idleCheck struct {
+	gpu.Backend
+	mu        sync.Mutex
+	pending   map[gpu.Stream]bool
+	capturing map[gpu.Stream]bool
+	launches  int
+	busy      []string
+}
+
+func (c *idleCheck) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.Arg, s gpu.Stream) error {
+	c.mu.Lock()
+	if !c.capturing[s] {
+		c.pending[s] = true
+	}
+	c.mu.Unlock()
+	return c.Backend.LaunchKernel(f, cfg, args, s)
+}
+
+func (c *idleCheck) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
+	c.mu.Lock()
+	c.launches++
+	if c.pending[s] {
+		c.busy = append(c.busy, fmt.Sprintf("GraphLaunch %d of exec %#x", c.launches, uint64(x)))
+	}
+	c.pending[s] = true
+	c.mu.Unlock()
+	return c.Backend.GraphLaunch(x, s)
+}
+
+func (c *idleCheck) StreamSynchronize(s gpu.Stream) error {
+	err := c.Backend.StreamSynchronize(s)
+	c.mu.Lock()
+	c.pending[s] = false
+	c.mu.Unlock()
+	return err
+}
+
+// EventSynchronize: the benchmark records its events on its one stream.
+func (c *idleCheck) EventSynchronize(e gpu.Event) error {
+	err := c.Backend.EventSynchronize(e)
+	c.mu.Lock()
+	clear(c.pending)
+	c.mu.Unlock()
+	return err
+}
+
+func (c *idleCheck) StreamBeginCapture(s gpu.Stream) error {
+	c.mu.Lock()
+	c.capturing[s] = true
+	c.mu.Unlock()
+	return c.Backend.StreamBeginCapture(s)
+}
+
+func (c *idleCheck) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
+	c.mu.Lock()
+	c.capturing[s] = false
+	c.mu.Unlock()
+	return c.Backend.StreamEndCapture(s)
+}
+
+// TestGraphLaunchOnIdleStream: every GraphLaunch the benchmark makes is
+// on a stream with nothing pending, so its host time is the launch's own.
+func TestGraphLaunchOnIdleStream(t *testing.T) {
+	c := &idleCheck{Backend: openSim(t), pending: map[gpu.Stream]bool{}, capturing: map[gpu.Stream]bool{}}
+	o := quick()
+	o.Ks = []int{10}
+	res, err := Run(context.Background(), c, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.launches == 0 {
+		t.Fatal("no GraphLaunch seen")
+	}
+	for _, b := range c.busy {
+		t.Errorf("%s made while the stream had work pending", b)
+	}
+	for _, what := range []string{"first-launch", "launch", "eager-host"} {
+		if r, ok := res.Row(GraphRow(what, 10)); !ok || r.Clock != Host || r.Samples == 0 {
+			t.Errorf("row %q: %+v", GraphRow(what, 10), r)
+		}
 	}
 }

@@ -114,6 +114,26 @@ func (g *graphBench) once(warm bool) (err error) {
 	}
 	st.push(func() error { return g.b.GraphExecDestroy(x) })
 
+	// The first launch of a new exec uploads the graph to the device, at
+	// a cost close to instantiating it: it is a row of its own, and the
+	// launch and replay rows measure a later launch, as a runtime that
+	// replays a graph sees. Host times of launches are taken on an idle
+	// stream (synchronized before, outside the timed region), so that a
+	// launch never waits behind earlier work for room in the stream's
+	// queue.
+	if err := g.b.StreamSynchronize(g.s); err != nil {
+		return fmt.Errorf("StreamSynchronize: %w", err)
+	}
+	t0 = time.Now()
+	err = g.b.GraphLaunch(x, g.s)
+	first := time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("GraphLaunch (first): %w", err)
+	}
+	if err := g.b.StreamSynchronize(g.s); err != nil {
+		return fmt.Errorf("StreamSynchronize after the first GraphLaunch: %w", err)
+	}
+
 	var launch time.Duration
 	replay, err := g.gpuTime(g.s, g.start, g.end, func() error {
 		t0 := time.Now()
@@ -128,13 +148,19 @@ func (g *graphBench) once(warm bool) (err error) {
 		return err
 	}
 
+	// Eager launches: the GPU row is the time the device takes when the
+	// host launches as fast as it can (what eager execution costs); the
+	// host row is the launch calls alone, on a stream idle at the start.
 	p := g.params(0)
+	var eagerHost time.Duration
 	eager, err := g.gpuTime(g.s, g.start, g.end, func() error {
+		t0 := time.Now()
 		for i := 0; i < g.k; i++ {
 			if err := g.b.LaunchKernel(p.Func, p.Config, p.Args, g.s); err != nil {
 				return fmt.Errorf("LaunchKernel: %w", err)
 			}
 		}
+		eagerHost = time.Since(t0)
 		return nil
 	})
 	if err != nil {
@@ -143,9 +169,11 @@ func (g *graphBench) once(warm bool) (err error) {
 
 	g.add(name(rowCapture), Host, warm, us(capture)/k)
 	g.add(name(rowInstantiate), Host, warm, us(inst)/k)
+	g.add(name(rowFirstLaunch), Host, warm, us(first))
 	g.add(name(rowLaunch), Host, warm, us(launch))
 	g.add(name(rowReplay), GPU, warm, us(replay)/k)
 	g.add(name(rowEager), GPU, warm, us(eager)/k)
+	g.add(name(rowEagerHost), Host, warm, us(eagerHost)/k)
 
 	if err := g.update(x, warm); err != nil {
 		return err

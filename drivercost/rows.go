@@ -28,21 +28,24 @@ const (
 
 	rowCapture         = "graph K=%d: capture, per launch"
 	rowInstantiate     = "graph K=%d: instantiate, per node"
+	rowFirstLaunch     = "graph K=%d: first GraphLaunch (uploads the graph)"
 	rowLaunch          = "graph K=%d: GraphLaunch"
 	rowReplay          = "graph K=%d: replay, per node"
 	rowEager           = "graph K=%d: eager launches, per kernel"
+	rowEagerHost       = "graph K=%d: eager LaunchKernel host, per kernel"
 	rowExecUpdate      = "graph K=%d: GraphExecUpdate"
 	rowRecaptureUpdate = "graph K=%d: re-capture + GraphExecUpdate"
 	rowSetParams       = "graph K=%d: ExecKernelNodeSetParams, per node"
 )
 
 // GraphRow returns the name of a graph row for K kernels; what is one of
-// "capture", "instantiate", "launch", "replay", "eager", "update",
-// "recapture-update", "set-params" (empty for anything else).
+// "capture", "instantiate", "first-launch", "launch", "replay", "eager",
+// "eager-host", "update", "recapture-update", "set-params" (empty for
+// anything else).
 func GraphRow(what string, k int) string {
 	f, ok := map[string]string{
-		"capture": rowCapture, "instantiate": rowInstantiate, "launch": rowLaunch,
-		"replay": rowReplay, "eager": rowEager, "update": rowExecUpdate,
+		"capture": rowCapture, "instantiate": rowInstantiate, "first-launch": rowFirstLaunch, "launch": rowLaunch,
+		"replay": rowReplay, "eager": rowEager, "eager-host": rowEagerHost, "update": rowExecUpdate,
 		"recapture-update": rowRecaptureUpdate, "set-params": rowSetParams,
 	}[what]
 	if !ok {

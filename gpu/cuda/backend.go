@@ -137,6 +137,11 @@ func Open(cfg gpu.Config) (*Backend, error) {
 	if err != nil {
 		return nil, &gpu.Error{Op: "dlopen", Err: gpu.ErrUnavailable, Detail: err.Error()}
 	}
+	return openDriver(d, o)
+}
+
+// openDriver is Open over a loaded driver (or, in tests, a cu.NewStub).
+func openDriver(d *cu.Driver, o options) (*Backend, error) {
 	if r := d.Init(); r != cu.Success {
 		return nil, &gpu.Error{Op: "cuInit", Code: int(r), CodeName: r.Name(), Err: gpu.ErrUnavailable,
 			Detail: d.GetErrorString(r) + " (library " + d.Path + ")"}
@@ -272,8 +277,9 @@ func (b *Backend) releaseContexts() error {
 }
 
 // onDevice runs f with dev's primary context current on the calling OS
-// thread, the goroutine locked to that thread until f returns. It is the one
-// place contexts are made current; every driver call goes through it.
+// thread, the goroutine locked to that thread until f returns. Every driver
+// call goes through it, call or callFrame, all of which make the context
+// current with enter (frame.go), the one place that does.
 func (b *Backend) onDevice(dev int, f func() error) error {
 	return b.onContext(b.devs[dev].ctx, f)
 }
@@ -281,23 +287,22 @@ func (b *Backend) onDevice(dev int, f func() error) error {
 // onContext is onDevice for a context given directly (used while devices
 // are being opened).
 func (b *Backend) onContext(ctx cu.Context, f func() error) error {
-	runtime.LockOSThread()
+	fr := getFrame()
+	err := b.enter(ctx, fr)
+	fr.release()
+	if err != nil {
+		return err
+	}
 	defer runtime.UnlockOSThread()
-	var cur cu.Context
-	if r := b.d.CtxGetCurrent(&cur); r != cu.Success {
-		return b.check("cuCtxGetCurrent", r)
-	}
-	if cur != ctx {
-		if r := b.d.CtxSetCurrent(ctx); r != cu.Success {
-			return b.check("cuCtxSetCurrent", r)
-		}
-	}
 	return f()
 }
 
-// call runs one driver call on dev and checks its result.
+// call runs one driver call on dev and checks its result. Calls that lend
+// the driver Go memory take it from a frame and use callFrame.
 func (b *Backend) call(dev int, op string, f func() cu.Result) error {
-	return b.onDevice(dev, func() error { return b.check(op, f()) })
+	fr := getFrame()
+	defer fr.release()
+	return b.callFrame(fr, dev, op, f)
 }
 
 // Name implements gpu.Backend.

@@ -13,9 +13,15 @@
 // released at Close (and retained once more for the life of the process, so
 // that opening and closing backends does not create and destroy contexts,
 // which costs about 0.1 s each). Every driver call, including queries and
-// destruction from other goroutines, runs through one helper (onDevice) that
-// locks the goroutine to its OS thread, makes the handle's device context
-// current there and makes the call. To know a handle's device, the backend
+// destruction from other goroutines, runs through one helper (enter, behind
+// onDevice, call and callFrame) that locks the goroutine to its OS thread and
+// makes the handle's device context current there before the call.
+//
+// # Memory lent to the driver
+//
+// Output parameters, node parameter structs and kernel arguments in C form
+// live in pooled frames (frame.go), so that launches, node updates and graph
+// launches allocate nothing; frame.go says why they need no pinning. To know a handle's device, the backend
 // records the device of every handle it issues (and of the graph nodes,
 // child graphs and library kernels it discovers while inspecting graphs).
 //

@@ -34,9 +34,13 @@ func (b *Backend) graphInfo(op string, g gpu.Graph) (*graphInfo, error) {
 	gi, ok := b.mu.graphs[g]
 	b.mu.Unlock()
 	if !ok {
-		return nil, errf(op, gpu.ErrInvalidHandle, "graph %#x is not live", uint64(g))
+		return nil, errNoGraph(op, g)
 	}
 	return gi, nil
+}
+
+func errNoGraph(op string, g gpu.Graph) error {
+	return errf(op, gpu.ErrInvalidHandle, "graph %#x is not live", uint64(g))
 }
 
 // nodeDev returns a known node's info and device.
@@ -143,110 +147,150 @@ func (b *Backend) GraphDestroy(g gpu.Graph) error {
 	return err
 }
 
-// depsOf checks that deps are nodes of g and converts them.
-func (b *Backend) depsOf(op string, g gpu.Graph, deps []gpu.GraphNode) ([]cu.GraphNode, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	out := make([]cu.GraphNode, len(deps))
+// depsLocked checks that deps are nodes of g and converts them into
+// fr.deps.
+func (b *Backend) depsLocked(op string, g gpu.Graph, deps []gpu.GraphNode, fr *frame) error {
+	if len(deps) <= frameDeps {
+		fr.deps = fr.depBuf[:len(deps)]
+	} else {
+		fr.deps = make([]cu.GraphNode, len(deps))
+	}
 	for i, d := range deps {
 		ni, ok := b.mu.nodes[d]
 		if !ok {
-			return nil, errf(op, gpu.ErrInvalidHandle, "dependency %#x is not a known node", uint64(d))
+			return errf(op, gpu.ErrInvalidHandle, "dependency %#x is not a known node", uint64(d))
 		}
 		if ni.graph != g {
-			return nil, errf(op, gpu.ErrInvalidValue, "dependency %#x belongs to graph %#x, not %#x", uint64(d), uint64(ni.graph), uint64(g))
+			return errf(op, gpu.ErrInvalidValue, "dependency %#x belongs to graph %#x, not %#x", uint64(d), uint64(ni.graph), uint64(g))
 		}
-		out[i] = ni.n
+		fr.deps[i] = ni.n
 	}
-	return out, nil
+	return nil
 }
 
-// addNode is the common path of the GraphAdd calls.
-func (b *Backend) addNode(op string, typ gpu.NodeType, g gpu.Graph, deps []gpu.GraphNode, kinds []gpu.ArgKind,
-	add func(gi *graphInfo, n *cu.GraphNode, deps []cu.GraphNode) error) (gpu.GraphNode, error) {
-	gi, err := b.graphInfo(op, g)
+// addNode is the common path of the GraphAdd calls: g and deps are looked
+// up (deps into fr.deps), add makes the driver call cop with them (the new
+// node into fr.node), and the node gets its handle.
+func (b *Backend) addNode(op string, typ gpu.NodeType, g gpu.Graph, deps []gpu.GraphNode, fr *frame,
+	cop string, add func(gi *graphInfo) cu.Result) (gpu.GraphNode, error) {
+	b.mu.Lock()
+	gi, ok := b.mu.graphs[g]
+	var err error
+	if ok {
+		err = b.depsLocked(op, g, deps, fr)
+	}
+	b.mu.Unlock()
+	if !ok {
+		return 0, errNoGraph(op, g)
+	}
 	if err != nil {
 		return 0, err
 	}
-	cdeps, err := b.depsOf(op, g, deps)
-	if err != nil {
+	if err := b.callFrame(fr, gi.dev, cop, func() cu.Result { return add(gi) }); err != nil {
 		return 0, err
 	}
-	var n cu.GraphNode
-	if err := add(gi, &n, cdeps); err != nil {
-		return 0, err
-	}
+	return b.newNode(g, fr.node, nil, typ), nil
+}
+
+// newNode issues the handle of node n just added to g.
+func (b *Backend) newNode(g gpu.Graph, n cu.GraphNode, kinds []gpu.ArgKind, typ gpu.NodeType) gpu.GraphNode {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h := b.nodeHandleLocked(g, n, kinds)
 	b.mu.nodes[h].typ = typ
-	return h, nil
+	return h
 }
 
-// kernelParams checks p and builds the C node parameters; release the
-// pack after the call.
-func (b *Backend) kernelParams(op string, dev int, p gpu.KernelParams) (*cu.KernelNodeParams, *argPack, []gpu.ArgKind, error) {
-	fi, err := b.funcInfo(op, p.Func)
-	if err != nil {
-		return nil, nil, nil, err
+// kernelParams checks p (fi is p.Func's info, nil when unknown) for a
+// kernel node on dev and writes the C node parameters into fr.kp.
+func (b *Backend) kernelParams(op string, dev int, fi *funcInfo, p gpu.KernelParams, fr *frame) error {
+	if fi == nil {
+		return errNoFunc(op, p.Func)
 	}
 	if fi.dev != dev {
-		return nil, nil, nil, errf(op, gpu.ErrInvalidValue, "kernel of device %d in a graph of device %d", fi.dev, dev)
+		return errf(op, gpu.ErrInvalidValue, "kernel of device %d in a graph of device %d", fi.dev, dev)
 	}
 	if err := b.checkArgs(op, fi, p.Func, p.Args); err != nil {
-		return nil, nil, nil, err
+		return err
 	}
-	var kinds []gpu.ArgKind
-	typed := true
-	for _, a := range p.Args {
-		typed = typed && a.Kind != gpu.ArgBytes
-		kinds = append(kinds, a.Kind)
-	}
-	if !typed || kinds == nil {
-		kinds = nil
-	}
-	a := packArgs(p.Args)
 	c := p.Config
-	return &cu.KernelNodeParams{
+	fr.kp = cu.KernelNodeParams{
 		Func: fi.f, GridDimX: c.Grid.X, GridDimY: c.Grid.Y, GridDimZ: c.Grid.Z,
 		BlockDimX: c.Block.X, BlockDimY: c.Block.Y, BlockDimZ: c.Block.Z, SharedMemBytes: c.SharedMem,
-		KernelParams: unsafe.Pointer(a.params()),
-	}, a, kinds, nil
+		KernelParams: unsafe.Pointer(fr.pack(p.Args)),
+	}
+	return nil
+}
+
+// argKinds are the kinds a kernel node made from args (checked against fi)
+// remembers, so that reading its parameters back gives typed arguments:
+// nil unless every argument is typed.
+func argKinds(fi *funcInfo, args []gpu.Arg) []gpu.ArgKind {
+	if len(args) == 0 {
+		return nil
+	}
+	for _, a := range args {
+		if a.Kind == gpu.ArgBytes {
+			return nil
+		}
+	}
+	if fi.spec != nil {
+		return fi.spec.Params // equal to the kinds of args: checkArgs checked them
+	}
+	kinds := make([]gpu.ArgKind, len(args))
+	for i, a := range args {
+		kinds[i] = a.Kind
+	}
+	return kinds
 }
 
 // GraphAddKernelNode implements gpu.Graphs.
 func (b *Backend) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
 	const op = "GraphAddKernelNode"
-	gi, err := b.graphInfo(op, g)
-	if err != nil {
+	fr := getFrame()
+	defer fr.release()
+	b.mu.Lock()
+	gi, ok := b.mu.graphs[g]
+	fi := b.mu.funcs[p.Func]
+	var depErr error
+	if ok {
+		depErr = b.depsLocked(op, g, deps, fr)
+	}
+	b.mu.Unlock()
+	if !ok {
+		return 0, errNoGraph(op, g)
+	}
+	if err := b.kernelParams(op, gi.dev, fi, p, fr); err != nil {
 		return 0, err
 	}
-	kp, a, kinds, err := b.kernelParams(op, gi.dev, p)
-	if err != nil {
-		return 0, err
+	if depErr != nil {
+		return 0, depErr
 	}
-	defer a.release()
-	return b.addNode(op, gpu.NodeKernel, g, deps, kinds, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(gi.dev, "cuGraphAddKernelNode_v2", func() cu.Result { return b.d.GraphAddKernelNode(n, gi.g, cdeps, kp) })
+	err := b.callFrame(fr, gi.dev, "cuGraphAddKernelNode_v2", func() cu.Result {
+		return b.d.GraphAddKernelNode(&fr.node, gi.g, fr.deps, &fr.kp)
 	})
+	if err != nil {
+		return 0, err
+	}
+	return b.newNode(g, fr.node, argKinds(fi, p.Args), gpu.NodeKernel), nil
 }
 
-func memcpyParams(p gpu.MemcpyParams) *cu.Memcpy3D {
-	return &cu.Memcpy3D{
+func memcpyParams(p gpu.MemcpyParams) cu.Memcpy3D {
+	return cu.Memcpy3D{
 		SrcMemoryType: cu.MemoryTypeDevice, SrcDevice: cu.DevicePtr(p.Src),
 		DstMemoryType: cu.MemoryTypeDevice, DstDevice: cu.DevicePtr(p.Dst),
 		WidthInBytes: p.Size, Height: 1, Depth: 1,
 	}
 }
 
-func memsetParams(op string, m gpu.Memset) (*cu.MemsetNodeParams, error) {
+func memsetParams(op string, m gpu.Memset) (cu.MemsetNodeParams, error) {
 	if err := checkMemset(op, m); err != nil {
-		return nil, err
+		return cu.MemsetNodeParams{}, err
 	}
 	if m.Count == 0 {
-		return nil, errf(op, gpu.ErrInvalidValue, "memset node of 0 elements")
+		return cu.MemsetNodeParams{}, errf(op, gpu.ErrInvalidValue, "memset node of 0 elements")
 	}
-	return &cu.MemsetNodeParams{Dst: cu.DevicePtr(m.Dst), Value: m.Value, ElementSize: uint32(m.ElemSize), Width: m.Count, Height: 1}, nil
+	return cu.MemsetNodeParams{Dst: cu.DevicePtr(m.Dst), Value: m.Value, ElementSize: uint32(m.ElemSize), Width: m.Count, Height: 1}, nil
 }
 
 // GraphAddMemcpyNode implements gpu.Graphs (device-to-device copies).
@@ -255,10 +299,11 @@ func (b *Backend) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Me
 	if p.Size == 0 {
 		return 0, errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
 	}
-	cp := memcpyParams(p)
-	return b.addNode(op, gpu.NodeMemcpy, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		ctx := b.devs[gi.dev].ctx
-		return b.call(gi.dev, "cuGraphAddMemcpyNode", func() cu.Result { return b.d.GraphAddMemcpyNode(n, gi.g, cdeps, cp, ctx) })
+	fr := getFrame()
+	defer fr.release()
+	fr.cp = memcpyParams(p)
+	return b.addNode(op, gpu.NodeMemcpy, g, deps, fr, "cuGraphAddMemcpyNode", func(gi *graphInfo) cu.Result {
+		return b.d.GraphAddMemcpyNode(&fr.node, gi.g, fr.deps, &fr.cp, b.devs[gi.dev].ctx)
 	})
 }
 
@@ -269,9 +314,11 @@ func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, m gpu.Me
 	if err != nil {
 		return 0, err
 	}
-	return b.addNode(op, gpu.NodeMemset, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		ctx := b.devs[gi.dev].ctx
-		return b.call(gi.dev, "cuGraphAddMemsetNode", func() cu.Result { return b.d.GraphAddMemsetNode(n, gi.g, cdeps, mp, ctx) })
+	fr := getFrame()
+	defer fr.release()
+	fr.mp = mp
+	return b.addNode(op, gpu.NodeMemset, g, deps, fr, "cuGraphAddMemsetNode", func(gi *graphInfo) cu.Result {
+		return b.d.GraphAddMemsetNode(&fr.node, gi.g, fr.deps, &fr.mp, b.devs[gi.dev].ctx)
 	})
 }
 
@@ -286,17 +333,19 @@ func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, chil
 	if child == g {
 		return 0, errf(op, gpu.ErrInvalidValue, "graph %#x cannot contain itself", uint64(g))
 	}
-	return b.addNode(op, gpu.NodeChildGraph, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(gi.dev, "cuGraphAddChildGraphNode", func() cu.Result {
-			return b.d.GraphAddChildGraphNode(n, gi.g, cdeps, ci.g)
-		})
+	fr := getFrame()
+	defer fr.release()
+	return b.addNode(op, gpu.NodeChildGraph, g, deps, fr, "cuGraphAddChildGraphNode", func(gi *graphInfo) cu.Result {
+		return b.d.GraphAddChildGraphNode(&fr.node, gi.g, fr.deps, ci.g)
 	})
 }
 
 // GraphAddEmptyNode implements gpu.Graphs.
 func (b *Backend) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
-	return b.addNode("GraphAddEmptyNode", gpu.NodeEmpty, g, deps, nil, func(gi *graphInfo, n *cu.GraphNode, cdeps []cu.GraphNode) error {
-		return b.call(gi.dev, "cuGraphAddEmptyNode", func() cu.Result { return b.d.GraphAddEmptyNode(n, gi.g, cdeps) })
+	fr := getFrame()
+	defer fr.release()
+	return b.addNode("GraphAddEmptyNode", gpu.NodeEmpty, g, deps, fr, "cuGraphAddEmptyNode", func(gi *graphInfo) cu.Result {
+		return b.d.GraphAddEmptyNode(&fr.node, gi.g, fr.deps)
 	})
 }
 
@@ -369,9 +418,13 @@ func (b *Backend) wantType(op string, dev int, ni *nodeInfo, want gpu.NodeType) 
 		return err
 	}
 	if t != want {
-		return errf(op, gpu.ErrInvalidValue, "the node is a %v node, not %v", t, want)
+		return errWrongType(op, t, want)
 	}
 	return nil
+}
+
+func errWrongType(op string, t, want gpu.NodeType) error {
+	return errf(op, gpu.ErrInvalidValue, "the node is a %v node, not %v", t, want)
 }
 
 func (b *Backend) nodeType(dev int, n cu.GraphNode) (gpu.NodeType, error) {
@@ -646,32 +699,51 @@ func (b *Backend) exec(op string, x gpu.GraphExec) (execInfo, error) {
 	xi, ok := b.mu.execs[x]
 	b.mu.Unlock()
 	if !ok {
-		return execInfo{}, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+		return execInfo{}, errNoExec(op, x)
 	}
 	return xi, nil
 }
 
+func errNoExec(op string, x gpu.GraphExec) error {
+	return errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+}
+
 // execNode checks a per-node exec update: x live, n a live node of the
 // graph x was made from, of type want. (Once that graph is destroyed its
-// nodes are gone, and so are per-node updates of x.)
-func (b *Backend) execNode(op string, x gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType) (execInfo, cu.GraphNode, error) {
+// nodes are gone, and so are per-node updates of x.) When f is not 0 it
+// also returns f's info (nil when f is not known), looked up under the same
+// lock.
+func (b *Backend) execNode(op string, x gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType, f gpu.Function) (execInfo, cu.GraphNode, *funcInfo, error) {
+	var (
+		typ gpu.NodeType
+		fi  *funcInfo
+	)
 	b.mu.Lock()
 	xi, ok := b.mu.execs[x]
 	ni, known := b.mu.nodes[n]
+	if known {
+		typ = ni.typ
+	}
+	if f != 0 {
+		fi = b.mu.funcs[f]
+	}
 	b.mu.Unlock()
 	switch {
 	case !ok:
-		return xi, 0, errf(op, gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
+		return xi, 0, nil, errNoExec(op, x)
 	case !known:
-		return xi, 0, errf(op, gpu.ErrInvalidHandle, "node %#x is not a live node", uint64(n))
+		return xi, 0, nil, errf(op, gpu.ErrInvalidHandle, "node %#x is not a live node", uint64(n))
 	case ni.graph != xi.graph:
-		return xi, 0, errf(op, gpu.ErrInvalidValue, "node %#x belongs to graph %#x, not to %#x that exec %#x was made from",
+		return xi, 0, nil, errf(op, gpu.ErrInvalidValue, "node %#x belongs to graph %#x, not to %#x that exec %#x was made from",
 			uint64(n), uint64(ni.graph), uint64(xi.graph), uint64(x))
+	case typ == 0: // not known yet: ask the driver (once)
+		if err := b.wantType(op, xi.dev, ni, want); err != nil {
+			return xi, 0, nil, err
+		}
+	case typ != want:
+		return xi, 0, nil, errWrongType(op, typ, want)
 	}
-	if err := b.wantType(op, xi.dev, ni, want); err != nil {
-		return xi, 0, err
-	}
-	return xi, ni.n, nil
+	return xi, ni.n, fi, nil
 }
 
 // GraphExecDestroy implements gpu.Graphs.
@@ -694,18 +766,20 @@ func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
 
 // GraphLaunch implements gpu.Graphs.
 func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
-	xi, err := b.exec("GraphLaunch", x)
-	if err != nil {
-		return err
+	const op = "GraphLaunch"
+	b.mu.Lock()
+	xi, xok := b.mu.execs[x]
+	si, sok := b.mu.streams[s]
+	b.mu.Unlock()
+	switch {
+	case !xok:
+		return errNoExec(op, x)
+	case !sok:
+		return errNoStream(op, s)
+	case si.dev != xi.dev:
+		return errf(op, gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", xi.dev, si.dev)
 	}
-	sdev, cs, err := b.stream("GraphLaunch", s)
-	if err != nil {
-		return err
-	}
-	if sdev != xi.dev {
-		return errf("GraphLaunch", gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", xi.dev, sdev)
-	}
-	return b.call(xi.dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(xi.x, cs) })
+	return b.call(xi.dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(xi.x, si.s) })
 }
 
 // GraphExecUpdate implements gpu.Graphs. A refusal is an *gpu.UpdateError
@@ -743,40 +817,42 @@ func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
 // as for launches.
 func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
 	const op = "GraphExecKernelNodeSetParams"
-	xi, cn, err := b.execNode(op, x, n, gpu.NodeKernel)
+	xi, cn, fi, err := b.execNode(op, x, n, gpu.NodeKernel, p.Func)
 	if err != nil {
 		return err
 	}
-	kp, a, _, err := b.kernelParams(op, xi.dev, p)
-	if err != nil {
+	fr := getFrame()
+	defer fr.release()
+	if err := b.kernelParams(op, xi.dev, fi, p, fr); err != nil {
 		return err
 	}
-	defer a.release()
-	return b.call(xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
-		return b.d.GraphExecKernelNodeSetParams(xi.x, cn, kp)
+	return b.callFrame(fr, xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
+		return b.d.GraphExecKernelNodeSetParams(xi.x, cn, &fr.kp)
 	})
 }
 
 // GraphExecMemcpyNodeSetParams implements gpu.Graphs.
 func (b *Backend) GraphExecMemcpyNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
 	const op = "GraphExecMemcpyNodeSetParams"
-	xi, cn, err := b.execNode(op, x, n, gpu.NodeMemcpy)
+	xi, cn, _, err := b.execNode(op, x, n, gpu.NodeMemcpy, 0)
 	if err != nil {
 		return err
 	}
 	if p.Size == 0 {
 		return errf(op, gpu.ErrInvalidValue, "memcpy node of 0 bytes")
 	}
-	cp, ctx := memcpyParams(p), b.devs[xi.dev].ctx
-	return b.call(xi.dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
-		return b.d.GraphExecMemcpyNodeSetParams(xi.x, cn, cp, ctx)
+	fr := getFrame()
+	defer fr.release()
+	fr.cp = memcpyParams(p)
+	return b.callFrame(fr, xi.dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemcpyNodeSetParams(xi.x, cn, &fr.cp, b.devs[xi.dev].ctx)
 	})
 }
 
 // GraphExecMemsetNodeSetParams implements gpu.Graphs.
 func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, m gpu.Memset) error {
 	const op = "GraphExecMemsetNodeSetParams"
-	xi, cn, err := b.execNode(op, x, n, gpu.NodeMemset)
+	xi, cn, _, err := b.execNode(op, x, n, gpu.NodeMemset, 0)
 	if err != nil {
 		return err
 	}
@@ -784,9 +860,11 @@ func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 	if err != nil {
 		return err
 	}
-	ctx := b.devs[xi.dev].ctx
-	return b.call(xi.dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
-		return b.d.GraphExecMemsetNodeSetParams(xi.x, cn, mp, ctx)
+	fr := getFrame()
+	defer fr.release()
+	fr.mp = mp
+	return b.callFrame(fr, xi.dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
+		return b.d.GraphExecMemsetNodeSetParams(xi.x, cn, &fr.mp, b.devs[xi.dev].ctx)
 	})
 }
 
@@ -802,7 +880,7 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphN
 	if err != nil {
 		return err
 	}
-	_, cn, err := b.execNode(op, x, n, gpu.NodeChildGraph)
+	_, cn, _, err := b.execNode(op, x, n, gpu.NodeChildGraph, 0)
 	if err != nil {
 		return err
 	}

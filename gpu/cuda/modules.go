@@ -155,9 +155,13 @@ func (b *Backend) funcInfo(op string, f gpu.Function) (*funcInfo, error) {
 	fi, ok := b.mu.funcs[f]
 	b.mu.Unlock()
 	if !ok {
-		return nil, errf(op, gpu.ErrInvalidHandle, "function %#x is not known (unloaded module?)", uint64(f))
+		return nil, errNoFunc(op, f)
 	}
 	return fi, nil
+}
+
+func errNoFunc(op string, f gpu.Function) error {
+	return errf(op, gpu.ErrInvalidHandle, "function %#x is not known (unloaded module?)", uint64(f))
 }
 
 // FuncName implements gpu.Modules. For library kernels found in captured
@@ -258,50 +262,6 @@ func (b *Backend) checkArgs(op string, fi *funcInfo, f gpu.Function, args []gpu.
 	return nil
 }
 
-// argPack is the C view of kernel arguments: each argument's bytes in its
-// own 8-byte-aligned slot of one Go allocation, and the void* array the
-// driver reads, pointing at the slots. Both are pinned until release: the
-// driver reads them during the call (and copies them; it keeps nothing).
-type argPack struct {
-	words []uint64
-	ptrs  []unsafe.Pointer
-	pin   runtime.Pinner
-}
-
-func packArgs(args []gpu.Arg) *argPack {
-	a := &argPack{}
-	if len(args) == 0 {
-		return a
-	}
-	n := 0
-	for _, x := range args {
-		n += (max(x.Size(), 1) + 7) / 8
-	}
-	a.words = make([]uint64, n)
-	a.ptrs = make([]unsafe.Pointer, len(args))
-	w := 0
-	for i, x := range args {
-		slot := unsafe.Pointer(&a.words[w])
-		dst := unsafe.Slice((*byte)(slot), x.Size())
-		x.Encode(dst)
-		a.ptrs[i] = slot
-		w += (max(x.Size(), 1) + 7) / 8
-	}
-	a.pin.Pin(&a.words[0])
-	a.pin.Pin(&a.ptrs[0])
-	return a
-}
-
-// params is the void** to pass (nil without arguments).
-func (a *argPack) params() *unsafe.Pointer {
-	if len(a.ptrs) == 0 {
-		return nil
-	}
-	return &a.ptrs[0]
-}
-
-func (a *argPack) release() { a.pin.Unpin() }
-
 // decodeArgs reads n arguments through a driver-owned void** array: typed
 // by kinds when given, else as ArgBytes of the sizes in layout.
 func decodeArgs(kp unsafe.Pointer, kinds []gpu.ArgKind, layout []gpu.ParamInfo) []gpu.Arg {
@@ -354,24 +314,26 @@ func decodeTyped(k gpu.ArgKind, raw []byte) gpu.Arg {
 // before the driver sees them.
 func (b *Backend) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.Arg, s gpu.Stream) error {
 	const op = "LaunchKernel"
-	fi, err := b.funcInfo(op, f)
-	if err != nil {
-		return err
-	}
-	dev, cs, err := b.stream(op, s)
-	if err != nil {
-		return err
-	}
-	if dev != fi.dev {
-		return errf(op, gpu.ErrInvalidValue, "kernel of device %d launched on a stream of device %d", fi.dev, dev)
+	b.mu.Lock()
+	fi, fok := b.mu.funcs[f]
+	si, sok := b.mu.streams[s]
+	b.mu.Unlock()
+	switch {
+	case !fok:
+		return errNoFunc(op, f)
+	case !sok:
+		return errNoStream(op, s)
+	case si.dev != fi.dev:
+		return errf(op, gpu.ErrInvalidValue, "kernel of device %d launched on a stream of device %d", fi.dev, si.dev)
 	}
 	if err := b.checkArgs(op, fi, f, args); err != nil {
 		return err
 	}
-	a := packArgs(args)
-	defer a.release()
-	return b.call(dev, "cuLaunchKernel", func() cu.Result {
+	fr := getFrame()
+	defer fr.release()
+	params := fr.pack(args)
+	return b.callFrame(fr, si.dev, "cuLaunchKernel", func() cu.Result {
 		return b.d.LaunchKernel(fi.f, cfg.Grid.X, cfg.Grid.Y, cfg.Grid.Z, cfg.Block.X, cfg.Block.Y, cfg.Block.Z,
-			cfg.SharedMem, cs, a.params())
+			cfg.SharedMem, si.s, params)
 	})
 }

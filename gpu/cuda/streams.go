@@ -13,9 +13,17 @@ func (b *Backend) stream(op string, s gpu.Stream) (int, cu.Stream, error) {
 	si, ok := b.mu.streams[s]
 	b.mu.Unlock()
 	if !ok {
-		return 0, 0, errf(op, gpu.ErrInvalidHandle, "stream %#x is not live", uint64(s))
+		return 0, 0, errNoStream(op, s)
 	}
 	return si.dev, si.s, nil
+}
+
+func errNoStream(op string, s gpu.Stream) error {
+	return errf(op, gpu.ErrInvalidHandle, "stream %#x is not live", uint64(s))
+}
+
+func errNoEvent(op string, e gpu.Event) error {
+	return errf(op, gpu.ErrInvalidHandle, "event %#x is not live", uint64(e))
 }
 
 // event returns a live event's device and driver handle.
@@ -24,7 +32,7 @@ func (b *Backend) event(op string, e gpu.Event) (int, cu.Event, error) {
 	ei, ok := b.mu.events[e]
 	b.mu.Unlock()
 	if !ok {
-		return 0, 0, errf(op, gpu.ErrInvalidHandle, "event %#x is not live", uint64(e))
+		return 0, 0, errNoEvent(op, e)
 	}
 	return ei.dev, ei.e, nil
 }
@@ -148,28 +156,32 @@ func (b *Backend) EventCreate(dev int, flags gpu.EventFlags) (gpu.Event, error) 
 	if flags&^(gpu.EventBlockingSync|gpu.EventDisableTiming) != 0 {
 		return 0, errf("EventCreate", gpu.ErrInvalidValue, "unknown event flags %#x", uint32(flags))
 	}
-	var e cu.Event
-	if err := b.call(dev, "cuEventCreate", func() cu.Result { return b.d.EventCreate(&e, uint32(flags)) }); err != nil {
+	fr := getFrame()
+	defer fr.release()
+	if err := b.callFrame(fr, dev, "cuEventCreate", func() cu.Result { return b.d.EventCreate(&fr.event, uint32(flags)) }); err != nil {
 		return 0, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h := gpu.Event(b.newIDLocked())
-	b.mu.events[h] = eventInfo{dev: dev, e: e}
+	b.mu.events[h] = eventInfo{dev: dev, e: fr.event}
 	return h, nil
 }
 
 // EventRecord implements gpu.Events.
 func (b *Backend) EventRecord(e gpu.Event, s gpu.Stream) error {
-	_, ce, err := b.event("EventRecord", e)
-	if err != nil {
-		return err
+	const op = "EventRecord"
+	b.mu.Lock()
+	ei, eok := b.mu.events[e]
+	si, sok := b.mu.streams[s]
+	b.mu.Unlock()
+	switch {
+	case !eok:
+		return errNoEvent(op, e)
+	case !sok:
+		return errNoStream(op, s)
 	}
-	dev, cs, err := b.stream("EventRecord", s)
-	if err != nil {
-		return err
-	}
-	return b.call(dev, "cuEventRecord", func() cu.Result { return b.d.EventRecord(ce, cs) })
+	return b.call(si.dev, "cuEventRecord", func() cu.Result { return b.d.EventRecord(ei.e, si.s) })
 }
 
 // EventQuery implements gpu.Events; CUDA_ERROR_NOT_READY is (false, nil).

@@ -28,10 +28,17 @@
 // # Calling convention
 //
 // Calls go through purego.SyscallN: every C argument is passed as a uintptr,
-// pointers to Go memory only in the call expression itself (the helper that
-// makes the call is marked go:uintptrescapes, so the pointed-to values are
-// moved to the heap and kept alive for the call). Results are 32-bit enums,
-// truncated from the return register.
+// pointers to Go memory only in the call expression itself (the helpers that
+// make the calls, callN for N arguments, are marked go:uintptrescapes, so the
+// pointed-to values are moved to the heap and kept alive for the call). The
+// helpers are not variadic, and hand SyscallN a pooled argument array, so
+// that a call allocates nothing beyond what its pointers point at (call.go).
+// Results are 32-bit enums, truncated from the return register.
+//
+// # Stub drivers
+//
+// NewStub makes a Driver whose calls a Go function answers instead of
+// libcuda, for tests and benchmarks of the safe layer without a GPU.
 //
 // # Concurrency
 //

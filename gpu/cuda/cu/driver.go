@@ -3,8 +3,6 @@ package cu
 import (
 	"sync"
 	"unsafe"
-
-	"github.com/ebitengine/purego"
 )
 
 // Driver is a loaded libcuda with its symbols resolved.
@@ -14,6 +12,7 @@ type Driver struct {
 
 	handle uintptr
 	fns    []uintptr // indexed by sym; 0 where the symbol is missing
+	stub   Stub      // answers every call instead of libcuda (NewStub); nil for a loaded library
 
 	initOnce   sync.Once
 	initResult Result
@@ -250,36 +249,21 @@ func (d *Driver) Missing() []string {
 	return out
 }
 
-// call calls symbol s with args. It is marked go:uintptrescapes so that
-// uintptr(unsafe.Pointer(x)) arguments written in the call expression keep
-// x alive and in place (on the heap) until the C function returns, as
-// syscall.Syscall does.
-//
-//go:uintptrescapes
-func (d *Driver) call(s sym, args ...uintptr) Result {
-	fn := d.fns[s]
-	if fn == 0 {
-		return ErrorNotLoaded
-	}
-	r, _, _ := purego.SyscallN(fn, args...)
-	return Result(int32(uint32(r))) // CUresult is a 32-bit enum in eax
-}
-
 // Init calls cuInit(0) once per process and library and returns its result
 // every time.
 func (d *Driver) Init() Result {
-	d.initOnce.Do(func() { d.initResult = d.call(symInit, 0) })
+	d.initOnce.Do(func() { d.initResult = d.call1(symInit, 0) })
 	return d.initResult
 }
 
 func (d *Driver) DriverGetVersion(v *int32) Result {
-	return d.call(symDriverGetVersion, uintptr(unsafe.Pointer(v)))
+	return d.call1(symDriverGetVersion, uintptr(unsafe.Pointer(v)))
 }
 
 // GetErrorName is the driver's name of r, or "" when it has none.
 func (d *Driver) GetErrorName(r Result) string {
 	var p *byte
-	if d.call(symGetErrorName, uintptr(r), uintptr(unsafe.Pointer(&p))) != Success {
+	if d.call2(symGetErrorName, uintptr(r), uintptr(unsafe.Pointer(&p))) != Success {
 		return ""
 	}
 	return GoString(p)
@@ -288,7 +272,7 @@ func (d *Driver) GetErrorName(r Result) string {
 // GetErrorString is the driver's description of r, or "" when it has none.
 func (d *Driver) GetErrorString(r Result) string {
 	var p *byte
-	if d.call(symGetErrorString, uintptr(r), uintptr(unsafe.Pointer(&p))) != Success {
+	if d.call2(symGetErrorString, uintptr(r), uintptr(unsafe.Pointer(&p))) != Success {
 		return ""
 	}
 	return GoString(p)
@@ -314,11 +298,11 @@ func CString(s string) []byte {
 }
 
 func (d *Driver) DeviceGetCount(n *int32) Result {
-	return d.call(symDeviceGetCount, uintptr(unsafe.Pointer(n)))
+	return d.call1(symDeviceGetCount, uintptr(unsafe.Pointer(n)))
 }
 
 func (d *Driver) DeviceGet(dev *Device, ordinal int) Result {
-	return d.call(symDeviceGet, uintptr(unsafe.Pointer(dev)), uintptr(ordinal))
+	return d.call2(symDeviceGet, uintptr(unsafe.Pointer(dev)), uintptr(ordinal))
 }
 
 // DeviceGetName fills buf (NUL-terminated) with the device's name.
@@ -326,167 +310,167 @@ func (d *Driver) DeviceGetName(buf []byte, dev Device) Result {
 	if len(buf) == 0 {
 		return ErrorInvalidValue
 	}
-	return d.call(symDeviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev))
+	return d.call3(symDeviceGetName, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), uintptr(dev))
 }
 
 func (d *Driver) DeviceTotalMem(bytes *uint64, dev Device) Result {
-	return d.call(symDeviceTotalMem, uintptr(unsafe.Pointer(bytes)), uintptr(dev))
+	return d.call2(symDeviceTotalMem, uintptr(unsafe.Pointer(bytes)), uintptr(dev))
 }
 
 func (d *Driver) DeviceGetAttribute(v *int32, attr DeviceAttribute, dev Device) Result {
-	return d.call(symDeviceGetAttribute, uintptr(unsafe.Pointer(v)), uintptr(attr), uintptr(dev))
+	return d.call3(symDeviceGetAttribute, uintptr(unsafe.Pointer(v)), uintptr(attr), uintptr(dev))
 }
 
 func (d *Driver) DevicePrimaryCtxRetain(ctx *Context, dev Device) Result {
-	return d.call(symDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(ctx)), uintptr(dev))
+	return d.call2(symDevicePrimaryCtxRetain, uintptr(unsafe.Pointer(ctx)), uintptr(dev))
 }
 
 func (d *Driver) DevicePrimaryCtxRelease(dev Device) Result {
-	return d.call(symDevicePrimaryCtxRelease, uintptr(dev))
+	return d.call1(symDevicePrimaryCtxRelease, uintptr(dev))
 }
 
 func (d *Driver) CtxGetCurrent(ctx *Context) Result {
-	return d.call(symCtxGetCurrent, uintptr(unsafe.Pointer(ctx)))
+	return d.call1(symCtxGetCurrent, uintptr(unsafe.Pointer(ctx)))
 }
 
 func (d *Driver) CtxSetCurrent(ctx Context) Result {
-	return d.call(symCtxSetCurrent, uintptr(ctx))
+	return d.call1(symCtxSetCurrent, uintptr(ctx))
 }
 
 func (d *Driver) CtxGetStreamPriorityRange(least, greatest *int32) Result {
-	return d.call(symCtxGetStreamPriorityRange, uintptr(unsafe.Pointer(least)), uintptr(unsafe.Pointer(greatest)))
+	return d.call2(symCtxGetStreamPriorityRange, uintptr(unsafe.Pointer(least)), uintptr(unsafe.Pointer(greatest)))
 }
 
-func (d *Driver) CtxSynchronize() Result { return d.call(symCtxSynchronize) }
+func (d *Driver) CtxSynchronize() Result { return d.call0(symCtxSynchronize) }
 
 func (d *Driver) StreamCreateWithPriority(s *Stream, flags uint32, priority int32) Result {
-	return d.call(symStreamCreateWithPriority, uintptr(unsafe.Pointer(s)), uintptr(flags), uintptr(priority))
+	return d.call3(symStreamCreateWithPriority, uintptr(unsafe.Pointer(s)), uintptr(flags), uintptr(priority))
 }
 
-func (d *Driver) StreamQuery(s Stream) Result       { return d.call(symStreamQuery, uintptr(s)) }
-func (d *Driver) StreamSynchronize(s Stream) Result { return d.call(symStreamSynchronize, uintptr(s)) }
-func (d *Driver) StreamDestroy(s Stream) Result     { return d.call(symStreamDestroy, uintptr(s)) }
+func (d *Driver) StreamQuery(s Stream) Result       { return d.call1(symStreamQuery, uintptr(s)) }
+func (d *Driver) StreamSynchronize(s Stream) Result { return d.call1(symStreamSynchronize, uintptr(s)) }
+func (d *Driver) StreamDestroy(s Stream) Result     { return d.call1(symStreamDestroy, uintptr(s)) }
 
 func (d *Driver) StreamWaitEvent(s Stream, e Event, flags uint32) Result {
-	return d.call(symStreamWaitEvent, uintptr(s), uintptr(e), uintptr(flags))
+	return d.call3(symStreamWaitEvent, uintptr(s), uintptr(e), uintptr(flags))
 }
 
 func (d *Driver) StreamBeginCapture(s Stream, mode StreamCaptureMode) Result {
-	return d.call(symStreamBeginCapture, uintptr(s), uintptr(mode))
+	return d.call2(symStreamBeginCapture, uintptr(s), uintptr(mode))
 }
 
 func (d *Driver) StreamEndCapture(s Stream, g *Graph) Result {
-	return d.call(symStreamEndCapture, uintptr(s), uintptr(unsafe.Pointer(g)))
+	return d.call2(symStreamEndCapture, uintptr(s), uintptr(unsafe.Pointer(g)))
 }
 
 func (d *Driver) StreamIsCapturing(s Stream, status *StreamCaptureStatus) Result {
-	return d.call(symStreamIsCapturing, uintptr(s), uintptr(unsafe.Pointer(status)))
+	return d.call2(symStreamIsCapturing, uintptr(s), uintptr(unsafe.Pointer(status)))
 }
 
 func (d *Driver) StreamWriteValue64(s Stream, addr DevicePtr, v uint64, flags uint32) Result {
-	return d.call(symStreamWriteValue64, uintptr(s), uintptr(addr), uintptr(v), uintptr(flags))
+	return d.call4(symStreamWriteValue64, uintptr(s), uintptr(addr), uintptr(v), uintptr(flags))
 }
 
 func (d *Driver) EventCreate(e *Event, flags uint32) Result {
-	return d.call(symEventCreate, uintptr(unsafe.Pointer(e)), uintptr(flags))
+	return d.call2(symEventCreate, uintptr(unsafe.Pointer(e)), uintptr(flags))
 }
 
 func (d *Driver) EventRecord(e Event, s Stream) Result {
-	return d.call(symEventRecord, uintptr(e), uintptr(s))
+	return d.call2(symEventRecord, uintptr(e), uintptr(s))
 }
 
-func (d *Driver) EventQuery(e Event) Result       { return d.call(symEventQuery, uintptr(e)) }
-func (d *Driver) EventSynchronize(e Event) Result { return d.call(symEventSynchronize, uintptr(e)) }
-func (d *Driver) EventDestroy(e Event) Result     { return d.call(symEventDestroy, uintptr(e)) }
+func (d *Driver) EventQuery(e Event) Result       { return d.call1(symEventQuery, uintptr(e)) }
+func (d *Driver) EventSynchronize(e Event) Result { return d.call1(symEventSynchronize, uintptr(e)) }
+func (d *Driver) EventDestroy(e Event) Result     { return d.call1(symEventDestroy, uintptr(e)) }
 
 func (d *Driver) EventElapsedTime(ms *float32, start, end Event) Result {
-	return d.call(symEventElapsedTime, uintptr(unsafe.Pointer(ms)), uintptr(start), uintptr(end))
+	return d.call3(symEventElapsedTime, uintptr(unsafe.Pointer(ms)), uintptr(start), uintptr(end))
 }
 
 func (d *Driver) MemAlloc(p *DevicePtr, size uint64) Result {
-	return d.call(symMemAlloc, uintptr(unsafe.Pointer(p)), uintptr(size))
+	return d.call2(symMemAlloc, uintptr(unsafe.Pointer(p)), uintptr(size))
 }
 
-func (d *Driver) MemFree(p DevicePtr) Result { return d.call(symMemFree, uintptr(p)) }
+func (d *Driver) MemFree(p DevicePtr) Result { return d.call1(symMemFree, uintptr(p)) }
 
 func (d *Driver) MemGetInfo(free, total *uint64) Result {
-	return d.call(symMemGetInfo, uintptr(unsafe.Pointer(free)), uintptr(unsafe.Pointer(total)))
+	return d.call2(symMemGetInfo, uintptr(unsafe.Pointer(free)), uintptr(unsafe.Pointer(total)))
 }
 
 // MemcpyHtoD copies len(src) bytes; src must not be empty.
 func (d *Driver) MemcpyHtoD(dst DevicePtr, src []byte) Result {
-	return d.call(symMemcpyHtoD, uintptr(dst), uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)))
+	return d.call3(symMemcpyHtoD, uintptr(dst), uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)))
 }
 
 // MemcpyDtoH copies len(dst) bytes; dst must not be empty.
 func (d *Driver) MemcpyDtoH(dst []byte, src DevicePtr) Result {
-	return d.call(symMemcpyDtoH, uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(src), uintptr(len(dst)))
+	return d.call3(symMemcpyDtoH, uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(src), uintptr(len(dst)))
 }
 
 func (d *Driver) MemcpyDtoD(dst, src DevicePtr, n uint64) Result {
-	return d.call(symMemcpyDtoD, uintptr(dst), uintptr(src), uintptr(n))
+	return d.call3(symMemcpyDtoD, uintptr(dst), uintptr(src), uintptr(n))
 }
 
 func (d *Driver) MemcpyHtoDAsync(dst DevicePtr, src []byte, s Stream) Result {
-	return d.call(symMemcpyHtoDAsync, uintptr(dst), uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)), uintptr(s))
+	return d.call4(symMemcpyHtoDAsync, uintptr(dst), uintptr(unsafe.Pointer(unsafe.SliceData(src))), uintptr(len(src)), uintptr(s))
 }
 
 func (d *Driver) MemcpyDtoHAsync(dst []byte, src DevicePtr, s Stream) Result {
-	return d.call(symMemcpyDtoHAsync, uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(src), uintptr(len(dst)), uintptr(s))
+	return d.call4(symMemcpyDtoHAsync, uintptr(unsafe.Pointer(unsafe.SliceData(dst))), uintptr(src), uintptr(len(dst)), uintptr(s))
 }
 
 func (d *Driver) MemcpyDtoDAsync(dst, src DevicePtr, n uint64, s Stream) Result {
-	return d.call(symMemcpyDtoDAsync, uintptr(dst), uintptr(src), uintptr(n), uintptr(s))
+	return d.call4(symMemcpyDtoDAsync, uintptr(dst), uintptr(src), uintptr(n), uintptr(s))
 }
 
 func (d *Driver) MemsetD8(dst DevicePtr, v uint8, n uint64) Result {
-	return d.call(symMemsetD8, uintptr(dst), uintptr(v), uintptr(n))
+	return d.call3(symMemsetD8, uintptr(dst), uintptr(v), uintptr(n))
 }
 
 func (d *Driver) MemsetD16(dst DevicePtr, v uint16, n uint64) Result {
-	return d.call(symMemsetD16, uintptr(dst), uintptr(v), uintptr(n))
+	return d.call3(symMemsetD16, uintptr(dst), uintptr(v), uintptr(n))
 }
 
 func (d *Driver) MemsetD32(dst DevicePtr, v uint32, n uint64) Result {
-	return d.call(symMemsetD32, uintptr(dst), uintptr(v), uintptr(n))
+	return d.call3(symMemsetD32, uintptr(dst), uintptr(v), uintptr(n))
 }
 
 func (d *Driver) MemsetD8Async(dst DevicePtr, v uint8, n uint64, s Stream) Result {
-	return d.call(symMemsetD8Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
+	return d.call4(symMemsetD8Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
 }
 
 func (d *Driver) MemsetD16Async(dst DevicePtr, v uint16, n uint64, s Stream) Result {
-	return d.call(symMemsetD16Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
+	return d.call4(symMemsetD16Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
 }
 
 func (d *Driver) MemsetD32Async(dst DevicePtr, v uint32, n uint64, s Stream) Result {
-	return d.call(symMemsetD32Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
+	return d.call4(symMemsetD32Async, uintptr(dst), uintptr(v), uintptr(n), uintptr(s))
 }
 
 func (d *Driver) MemGetAllocationGranularity(gran *uint64, prop *MemAllocationProp, option int) Result {
-	return d.call(symMemGetAllocationGranularity, uintptr(unsafe.Pointer(gran)), uintptr(unsafe.Pointer(prop)), uintptr(option))
+	return d.call3(symMemGetAllocationGranularity, uintptr(unsafe.Pointer(gran)), uintptr(unsafe.Pointer(prop)), uintptr(option))
 }
 
 func (d *Driver) MemCreate(h *MemHandle, size uint64, prop *MemAllocationProp, flags uint64) Result {
-	return d.call(symMemCreate, uintptr(unsafe.Pointer(h)), uintptr(size), uintptr(unsafe.Pointer(prop)), uintptr(flags))
+	return d.call4(symMemCreate, uintptr(unsafe.Pointer(h)), uintptr(size), uintptr(unsafe.Pointer(prop)), uintptr(flags))
 }
 
-func (d *Driver) MemRelease(h MemHandle) Result { return d.call(symMemRelease, uintptr(h)) }
+func (d *Driver) MemRelease(h MemHandle) Result { return d.call1(symMemRelease, uintptr(h)) }
 
 func (d *Driver) MemAddressReserve(p *DevicePtr, size, align uint64, addr DevicePtr, flags uint64) Result {
-	return d.call(symMemAddressReserve, uintptr(unsafe.Pointer(p)), uintptr(size), uintptr(align), uintptr(addr), uintptr(flags))
+	return d.call5(symMemAddressReserve, uintptr(unsafe.Pointer(p)), uintptr(size), uintptr(align), uintptr(addr), uintptr(flags))
 }
 
 func (d *Driver) MemAddressFree(p DevicePtr, size uint64) Result {
-	return d.call(symMemAddressFree, uintptr(p), uintptr(size))
+	return d.call2(symMemAddressFree, uintptr(p), uintptr(size))
 }
 
 func (d *Driver) MemMap(p DevicePtr, size, offset uint64, h MemHandle, flags uint64) Result {
-	return d.call(symMemMap, uintptr(p), uintptr(size), uintptr(offset), uintptr(h), uintptr(flags))
+	return d.call5(symMemMap, uintptr(p), uintptr(size), uintptr(offset), uintptr(h), uintptr(flags))
 }
 
 func (d *Driver) MemUnmap(p DevicePtr, size uint64) Result {
-	return d.call(symMemUnmap, uintptr(p), uintptr(size))
+	return d.call2(symMemUnmap, uintptr(p), uintptr(size))
 }
 
 // MemSetAccess applies descs (at least one) to [p, p+size).
@@ -494,26 +478,26 @@ func (d *Driver) MemSetAccess(p DevicePtr, size uint64, descs []MemAccessDesc) R
 	if len(descs) == 0 {
 		return ErrorInvalidValue
 	}
-	return d.call(symMemSetAccess, uintptr(p), uintptr(size), uintptr(unsafe.Pointer(&descs[0])), uintptr(len(descs)))
+	return d.call4(symMemSetAccess, uintptr(p), uintptr(size), uintptr(unsafe.Pointer(&descs[0])), uintptr(len(descs)))
 }
 
 // MemHostAlloc allocates pinned host memory; *pp receives its address (C
 // memory, outside the Go heap).
 func (d *Driver) MemHostAlloc(pp *unsafe.Pointer, size uint64, flags uint32) Result {
-	return d.call(symMemHostAlloc, uintptr(unsafe.Pointer(pp)), uintptr(size), uintptr(flags))
+	return d.call3(symMemHostAlloc, uintptr(unsafe.Pointer(pp)), uintptr(size), uintptr(flags))
 }
 
 func (d *Driver) MemFreeHost(p unsafe.Pointer) Result {
-	return d.call(symMemFreeHost, uintptr(p))
+	return d.call1(symMemFreeHost, uintptr(p))
 }
 
 func (d *Driver) MemHostGetDevicePointer(dp *DevicePtr, p unsafe.Pointer, flags uint32) Result {
-	return d.call(symMemHostGetDevicePointer, uintptr(unsafe.Pointer(dp)), uintptr(p), uintptr(flags))
+	return d.call3(symMemHostGetDevicePointer, uintptr(unsafe.Pointer(dp)), uintptr(p), uintptr(flags))
 }
 
 // PointerGetAttributeInt reads an int-valued pointer attribute.
 func (d *Driver) PointerGetAttributeInt(v *int32, attr PointerAttribute, p DevicePtr) Result {
-	return d.call(symPointerGetAttribute, uintptr(unsafe.Pointer(v)), uintptr(attr), uintptr(p))
+	return d.call3(symPointerGetAttribute, uintptr(unsafe.Pointer(v)), uintptr(attr), uintptr(p))
 }
 
 // ModuleLoadDataEx loads a NUL-terminated PTX (or cubin) image. opts and
@@ -529,31 +513,31 @@ func (d *Driver) ModuleLoadDataEx(m *Module, image []byte, opts []uint32, vals [
 	if len(opts) > 0 {
 		po, pv = &opts[0], &vals[0]
 	}
-	return d.call(symModuleLoadDataEx, uintptr(unsafe.Pointer(m)), uintptr(unsafe.Pointer(&image[0])),
+	return d.call5(symModuleLoadDataEx, uintptr(unsafe.Pointer(m)), uintptr(unsafe.Pointer(&image[0])),
 		uintptr(len(opts)), uintptr(unsafe.Pointer(po)), uintptr(unsafe.Pointer(pv)))
 }
 
-func (d *Driver) ModuleUnload(m Module) Result { return d.call(symModuleUnload, uintptr(m)) }
+func (d *Driver) ModuleUnload(m Module) Result { return d.call1(symModuleUnload, uintptr(m)) }
 
 // ModuleGetFunction looks up the kernel named by the NUL-terminated name.
 func (d *Driver) ModuleGetFunction(f *Function, m Module, name []byte) Result {
 	if len(name) == 0 || name[len(name)-1] != 0 {
 		return ErrorInvalidValue
 	}
-	return d.call(symModuleGetFunction, uintptr(unsafe.Pointer(f)), uintptr(m), uintptr(unsafe.Pointer(&name[0])))
+	return d.call3(symModuleGetFunction, uintptr(unsafe.Pointer(f)), uintptr(m), uintptr(unsafe.Pointer(&name[0])))
 }
 
 // FuncGetParamInfo is the offset and size of parameter index of f; an index
 // past the last parameter gives ErrorInvalidValue (the way to count them on
 // drivers without cuFuncGetParamCount, such as 580).
 func (d *Driver) FuncGetParamInfo(f Function, index uint64, offset, size *uint64) Result {
-	return d.call(symFuncGetParamInfo, uintptr(f), uintptr(index), uintptr(unsafe.Pointer(offset)), uintptr(unsafe.Pointer(size)))
+	return d.call4(symFuncGetParamInfo, uintptr(f), uintptr(index), uintptr(unsafe.Pointer(offset)), uintptr(unsafe.Pointer(size)))
 }
 
 // FuncGetName returns f's (possibly mangled) name.
 func (d *Driver) FuncGetName(f Function) (string, Result) {
 	var p *byte
-	r := d.call(symFuncGetName, uintptr(unsafe.Pointer(&p)), uintptr(f))
+	r := d.call2(symFuncGetName, uintptr(unsafe.Pointer(&p)), uintptr(f))
 	if r != Success {
 		return "", r
 	}
@@ -561,21 +545,21 @@ func (d *Driver) FuncGetName(f Function) (string, Result) {
 }
 
 func (d *Driver) KernelGetFunction(f *Function, k Kernel) Result {
-	return d.call(symKernelGetFunction, uintptr(unsafe.Pointer(f)), uintptr(k))
+	return d.call2(symKernelGetFunction, uintptr(unsafe.Pointer(f)), uintptr(k))
 }
 
 // LaunchKernel launches f; params is the void** array of argument pointers
 // (nil for a kernel without parameters).
 func (d *Driver) LaunchKernel(f Function, gx, gy, gz, bx, by, bz, shared uint32, s Stream, params *unsafe.Pointer) Result {
-	return d.call(symLaunchKernel, uintptr(f), uintptr(gx), uintptr(gy), uintptr(gz), uintptr(bx), uintptr(by), uintptr(bz),
+	return d.call11(symLaunchKernel, uintptr(f), uintptr(gx), uintptr(gy), uintptr(gz), uintptr(bx), uintptr(by), uintptr(bz),
 		uintptr(shared), uintptr(s), uintptr(unsafe.Pointer(params)), 0)
 }
 
 func (d *Driver) GraphCreate(g *Graph, flags uint32) Result {
-	return d.call(symGraphCreate, uintptr(unsafe.Pointer(g)), uintptr(flags))
+	return d.call2(symGraphCreate, uintptr(unsafe.Pointer(g)), uintptr(flags))
 }
 
-func (d *Driver) GraphDestroy(g Graph) Result { return d.call(symGraphDestroy, uintptr(g)) }
+func (d *Driver) GraphDestroy(g Graph) Result { return d.call1(symGraphDestroy, uintptr(g)) }
 
 // nodesArg returns the pointer and count C takes for a dependency list.
 func nodesArg(deps []GraphNode) (*GraphNode, uintptr) {
@@ -587,27 +571,27 @@ func nodesArg(deps []GraphNode) (*GraphNode, uintptr) {
 
 func (d *Driver) GraphAddKernelNode(n *GraphNode, g Graph, deps []GraphNode, p *KernelNodeParams) Result {
 	dp, nd := nodesArg(deps)
-	return d.call(symGraphAddKernelNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)))
+	return d.call5(symGraphAddKernelNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)))
 }
 
 func (d *Driver) GraphAddMemcpyNode(n *GraphNode, g Graph, deps []GraphNode, p *Memcpy3D, ctx Context) Result {
 	dp, nd := nodesArg(deps)
-	return d.call(symGraphAddMemcpyNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)), uintptr(ctx))
+	return d.call6(symGraphAddMemcpyNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)), uintptr(ctx))
 }
 
 func (d *Driver) GraphAddMemsetNode(n *GraphNode, g Graph, deps []GraphNode, p *MemsetNodeParams, ctx Context) Result {
 	dp, nd := nodesArg(deps)
-	return d.call(symGraphAddMemsetNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)), uintptr(ctx))
+	return d.call6(symGraphAddMemsetNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(unsafe.Pointer(p)), uintptr(ctx))
 }
 
 func (d *Driver) GraphAddChildGraphNode(n *GraphNode, g Graph, deps []GraphNode, child Graph) Result {
 	dp, nd := nodesArg(deps)
-	return d.call(symGraphAddChildGraphNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(child))
+	return d.call5(symGraphAddChildGraphNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd, uintptr(child))
 }
 
 func (d *Driver) GraphAddEmptyNode(n *GraphNode, g Graph, deps []GraphNode) Result {
 	dp, nd := nodesArg(deps)
-	return d.call(symGraphAddEmptyNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd)
+	return d.call4(symGraphAddEmptyNode, uintptr(unsafe.Pointer(n)), uintptr(g), uintptr(unsafe.Pointer(dp)), nd)
 }
 
 // GraphGetNodes fills nodes (nil to only count) and sets *count to the
@@ -618,11 +602,11 @@ func (d *Driver) GraphGetNodes(g Graph, nodes []GraphNode, count *uint64) Result
 	if len(nodes) > 0 {
 		p = &nodes[0]
 	}
-	return d.call(symGraphGetNodes, uintptr(g), uintptr(unsafe.Pointer(p)), uintptr(unsafe.Pointer(count)))
+	return d.call3(symGraphGetNodes, uintptr(g), uintptr(unsafe.Pointer(p)), uintptr(unsafe.Pointer(count)))
 }
 
 func (d *Driver) GraphNodeGetType(n GraphNode, t *GraphNodeType) Result {
-	return d.call(symGraphNodeGetType, uintptr(n), uintptr(unsafe.Pointer(t)))
+	return d.call2(symGraphNodeGetType, uintptr(n), uintptr(unsafe.Pointer(t)))
 }
 
 // GraphNodeGetDependencies fills deps (nil to only count) and sets *count.
@@ -635,45 +619,47 @@ func (d *Driver) GraphNodeGetDependencies(n GraphNode, deps []GraphNode, count *
 		p = &deps[0]
 	}
 	if d.fns[symGraphNodeGetDependenciesV2] != 0 {
-		return d.call(symGraphNodeGetDependenciesV2, uintptr(n), uintptr(unsafe.Pointer(p)), 0, uintptr(unsafe.Pointer(count)))
+		return d.call4(symGraphNodeGetDependenciesV2, uintptr(n), uintptr(unsafe.Pointer(p)), 0, uintptr(unsafe.Pointer(count)))
 	}
-	return d.call(symGraphNodeGetDependenciesV1, uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(unsafe.Pointer(count)))
+	return d.call3(symGraphNodeGetDependenciesV1, uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(unsafe.Pointer(count)))
 }
 
 func (d *Driver) GraphKernelNodeGetParams(n GraphNode, p *KernelNodeParams) Result {
-	return d.call(symGraphKernelNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+	return d.call2(symGraphKernelNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
 }
 
 func (d *Driver) GraphChildGraphNodeGetGraph(n GraphNode, g *Graph) Result {
-	return d.call(symGraphChildGraphNodeGetGraph, uintptr(n), uintptr(unsafe.Pointer(g)))
+	return d.call2(symGraphChildGraphNodeGetGraph, uintptr(n), uintptr(unsafe.Pointer(g)))
 }
 
 func (d *Driver) GraphInstantiate(x *GraphExec, g Graph, flags uint64) Result {
-	return d.call(symGraphInstantiate, uintptr(unsafe.Pointer(x)), uintptr(g), uintptr(flags))
+	return d.call3(symGraphInstantiate, uintptr(unsafe.Pointer(x)), uintptr(g), uintptr(flags))
 }
 
-func (d *Driver) GraphExecDestroy(x GraphExec) Result { return d.call(symGraphExecDestroy, uintptr(x)) }
+func (d *Driver) GraphExecDestroy(x GraphExec) Result {
+	return d.call1(symGraphExecDestroy, uintptr(x))
+}
 
 func (d *Driver) GraphLaunch(x GraphExec, s Stream) Result {
-	return d.call(symGraphLaunch, uintptr(x), uintptr(s))
+	return d.call2(symGraphLaunch, uintptr(x), uintptr(s))
 }
 
 func (d *Driver) GraphExecUpdate(x GraphExec, g Graph, info *GraphExecUpdateResultInfo) Result {
-	return d.call(symGraphExecUpdate, uintptr(x), uintptr(g), uintptr(unsafe.Pointer(info)))
+	return d.call3(symGraphExecUpdate, uintptr(x), uintptr(g), uintptr(unsafe.Pointer(info)))
 }
 
 func (d *Driver) GraphExecKernelNodeSetParams(x GraphExec, n GraphNode, p *KernelNodeParams) Result {
-	return d.call(symGraphExecKernelNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)))
+	return d.call3(symGraphExecKernelNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)))
 }
 
 func (d *Driver) GraphExecMemcpyNodeSetParams(x GraphExec, n GraphNode, p *Memcpy3D, ctx Context) Result {
-	return d.call(symGraphExecMemcpyNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(ctx))
+	return d.call4(symGraphExecMemcpyNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(ctx))
 }
 
 func (d *Driver) GraphExecMemsetNodeSetParams(x GraphExec, n GraphNode, p *MemsetNodeParams, ctx Context) Result {
-	return d.call(symGraphExecMemsetNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(ctx))
+	return d.call4(symGraphExecMemsetNodeSetParams, uintptr(x), uintptr(n), uintptr(unsafe.Pointer(p)), uintptr(ctx))
 }
 
 func (d *Driver) GraphExecChildGraphNodeSetParams(x GraphExec, n GraphNode, child Graph) Result {
-	return d.call(symGraphExecChildGraphNodeSetParams, uintptr(x), uintptr(n), uintptr(child))
+	return d.call3(symGraphExecChildGraphNodeSetParams, uintptr(x), uintptr(n), uintptr(child))
 }
