@@ -85,11 +85,19 @@ type Choice struct {
 	// Strategy is the one that runs; it differs from Requested only for
 	// StrategyAuto.
 	Strategy Strategy
-	// Reason says why, in words: "requested", or auto's comparison and
-	// any fallback.
+	// Reason says why, in words: "requested", or auto's comparison (the
+	// measured and modelled costs) and any fallback.
 	Reason string
-	// Candidates are what auto weighed, cheapest first; nil otherwise.
+	// Candidates are what auto weighed, the one chosen first, then the
+	// others from cheapest (measured, then modelled) to not usable; nil
+	// for a strategy asked for by name.
 	Candidates []Candidate
+	// Probing is true while StrategyAuto is still measuring its candidates
+	// (see Options.AutoProbeSteps): steps run each candidate in turn, and
+	// Strategy is the model's choice, which runs once the probes are
+	// enqueued until their times can be read. It turns false when auto
+	// decides.
+	Probing bool
 }
 
 // Candidate is one strategy auto weighed.
@@ -101,13 +109,27 @@ type Candidate struct {
 	// Usable is false when the device cannot run the strategy, or it
 	// failed to build; Note then says why.
 	Usable bool
-	// Note gives the terms of StepUS, or why the strategy is not usable.
+	// Note gives the terms of StepUS, or why the strategy is not usable,
+	// and, once probed, what the probe saw (a failed step, say).
 	Note string
+	// Probed is the number of steps auto measured the strategy over, 0
+	// when it was not measured (probing disabled or skipped, not yet
+	// decided, or no step measured).
+	Probed int
+	// GPUUS and HostUS are the medians over the probed steps of the GPU
+	// time (events around the strategy's work on the step's stream) and
+	// the host time (the clock around the strategy enqueueing the step),
+	// in microseconds.
+	GPUUS, HostUS float64
 }
 
 func (c Candidate) String() string {
 	if !c.Usable {
 		return fmt.Sprintf("%s: not usable: %s", c.Strategy, c.Note)
+	}
+	if c.Probed > 0 {
+		return fmt.Sprintf("%s: measured %.1f us GPU, %.1f us host per step (median of %d); modelled %.1f us (%s)",
+			c.Strategy, c.GPUUS, c.HostUS, c.Probed, c.StepUS, c.Note)
 	}
 	return fmt.Sprintf("%s: %.1f us/step (%s)", c.Strategy, c.StepUS, c.Note)
 }
@@ -195,23 +217,39 @@ func poolCandidate(e *Executable, copyCost func(*copyPlan) (float64, string)) Ca
 	return cand
 }
 
-// chooseStrategy is StrategyAuto: it builds the cheapest usable candidate,
-// and when building fails because the device lacks memory or a capability
-// it records why and moves on to the next. Other failures are returned.
+// chooseStrategy is StrategyAuto. It models the candidates (candidates)
+// and builds the usable ones, cheapest first; when building one fails
+// because the device lacks memory or a capability it records why and moves
+// on. Other failures are returned, after releasing what was built. Unless
+// probing is skipped (probeSkipped) and when two or more candidates were
+// built, it returns an autoProbe that measures them over the first steps
+// (autoprobe.go); otherwise the cheapest modelled candidate that could be
+// built, and only that one is built.
 func chooseStrategy(e *Executable) (strategy, Choice, error) {
-	cands := candidates(e)
-	ch := Choice{Requested: StrategyAuto, Candidates: cands}
-	var fallbacks []string
-	var errs []error
-	for i := range cands {
+	ch := Choice{Requested: StrategyAuto, Candidates: candidates(e)}
+	skip := probeSkipped(e)
+	var (
+		built     []*probe
+		fallbacks []string
+		errs      []error
+	)
+	closeBuilt := func() error {
+		var cerrs []error
+		for _, pr := range built {
+			cerrs = append(cerrs, pr.st.close())
+		}
+		return errors.Join(cerrs...)
+	}
+	for i := range ch.Candidates {
 		c := &ch.Candidates[i]
 		if !c.Usable {
 			continue
 		}
+		before := e.mem
 		st, err := buildStrategy(e, c.Strategy)
 		if err != nil {
 			if !errors.Is(err, gpu.ErrOutOfMemory) && !errors.Is(err, gpu.ErrNotSupported) {
-				return nil, Choice{}, fmt.Errorf("auto: %s: %w", c.Strategy, err)
+				return nil, Choice{}, errors.Join(fmt.Errorf("auto: %s: %w", c.Strategy, err), closeBuilt())
 			}
 			errs = append(errs, err)
 			c.Usable, c.Note = false, "failed to build: "+err.Error()
@@ -219,19 +257,77 @@ func chooseStrategy(e *Executable) (strategy, Choice, error) {
 			e.log.Debug("auto: candidate failed; falling back", "candidate", c.Strategy, "err", err)
 			continue
 		}
-		ch.Strategy = c.Strategy
-		var others []string
-		for j, o := range ch.Candidates {
-			if j != i {
-				others = append(others, o.String())
-			}
+		built = append(built, &probe{strategy: c.Strategy, st: st, cand: i,
+			persistent: e.mem.Persistent - before.Persistent, slots: e.mem.Slots - before.Slots,
+			slotCount: e.mem.SlotCount - before.SlotCount})
+		if skip != "" {
+			break
 		}
-		ch.Reason = fmt.Sprintf("cheapest modelled step: %s; then %s", c, strings.Join(others, "; "))
-		if len(fallbacks) > 0 {
-			ch.Reason += "; fell back because " + strings.Join(fallbacks, ", ")
-		}
-		e.log.Debug("auto chose a strategy", "strategy", c.Strategy, "reason", ch.Reason)
-		return st, ch, nil
 	}
-	return nil, Choice{}, fmt.Errorf("auto: no candidate could be built: %w", errors.Join(errs...))
+	if len(built) == 0 {
+		return nil, Choice{}, fmt.Errorf("auto: no candidate could be built: %w", errors.Join(errs...))
+	}
+	fellBack := ""
+	if len(fallbacks) > 0 {
+		fellBack = "; fell back because " + strings.Join(fallbacks, ", ")
+	}
+	if skip == "" && len(built) == 1 {
+		skip = "no other candidate could be built"
+	}
+	if skip != "" {
+		pr := built[0]
+		ch.Strategy = pr.strategy
+		ch.Candidates = modelOrder(ch.Candidates, pr.cand)
+		ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
+		e.log.Debug("auto chose a strategy", "strategy", pr.strategy, "reason", ch.Reason)
+		return pr.st, ch, nil
+	}
+	a, err := newAutoProbe(e, ch, built, fellBack)
+	if err != nil {
+		return nil, Choice{}, errors.Join(fmt.Errorf("auto: %w", err), closeBuilt())
+	}
+	e.auto = a
+	return a, a.choice(), nil
+}
+
+// probeSkipped says why auto decides by the model alone, "" when it
+// measures.
+func probeSkipped(e *Executable) string {
+	switch {
+	case e.opts.AutoProbeSteps < 0:
+		return "probing disabled (Options.AutoProbeSteps < 0)"
+	case e.opts.ZeroCopyOutputs:
+		// Only pool leases its outputs: the candidates would not agree on
+		// whether the caller must bind them.
+		return "zero-copy outputs (only pool leases its outputs)"
+	}
+	for i := range e.prog.cmds {
+		if e.prog.cmds[i].coll != nil {
+			// A rank's step waits for its peers: its probe would measure
+			// them, and the ranks would each decide from noise.
+			return "the program holds collectives, whose step time is set by the peers"
+		}
+	}
+	return ""
+}
+
+// modelOrder returns cands with cands[first] moved to the front, the rest
+// in their order.
+func modelOrder(cands []Candidate, first int) []Candidate {
+	out := make([]Candidate, 0, len(cands))
+	out = append(out, cands[first])
+	out = append(out, cands[:first]...)
+	return append(out, cands[first+1:]...)
+}
+
+// othersAfter says cands[0], then the others: "A; then B; C".
+func othersAfter(cands []Candidate) string {
+	var others []string
+	for _, o := range cands[1:] {
+		others = append(others, o.String())
+	}
+	if len(others) == 0 {
+		return cands[0].String()
+	}
+	return fmt.Sprintf("%s; then %s", cands[0], strings.Join(others, "; "))
 }

@@ -11,6 +11,7 @@ import (
 	"stablegraph"
 	"stablegraph/gpu"
 	"stablegraph/kernels"
+	"stablegraph/vmm"
 )
 
 // fanOut is a program whose param x is read by k kernels (a wide block
@@ -57,6 +58,7 @@ func TestAutoChoice(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.opts.Strategy = stablegraph.StrategyAuto
+			c.opts.AutoProbeSteps = -1 // the model alone
 			exe, err := stablegraph.Compile(ctx, b, c.p, c.opts)
 			if err != nil {
 				t.Fatal(err)
@@ -135,6 +137,7 @@ func TestPersistentOptions(t *testing.T) {
 	for _, o := range []stablegraph.Options{
 		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},
 		{Costs: stablegraph.Costs{NodeUpdateUS: -1}}, {Costs: stablegraph.Costs{PoolMemoryFraction: 2}},
+		{SlotPoll: vmm.WaitPolicy{MinSleep: -time.Microsecond}}, {AutoProbeSteps: stablegraph.MaxAutoProbeSteps + 1},
 	} {
 		if exe, err := stablegraph.Compile(context.Background(), b, p, o); err == nil {
 			exe.Close()

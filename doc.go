@@ -71,20 +71,27 @@
 // persistent addresses, not the caller's.
 //
 // StrategyPool waits, before reusing a slot, for a device-written timeline
-// to pass the step that last used it (backing off, at most
-// Options.SlotWait; then ErrSlotWait), and enqueues the timeline write that
-// releases the slot right after the slot's graph. With
+// to pass the step that last used it (polling with yields for a short
+// bounded time, then sleeping with back-off, as Options.SlotPoll says; at
+// most Options.SlotWait, then ErrSlotWait), and enqueues the timeline write
+// that releases the slot right after the slot's graph. With
 // Options.ZeroCopyOutputs it does not copy outputs out: Run's Outputs are
 // the slot's memory, leased until Outputs.Release, and a slot is not reused
 // while leased. It needs VMM and stream memory operations; Compile refuses
 // it with an error wrapping gpu.ErrNotSupported on devices without them.
 //
 // StrategyAuto chooses among patch, stable and pool per program and device
-// by a cost model (Costs, by default the H100 figures of GPU-MACHINE.md):
-// nodes to patch against bytes and copies to make, VMM support and slot
-// memory. It never chooses what the device cannot run, and falls back to
-// the next candidate when building one runs out of memory;
-// Executable.Choice says what it chose and why.
+// from measured costs. A cost model (Costs, by default the H100 figures of
+// GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
+// support and slot memory) rules out what the device cannot run and orders
+// the rest; Compile builds them (falling back past one that runs out of
+// memory), and the first steps run each in turn, warm-up steps then
+// Options.AutoProbeSteps steps timed by events (GPU time) and the clock
+// (host time). Auto keeps the fastest, by GPU time then host time, and
+// releases the others; all compute the same bits over the same states, so
+// the switches are invisible. Without probing (AutoProbeSteps < 0,
+// zero-copy outputs, collectives) the model decides. Executable.Choice says
+// what it chose and why, with the measured and modelled figures.
 //
 // All produce the same bits as eager. Executable.Stats counts what each
 // did; Executable.Memory counts the memory each holds (persistent copies

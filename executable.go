@@ -114,7 +114,10 @@ type Executable struct {
 	cb      *graph.CommandBuffer
 	flow    []bufFlow // per buffer, how the step uses it (flow.go)
 	mem     MemoryStats
-	choice  Choice // the strategy that runs and why
+	choice  Choice // the strategy that runs and why (auto's, when probing, is in auto)
+	// auto is StrategyAuto while and after it probes (autoprobe.go), nil
+	// otherwise: it holds the live Choice and strategy memory.
+	auto *autoProbe
 	// leased: the strategy hands out its own memory for outputs (zero-copy
 	// pool), so outputs need not be bound.
 	leased bool
@@ -140,12 +143,23 @@ type Executable struct {
 }
 
 // Strategy is the replay strategy that runs: the one requested, or the
-// one StrategyAuto chose (see Choice).
-func (e *Executable) Strategy() Strategy { return e.choice.Strategy }
+// one StrategyAuto chose (see Choice; while auto is still probing, the
+// model's choice).
+func (e *Executable) Strategy() Strategy {
+	if e.auto != nil {
+		return e.auto.strategy()
+	}
+	return e.choice.Strategy
+}
 
-// Choice says which strategy runs and why: for StrategyAuto, the modelled
-// cost of every candidate and any fallback.
+// Choice says which strategy runs and why: for StrategyAuto, the measured
+// and modelled cost of every candidate and any fallback. Under
+// StrategyAuto with probing (Options.AutoProbeSteps) it changes once, when
+// auto decides (Choice.Probing turns false).
 func (e *Executable) Choice() Choice {
+	if e.auto != nil {
+		return e.auto.choice()
+	}
 	c := e.choice
 	c.Candidates = slices.Clone(c.Candidates)
 	return c
@@ -155,8 +169,14 @@ func (e *Executable) Choice() Choice {
 func (e *Executable) Program() *Program { return e.prog }
 
 // Memory reports the device memory the executable owns, the strategy's
-// persistent copies and pool slots included.
-func (e *Executable) Memory() MemoryStats { return e.mem }
+// persistent copies and pool slots included. While StrategyAuto probes it
+// holds every candidate's memory; once it decides, the kept one's only.
+func (e *Executable) Memory() MemoryStats {
+	if e.auto != nil {
+		return e.auto.memory(e.mem)
+	}
+	return e.mem
+}
 
 // Run executes one step on stream s with the params and outputs at the
 // addresses in b, and returns where the outputs are. It enqueues work and
@@ -207,7 +227,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		err := wait(wctx)
 		cancel()
 		if err != nil {
-			return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.choice.Strategy, err)
+			return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.Strategy(), err)
 		}
 		e.mu.Lock()
 	}
@@ -234,7 +254,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		if res.lease != nil {
 			res.lease.release()
 		}
-		return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.choice.Strategy, err)
+		return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.Strategy(), err)
 	}
 	e.mu.stats.Steps++
 	outs := Outputs{addrs: make(map[Buffer]gpu.DevicePtr, len(e.outputs)), lease: res.lease}
@@ -293,7 +313,12 @@ func (e *Executable) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.mu.stats
-	s.Strategy = e.choice.Strategy
+	s.Strategy = e.Strategy()
+	if e.auto != nil {
+		s.Probing, s.Ran = e.auto.probing(), e.auto.lastRan
+	} else if e.mu.last != 0 {
+		s.Ran = s.Strategy
+	}
 	return s
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"stablegraph/trace"
+	"stablegraph/vmm"
 )
 
 // Strategy is a way of replaying a compiled step when its buffers move
@@ -43,17 +44,21 @@ const (
 	// permanently mapped (VMM), each holding its own copy of the params and
 	// outputs, with one graph per slot recorded once and replayed forever.
 	// Each step takes the least recently used free slot, waiting on a
-	// device-written timeline for the step that last used it (at most
-	// Options.SlotWait), copies params in, launches the slot's graph,
-	// enqueues the timeline write that releases the slot, and copies the
-	// outputs out, or with Options.ZeroCopyOutputs leases them to the caller
+	// device-written timeline for the step that last used it (polled as
+	// Options.SlotPoll says, at most Options.SlotWait), copies params in,
+	// launches the slot's graph, enqueues the timeline write that releases
+	// the slot, and copies the outputs out, or with Options.ZeroCopyOutputs leases them to the caller
 	// (see Outputs). It needs VMM and stream memory operations; Compile
 	// fails with an error wrapping gpu.ErrNotSupported without them.
 	StrategyPool Strategy = "pool"
 	// StrategyAuto chooses among patch, stable and pool for the program and
-	// device from a cost model (Options.Costs): bytes to copy against nodes
-	// to patch, VMM support and slot memory. It never chooses a strategy the
-	// device cannot run; Executable.Choice says what it chose and why.
+	// device from measured costs: it builds the candidates the device can
+	// run (a cost model, Options.Costs, weighs bytes to copy against nodes
+	// to patch, VMM support and slot memory, and orders them), runs each
+	// for a few steps timing its GPU and host time (Options.AutoProbeSteps),
+	// keeps the fastest and releases the others. It never chooses a
+	// strategy the device cannot run; Executable.Choice says what it chose
+	// and why, with the figures measured.
 	StrategyAuto Strategy = "auto"
 )
 
@@ -109,6 +114,16 @@ type Options struct {
 	// be released. Passing it is an error wrapping ErrSlotWait and
 	// gpu.ErrTimeout. Default 30 s.
 	SlotWait time.Duration
+	// SlotPoll is how a pool step waiting for the device to finish with a
+	// slot polls the slot timeline (see vmm.WaitPolicy): it yields between
+	// reads for up to SlotPoll.Yield, then sleeps from SlotPoll.MinSleep
+	// doubling to SlotPoll.MaxSleep, never past SlotWait. With steps run
+	// back to back a step waits about one step's GPU time for its slot;
+	// polling with yields sees the slot free within a microsecond, where a
+	// sleep, however short, costs tens of microseconds. Zero fields take
+	// vmm's defaults: 100 µs of yields (vmm.DefaultWaitYield; negative: no
+	// yields), then sleeps of 50 µs to 1 ms.
+	SlotPoll vmm.WaitPolicy
 	// ZeroCopyOutputs makes StrategyPool (also when StrategyAuto chooses
 	// it) hand out its outputs in the slot that ran instead of copying them
 	// into the caller's buffers: Run's Outputs hold the slot's addresses
@@ -122,9 +137,26 @@ type Options struct {
 	// price of one more launch per copy. Default false (copies in the
 	// graph, one launch per step).
 	StreamCopies bool
-	// Costs are the per-operation costs StrategyAuto chooses by. Zero
+	// Costs are the per-operation costs StrategyAuto models by. Zero
 	// fields take the values of DefaultCosts.
 	Costs Costs
+	// AutoProbeSteps is how many steps StrategyAuto measures each of its
+	// candidates over before it keeps one. Compile builds every candidate
+	// the device can run (the model excludes what it cannot, and pool slots
+	// larger than Costs.PoolMemoryFraction of free memory); the first steps
+	// run each in turn, the model's cheapest first: warm-up steps that
+	// record its graphs (patch 2, stable 1, pool one per slot), then
+	// AutoProbeSteps steps timed by events around its work on the step's
+	// stream (GPU time) and by the clock around its enqueueing (host
+	// time). Once the device has passed the last probe step (polled, never
+	// waited for; the model's choice runs meanwhile), auto keeps the
+	// candidate with the lowest median GPU time, then host time (times
+	// within 2% or 0.5 µs are equal; the model breaks ties), and closes
+	// the others, releasing their memory. Default 3; negative: no probing,
+	// the model alone decides at Compile. Probing is also skipped with
+	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason
+	// says so).
+	AutoProbeSteps int
 }
 
 // MaxPoolSlots bounds Options.PoolSlots.
@@ -132,9 +164,13 @@ const MaxPoolSlots = 64
 
 // Option defaults that are not zero values of other types.
 const (
-	defaultPoolSlots = 2
-	defaultSlotWait  = 30 * time.Second
+	defaultPoolSlots      = 2
+	defaultSlotWait       = 30 * time.Second
+	defaultAutoProbeSteps = 3
 )
+
+// MaxAutoProbeSteps bounds Options.AutoProbeSteps.
+const MaxAutoProbeSteps = 1000
 
 func (o Options) withDefaults() (Options, error) {
 	if o.Strategy == "" {
@@ -172,6 +208,15 @@ func (o Options) withDefaults() (Options, error) {
 		o.SlotWait = defaultSlotWait
 	case o.SlotWait < 0:
 		return o, fmt.Errorf("stablegraph: negative slot wait %v", o.SlotWait)
+	}
+	switch {
+	case o.AutoProbeSteps == 0:
+		o.AutoProbeSteps = defaultAutoProbeSteps
+	case o.AutoProbeSteps > MaxAutoProbeSteps:
+		return o, fmt.Errorf("stablegraph: %d auto probe steps (at most %d)", o.AutoProbeSteps, MaxAutoProbeSteps)
+	}
+	if err := o.SlotPoll.Validate(); err != nil {
+		return o, fmt.Errorf("stablegraph: slot poll: %w", err)
 	}
 	var err error
 	if o.Costs, err = o.Costs.withDefaults(); err != nil {

@@ -125,10 +125,11 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 	}
 }
 
-// persistentAddresses reports whether exe runs the program on persistent
-// copies of its params and outputs.
+// persistentAddresses reports whether exe ran its last step on persistent
+// copies of its params and outputs (under auto, while it probes, the
+// candidate that ran it).
 func persistentAddresses(exe *stablegraph.Executable) bool {
-	st := exe.Strategy()
+	st := exe.Stats().Ran
 	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool
 }
 

@@ -125,6 +125,8 @@ func persistentVariants() []struct {
 		{"stable", stablegraph.Options{Strategy: stablegraph.StrategyStable}},
 		{"stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StreamCopies: true}},
 		{"auto", stablegraph.Options{Strategy: stablegraph.StrategyAuto}},
+		{"auto-probe-1", stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1}},
+		{"auto-model", stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1}},
 		{"auto-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true}},
 	}
 	for n := 1; n <= 3; n++ {
@@ -153,7 +155,9 @@ func persistentVariants() []struct {
 // it launches one graph and, when the caller's buffers moved, updates only
 // copy nodes.
 func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
-	const steps = 8
+	// Enough for auto to probe its three candidates (14 steps by default)
+	// and then run the one it kept.
+	const steps = 17
 	workloads := []struct {
 		name string
 		cfg  workload.Config
@@ -191,6 +195,27 @@ func checkSteadyState(t *testing.T, r wlResult, opts stablegraph.Options) {
 		warm = opts.PoolSlots
 		if warm == 0 {
 			warm = 2 // the default
+		}
+	}
+	if opts.Strategy == stablegraph.StrategyAuto {
+		// Probing warmed every candidate: steady state starts at the step
+		// that runs the one kept.
+		warm = len(r.stats)
+		for i, st := range r.stats {
+			if !st.Probing {
+				warm = i
+				break
+			}
+		}
+		if warm == 0 && r.choice.Probing {
+			t.Errorf("auto decided before the first step")
+		}
+		if warm >= len(r.stats)-1 {
+			t.Errorf("auto still probing after %d steps", len(r.stats))
+			return
+		}
+		if warm == 0 {
+			warm = 1
 		}
 	}
 	d := final.Counters.Sub(r.stats[warm-1].Counters)

@@ -25,8 +25,9 @@ import (
 //
 //  1. acquire (under the executable's lock) picks the least recently used
 //     slot not leased; when it is not ready, the executable drops its lock
-//     and waits, on the timeline (backing off, up to Options.SlotWait) or
-//     for a lease to be released, then tries again;
+//     and waits, on the timeline (yielding briefly, then backing off, up
+//     to Options.SlotWait; see Options.SlotPoll) or for a lease to be
+//     released, then tries again;
 //  2. run brings the slot's graph to the caller's addresses (only copy
 //     nodes change), launches it, and enqueues the timeline write that
 //     releases the slot right after, before anything that synchronises
@@ -125,6 +126,9 @@ func newPool(e *Executable, env strategyEnv) (_ *pool, bytes uint64, err error) 
 	if p.tl, err = vmm.NewTimeline(e.b, e.dev); err != nil {
 		return nil, 0, fmt.Errorf("pool: %w", err)
 	}
+	if err := p.tl.SetWaitPolicy(e.opts.SlotPoll); err != nil {
+		return nil, 0, fmt.Errorf("pool: %w", err)
+	}
 	return p, bytes, nil
 }
 
@@ -160,9 +164,13 @@ func (p *pool) acquire() func(context.Context) error {
 			}
 		}
 	}
-	if point := slot.point; !p.tl.Reached(point) {
+	// Checked without waiting first: most slots are ready. The closure
+	// holds the timeline itself, not p.tl, which close clears under the
+	// executable's lock while the wait runs without it (a closed timeline
+	// still answers Wait, from its last value).
+	if tl, point := p.tl, slot.point; !tl.Reached(point) {
 		return func(ctx context.Context) error {
-			if err := p.tl.Wait(ctx, point, 0); err != nil {
+			if err := tl.Wait(ctx, point, 0); err != nil {
 				return slotWaitErr(fmt.Sprintf("slot %d: the device has not finished the step that last used it", slot.index), err, ctx.Err())
 			}
 			return nil
@@ -189,6 +197,7 @@ func (p *pool) run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (step
 	}
 	slot := p.next
 	p.next = nil
+	p.stats.SlotWaitSleeps = p.tl.WaitStats().Slept
 	launched, err := p.plan.step(&p.strategyEnv, slot.g, s, addrs)
 	if launched {
 		// Rule 4: the write that releases the slot follows the slot's work

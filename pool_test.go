@@ -12,6 +12,7 @@ import (
 	"stablegraph/gpu"
 	"stablegraph/gpu/sim"
 	"stablegraph/kernels"
+	"stablegraph/vmm"
 	"stablegraph/workload"
 )
 
@@ -688,6 +689,62 @@ func BenchmarkPoolStep(b *testing.B) {
 				st := exe.Stats()
 				b.ReportMetric(float64(st.CopyNodeUpdates)/float64(st.Steps), "copy-node-updates/step")
 				b.ReportMetric(float64(st.BytesCopied)/float64(st.Steps), "bytes-copied/step")
+			})
+		}
+	}
+}
+
+// BenchmarkPoolBackToBack measures pool steps run back to back on sim, as a
+// training loop runs them (one stream synchronisation per 10 steps), so
+// that most steps wait for their slot: with the default slot poll (yields,
+// then sleeps) and with sleeps only, the old policy, whose short sleeps
+// really last tens of microseconds on an idle host. It reports the waits
+// per step and how many of them slept. On sim the device is a goroutine
+// sharing the host's cores, so the process is never idle and short sleeps
+// end on time: the times here do not show the cost that sleeping has with
+// a real GPU (measure that with the bench command); the sleeping waits do
+// show which policy sleeps.
+func BenchmarkPoolBackToBack(b *testing.B) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		poll vmm.WaitPolicy
+	}{{"yield-then-sleep", vmm.WaitPolicy{}}, {"sleep-only", vmm.WaitPolicy{Yield: -1, MinSleep: time.Microsecond}}} {
+		for n := 1; n <= 2; n++ {
+			b.Run(fmt.Sprintf("%s/slots=%d", c.name, n), func(b *testing.B) {
+				be := newSim(b)
+				s := newStream(b, be)
+				pp := newPoolProgram()
+				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotPoll: c.poll})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer exe.Close()
+				var sets [2]stablegraph.Bindings
+				for i := range sets {
+					sets[i] = stablegraph.Bindings{}
+					for _, buf := range []stablegraph.Buffer{pp.x, pp.y, pp.s} {
+						sets[i][buf] = mustAlloc(b, be, uint64(buf.Size()))
+					}
+				}
+				before := exe.Stats()
+				for i := 0; b.Loop(); i++ {
+					if _, err := exe.Run(ctx, s, sets[i%2]); err != nil {
+						b.Fatal(err)
+					}
+					if i%10 == 9 {
+						if err := be.StreamSynchronize(s); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				if err := be.StreamSynchronize(s); err != nil {
+					b.Fatal(err)
+				}
+				st := exe.Stats()
+				d := st.Counters.Sub(before.Counters)
+				b.ReportMetric(float64(d.SlotWaits)/float64(st.Steps-before.Steps), "slot-waits/step")
+				b.ReportMetric(float64(d.SlotWaitSleeps)/float64(st.Steps-before.Steps), "sleeping-waits/step")
 			})
 		}
 	}

@@ -46,6 +46,9 @@ type Counters struct {
 	// SlotWaits counts the times a pool step found no slot ready (the
 	// device still using it, or its outputs still leased) and had to wait.
 	SlotWaits int64
+	// SlotWaitSleeps counts the waits for the device to finish with a slot
+	// that outlasted the yield phase of Options.SlotPoll and slept.
+	SlotWaitSleeps int64
 }
 
 // Sub returns c - d, field by field.
@@ -66,6 +69,7 @@ func (c Counters) Sub(d Counters) Counters {
 		CopyNodeUpdates:   c.CopyNodeUpdates - d.CopyNodeUpdates,
 		TimelineWrites:    c.TimelineWrites - d.TimelineWrites,
 		SlotWaits:         c.SlotWaits - d.SlotWaits,
+		SlotWaitSleeps:    c.SlotWaitSleeps - d.SlotWaitSleeps,
 	}
 }
 
@@ -74,6 +78,15 @@ type Stats struct {
 	// Strategy is the strategy that runs: the one StrategyAuto chose, when
 	// it was asked for (see Executable.Choice).
 	Strategy Strategy
+	// Ran is the strategy that ran the last step: Strategy, except while
+	// StrategyAuto probes, when it is the candidate measured ("" before the
+	// first step).
+	Ran Strategy
+	// Probing is true while StrategyAuto is still measuring its
+	// candidates: the last step ran one of them, or the model's choice
+	// while the probes' times are pending, and Strategy is the model's
+	// choice so far.
+	Probing bool
 	// Steps counts successful Runs.
 	Steps int64
 	// Counters are the totals since Compile.

@@ -182,7 +182,9 @@ func maps(b stablegraph.Bindings) stablegraph.Bindings {
 // movement and demands every output of every step, and the final state,
 // equal to eager's bit for bit.
 func TestStrategiesMatchEager(t *testing.T) {
-	const steps = 12
+	// Enough for auto to probe its three candidates (14 steps) and then
+	// run the one it kept.
+	const steps = 18
 	for _, move := range []movement{fixed, pingpong, random} {
 		t.Run(string(move), func(t *testing.T) {
 			b := newSim(t)
@@ -215,9 +217,26 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move movement, res []resu
 	if final.Steps != int64(len(res)) || final.GraphLaunches != int64(len(res)) {
 		t.Errorf("steps %d, graph launches %d, want %d", final.Steps, final.GraphLaunches, len(res))
 	}
+	decided := false
+	copied := res[0].stats.Last.BytesCopied // per step, by stable and pool
 	for i, r := range res[1:] {
 		i++
 		last := r.stats.Last
+		if r.stats.Probing {
+			// Auto runs each candidate in turn, warm-ups included:
+			// only the bits are checked (by the caller).
+			continue
+		}
+		if st == stablegraph.StrategyAuto && !decided {
+			// The step that runs the candidate kept: what moved is
+			// relative to the step before, which another one ran; the
+			// checks start at the next.
+			decided, copied = true, last.BytesCopied
+			if i < 2 || r.stats.Ran != r.stats.Strategy {
+				t.Errorf("step %d: auto decided at once, or ran %s after choosing %s", i, r.stats.Ran, r.stats.Strategy)
+			}
+			continue
+		}
 		// Under auto, what the chosen strategy should have done.
 		switch r.stats.Strategy {
 		case stablegraph.StrategyRecord:
@@ -247,9 +266,9 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move movement, res []resu
 			if !firstUse && (last.Records != 0 || last.TracesCaptured != 0) {
 				t.Errorf("step %d: %d records, %d traces captured", i, last.Records, last.TracesCaptured)
 			}
-			if last.Rerecords != 0 || last.PatchedNodes != 0 || last.GraphUpdates != 0 || last.BytesCopied != res[0].stats.Last.BytesCopied {
-				t.Errorf("step %d: %d re-records, %d patched, %d updates, %d bytes copied (step 0: %d)", i,
-					last.Rerecords, last.PatchedNodes, last.GraphUpdates, last.BytesCopied, res[0].stats.Last.BytesCopied)
+			if last.Rerecords != 0 || last.PatchedNodes != 0 || last.GraphUpdates != 0 || last.BytesCopied != copied || copied == 0 {
+				t.Errorf("step %d: %d re-records, %d patched, %d updates, %d bytes copied (first step: %d)", i,
+					last.Rerecords, last.PatchedNodes, last.GraphUpdates, last.BytesCopied, copied)
 			}
 			if r.stats.Strategy == stablegraph.StrategyStable && r.moved != (last.CopyNodeUpdates != 0) {
 				t.Errorf("step %d: moved=%v but %d copy nodes updated", i, r.moved, last.CopyNodeUpdates)
@@ -269,6 +288,9 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move movement, res []resu
 			t.Errorf("step %d (%s, ping-pong): %d captured, %d misses, %d synthesized; want 0",
 				i, st, last.TracesCaptured, last.TraceCacheMisses, last.TracesSynthesized)
 		}
+	}
+	if st == stablegraph.StrategyAuto && (!decided || final.Probing) {
+		t.Errorf("auto still probing after %d steps", len(res))
 	}
 	if testing.Verbose() {
 		fmt.Printf("%-7s %-8s %+v\n", st, move, final.Counters)

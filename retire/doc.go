@@ -36,7 +36,9 @@
 //     caller that knows the device will not touch the buffers again (the
 //     stream was synchronized and is idle, or dead after a fault).
 //
-// Waits back off exponentially and give up at their deadline with an error
+// Waits follow vmm.WaitPolicy, the one wait policy of the module: they poll
+// with yields for a short bounded time (100 µs by default), then sleep with
+// exponential back-off to 1 ms, and give up at their deadline with an error
 // wrapping gpu.ErrTimeout: a hung GPU yields an error, never a spinning core
 // (ARCHITECTURE.md rule 3). A batch whose wait failed stays pending; the
 // queue prefers holding memory to freeing it early.

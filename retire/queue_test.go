@@ -10,11 +10,12 @@ import (
 	"time"
 
 	"stablegraph/gpu"
+	"stablegraph/vmm"
 )
 
 // manualTimeline is a Timeline the test advances by hand. Wait advances it
 // to the point waited for when autoAdvance is set (a GPU that finishes on
-// demand), and otherwise waits with the package's back-off.
+// demand), and otherwise waits with the package's wait policy.
 type manualTimeline struct {
 	completed   atomic.Uint64
 	autoAdvance bool
@@ -34,7 +35,7 @@ func (m *manualTimeline) Wait(ctx context.Context, point uint64, deadline time.D
 			break
 		}
 	}
-	return backoffWait(ctx, point, deadline, m.Completed, nil)
+	return pollWait(ctx, vmm.WaitPolicy{}, point, deadline, m.Completed, nil)
 }
 
 func (m *manualTimeline) waited() []uint64 {
@@ -274,17 +275,31 @@ func TestQueueConcurrent(t *testing.T) {
 	}
 }
 
-func TestBackoffWaitDoesNotSpin(t *testing.T) {
+func TestPollWaitDoesNotSpin(t *testing.T) {
 	// A 20ms wait on a timeline that never moves must sleep, not spin:
-	// with exponential back-off capped at 1ms it reads the timeline a few
-	// dozen times, not millions.
+	// without a yield phase, with sleeps doubling to 1ms, it reads the
+	// timeline a few dozen times, not millions.
 	var reads atomic.Int64
 	completed := func() uint64 { reads.Add(1); return 0 }
-	err := backoffWait(context.Background(), 1, 20*time.Millisecond, completed, nil)
+	err := pollWait(context.Background(), vmm.WaitPolicy{Yield: -1}, 1, 20*time.Millisecond, completed, nil)
 	if !errors.Is(err, gpu.ErrTimeout) {
 		t.Fatalf("err = %v", err)
 	}
 	if n := reads.Load(); n > 200 {
 		t.Fatalf("%d timeline reads in 20ms: the wait spins", n)
+	}
+	// With the default policy the wait yields first, then sleeps: the
+	// stream is queried only once it sleeps, and a fault ends the wait.
+	var queries atomic.Int64
+	boom := errors.New("boom")
+	query := func() error {
+		if queries.Add(1) == 3 {
+			return boom
+		}
+		return nil
+	}
+	err = pollWait(context.Background(), vmm.WaitPolicy{}, 1, time.Minute, func() uint64 { return 0 }, query)
+	if !errors.Is(err, boom) || queries.Load() != 3 {
+		t.Fatalf("err = %v after %d queries, want boom after 3", err, queries.Load())
 	}
 }

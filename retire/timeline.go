@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"stablegraph/gpu"
+	"stablegraph/vmm"
 )
 
 // Timeline is a monotonic counter advanced by the GPU (see the package doc
@@ -20,28 +21,14 @@ type Timeline interface {
 	// blocks and never decreases.
 	Completed() uint64
 	// Wait blocks until Completed() >= point, ctx is done, or deadline
-	// passes (deadline <= 0 means DefaultWaitDeadline). Waiting backs off;
-	// it never spins. A missed deadline is an error wrapping
-	// gpu.ErrTimeout.
+	// passes (deadline <= 0 means DefaultWaitDeadline). Waiting yields for
+	// a short bounded time, then sleeps with back-off; it never spins for
+	// long. A missed deadline is an error wrapping gpu.ErrTimeout.
 	Wait(ctx context.Context, point uint64, deadline time.Duration) error
 }
 
 // DefaultWaitDeadline bounds a timeline wait when the caller gives none.
 const DefaultWaitDeadline = 30 * time.Second
-
-// Back-off of timeline waits: the first sleep is minBackoff and each
-// following one doubles up to maxBackoff. Short first sleeps keep the
-// latency of a wait that is almost over low; the cap keeps a long wait from
-// oversleeping by more than a millisecond.
-const (
-	minBackoff = time.Microsecond
-	maxBackoff = time.Millisecond
-	// queryBackoff is the sleep from which a StreamTimeline wait also
-	// queries its stream on each round, so that a stream that faulted (and
-	// will never write its point) ends the wait at once instead of at the
-	// deadline. Below it the query would cost more than the sleep.
-	queryBackoff = 64 * time.Microsecond
-)
 
 // StreamTimelineBackend is what a StreamTimeline needs from a backend.
 // gpu.Backend satisfies it.
@@ -69,6 +56,8 @@ type StreamTimeline struct {
 	stream    atomic.Uint64 // bound gpu.Stream, 0 until the first Signal
 
 	sigMu sync.Mutex // serialises Signal so points reach the stream in order
+
+	policy atomic.Pointer[vmm.WaitPolicy] // nil: the default
 
 	// life guards the host memory against Close: Completed reads the word
 	// under the read lock, Close frees it under the write lock.
@@ -145,10 +134,31 @@ func (t *StreamTimeline) isClosed() bool {
 	return t.life.closed
 }
 
-// Wait blocks until the device has written point, backing off between
-// reads. It returns early with the stream's error when the bound stream
-// reports a fault, since a faulted stream never writes its point. A point
-// never signalled is gpu.ErrInvalidValue (it would never complete).
+// SetWaitPolicy sets how Wait polls: the policy of vmm.Timeline.Wait (see
+// vmm.WaitPolicy; the zero value is the default). A policy with a negative
+// sleep is refused.
+func (t *StreamTimeline) SetWaitPolicy(p vmm.WaitPolicy) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("retire: %w", err)
+	}
+	t.policy.Store(&p)
+	return nil
+}
+
+func (t *StreamTimeline) waitPolicy() vmm.WaitPolicy {
+	if p := t.policy.Load(); p != nil {
+		return *p
+	}
+	return vmm.WaitPolicy{}
+}
+
+// Wait blocks until the device has written point, polling as the
+// timeline's wait policy says (vmm.WaitPolicy: a short bounded phase of
+// yields between reads, then sleeps growing to a cap). Once it sleeps, it
+// also queries the bound stream before every sleep and returns early with
+// the stream's error when the stream reports a fault, since a faulted
+// stream never writes its point. A point never signalled is
+// gpu.ErrInvalidValue (it would never complete).
 func (t *StreamTimeline) Wait(ctx context.Context, point uint64, deadline time.Duration) error {
 	if t.Completed() >= point {
 		return nil
@@ -167,57 +177,35 @@ func (t *StreamTimeline) Wait(ctx context.Context, point uint64, deadline time.D
 		}
 		return err
 	}
-	return backoffWait(ctx, point, deadline, t.Completed, query)
+	return pollWait(ctx, t.waitPolicy(), point, deadline, t.Completed, query)
 }
 
-// backoffWait polls completed until it reaches point, sleeping between
-// polls with exponential back-off; query, when the back-off is long enough
-// to afford it, checks the stream for a fault that would make the wait
+// pollWait waits, following pol, until completed reaches point; query, once
+// the wait sleeps, checks the stream for a fault that would make the wait
 // hopeless.
-func backoffWait(ctx context.Context, point uint64, deadline time.Duration, completed func() uint64, query func() error) error {
+func pollWait(ctx context.Context, pol vmm.WaitPolicy, point uint64, deadline time.Duration, completed func() uint64, query func() error) error {
 	if deadline <= 0 {
 		deadline = DefaultWaitDeadline
 	}
 	start := time.Now()
-	end := start.Add(deadline)
-	backoff := minBackoff
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		if completed() >= point {
+	var check func() error
+	if query != nil {
+		check = func() error {
+			if err := query(); err != nil {
+				return fmt.Errorf("stream failed: %w", err)
+			}
 			return nil
 		}
-		if backoff >= queryBackoff && query != nil {
-			if err := query(); err != nil {
-				// The fault may have come after the point was written.
-				if completed() >= point {
-					return nil
-				}
-				return fmt.Errorf("retire: wait for point %d: stream failed: %w", point, err)
-			}
-		}
-		now := time.Now()
-		if !now.Before(end) {
-			return fmt.Errorf("retire: wait for point %d: completed %d after %v: %w",
-				point, completed(), now.Sub(start).Round(time.Microsecond), gpu.ErrTimeout)
-		}
-		sleep := min(backoff, end.Sub(now))
-		if timer == nil {
-			timer = time.NewTimer(sleep)
-		} else {
-			timer.Reset(sleep)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("retire: wait for point %d: completed %d: %w", point, completed(), ctx.Err())
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, maxBackoff)
 	}
+	_, err := pol.Poll(ctx, start.Add(deadline), func() bool { return completed() >= point }, check)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, gpu.ErrTimeout) {
+		return fmt.Errorf("retire: wait for point %d: completed %d after %v: %w",
+			point, completed(), time.Since(start).Round(time.Microsecond), err)
+	}
+	return fmt.Errorf("retire: wait for point %d: completed %d: %w", point, completed(), err)
 }
 
 // Close frees the timeline word. The device must be done writing it: when a

@@ -3,6 +3,7 @@ package retire_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -143,6 +144,29 @@ func TestStreamTimelineFaultEndsWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A kernel writing freed memory faults; the signal after it is skipped.
+	// A gate holds the stream until both are enqueued: a fault reached
+	// before the Signal call would make the Signal itself fail.
+	gate := make(chan struct{})
+	var openGate sync.Once
+	defer openGate.Do(func() { close(gate) })
+	gm, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "retire-test-gate", Kernels: []gpu.KernelSpec{{
+		Name: "gate",
+		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
+			<-gate
+			return nil
+		},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, s); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.LaunchKernel(fill, kernels.Elementwise(256), []gpu.Arg{gpu.Ptr(x), gpu.F32(1), gpu.I32(256)}, s); err != nil {
 		t.Fatal(err)
 	}
@@ -150,6 +174,7 @@ func TestStreamTimelineFaultEndsWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	openGate.Do(func() { close(gate) })
 	start := time.Now()
 	err = tl.Wait(context.Background(), p, 10*time.Second)
 	if !errors.Is(err, gpu.ErrIllegalAddress) {

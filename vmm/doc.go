@@ -61,7 +61,9 @@
 // with StreamWriteValue64 and the host reads without synchronizing. A
 // DeferredAllocator tags each free with the timeline point of the last work
 // that used the memory and releases it only once the timeline has reached
-// that point: Poll never blocks, Drain waits with a deadline and backs off.
+// that point: Poll never blocks, Drain waits with a deadline. Every timeline
+// wait follows a WaitPolicy: yields between reads for a short bounded time,
+// then sleeps growing to a cap, never past its deadline.
 //
 // # Concurrency
 //

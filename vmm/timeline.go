@@ -5,18 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"stablegraph/gpu"
-)
-
-// Backoff bounds of Timeline.Wait. The first sleeps are short because the
-// point is usually reached within microseconds of the wait starting; the cap
-// keeps a wait on a hung device to about a thousand wake-ups a second, and
-// bounds how late a wait notices that its point was reached.
-const (
-	waitBackoffMin = time.Microsecond
-	waitBackoffMax = time.Millisecond
 )
 
 // Timeline is a monotonic 64-bit counter in pinned host memory that a
@@ -48,6 +40,9 @@ type Timeline struct {
 		final  uint64 // Completed after Close
 		closed bool
 	}
+
+	policy atomic.Pointer[WaitPolicy] // nil: the default
+	waits  waitCounters
 }
 
 // NewTimeline allocates an 8-byte, zeroed host-visible counter for streams
@@ -107,8 +102,34 @@ func (t *Timeline) Completed() uint64 {
 // Reached reports whether the timeline has passed point.
 func (t *Timeline) Reached(point uint64) bool { return t.Completed() >= point }
 
-// Wait waits until the timeline reaches point, polling with exponential
-// backoff (1µs doubling to 1ms) between reads, sleeping, never spinning.
+// SetWaitPolicy sets how Wait polls (see WaitPolicy; the zero value is
+// the default). A policy with a negative sleep is refused. It may be called
+// at any time; waits already polling keep the policy they started with.
+func (t *Timeline) SetWaitPolicy(p WaitPolicy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	p = p.normalized()
+	t.policy.Store(&p)
+	return nil
+}
+
+// WaitPolicy is the policy Wait follows, every field set.
+func (t *Timeline) WaitPolicy() WaitPolicy {
+	if p := t.policy.Load(); p != nil {
+		return *p
+	}
+	return DefaultWaitPolicy()
+}
+
+// WaitStats sum what the timeline's waits did: how many had to poll, how
+// many of those outlasted the yield phase and slept, and how many timed out.
+func (t *Timeline) WaitStats() WaitStats { return t.waits.snapshot() }
+
+// Wait waits until the timeline reaches point, polling the host-visible
+// counter as the timeline's WaitPolicy says: yields between reads for a
+// short bounded time (100 µs by default), then sleeps growing from 50 µs to
+// 1 ms. It never spins past the yield phase.
 //
 // The wait ends at timeout after the call or at ctx's deadline, whichever
 // comes first; at least one of them must be set (timeout > 0 or a ctx with
@@ -124,55 +145,20 @@ func (t *Timeline) Wait(ctx context.Context, point uint64, timeout time.Duration
 	if last := t.Signalled(); point > last {
 		return fmt.Errorf("vmm: timeline wait for point %d: only %d points were signalled: %w", point, last, gpu.ErrInvalidValue)
 	}
-	deadline, ok := ctx.Deadline()
-	ctxDeadline := ok // whether the deadline is ctx's, for the error
+	var deadline time.Time
 	if timeout > 0 {
-		if d := time.Now().Add(timeout); !ok || d.Before(deadline) {
-			deadline, ok, ctxDeadline = d, true, false
-		}
+		deadline = time.Now().Add(timeout)
 	}
-	if !ok {
-		return fmt.Errorf("vmm: timeline wait for point %d: neither a timeout nor a context deadline: %w", point, gpu.ErrInvalidValue)
-	}
-
-	timedOut := func(cause error) error {
+	n, err := t.WaitPolicy().Poll(ctx, deadline, func() bool { return t.Reached(point) }, nil)
+	t.waits.add(n, err)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, gpu.ErrTimeout):
 		return fmt.Errorf("vmm: timeline wait for point %d: still at %d of %d signalled at the deadline: %w",
-			point, t.Completed(), t.Signalled(), cause)
+			point, t.Completed(), t.Signalled(), err)
 	}
-	var timer *time.Timer
-	backoff := waitBackoffMin
-	for {
-		if t.Reached(point) {
-			return nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			if ctxDeadline {
-				// ctx's own timer may not have fired yet at this instant.
-				return timedOut(fmt.Errorf("%w (%w)", gpu.ErrTimeout, context.DeadlineExceeded))
-			}
-			return timedOut(gpu.ErrTimeout)
-		}
-		sleep := min(backoff, left)
-		if timer == nil {
-			timer = time.NewTimer(sleep)
-			defer timer.Stop()
-		} else {
-			timer.Reset(sleep) // the channel was drained: Reset is safe
-		}
-		select {
-		case <-ctx.Done():
-			if t.Reached(point) {
-				return nil
-			}
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return timedOut(fmt.Errorf("%w (%w)", gpu.ErrTimeout, ctx.Err()))
-			}
-			return fmt.Errorf("vmm: timeline wait for point %d: %w", point, ctx.Err())
-		case <-timer.C:
-		}
-		backoff = min(2*backoff, waitBackoffMax)
-	}
+	return fmt.Errorf("vmm: timeline wait for point %d: %w", point, err)
 }
 
 // Close frees the counter's host memory. Completed keeps returning the last

@@ -1,0 +1,191 @@
+package vmm_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/sim"
+	"stablegraph/vmm"
+)
+
+// TestWaitPolicyNext checks the policy as a function: yields for the yield
+// budget, then sleeps from MinSleep doubling to MaxSleep; zero fields take
+// the defaults; a negative yield budget sleeps at once.
+func TestWaitPolicyNext(t *testing.T) {
+	d := vmm.DefaultWaitPolicy()
+	if d.Yield != 100*time.Microsecond || d.MinSleep != 50*time.Microsecond || d.MaxSleep != time.Millisecond {
+		t.Fatalf("defaults %+v", d)
+	}
+	for _, p := range []vmm.WaitPolicy{{}, d} {
+		for _, el := range []time.Duration{0, time.Microsecond, 5 * time.Microsecond, 99 * time.Microsecond} {
+			if got := p.Next(el, 0); got != 0 {
+				t.Errorf("%+v: after %v of polling: sleep %v, want a yield", p, el, got)
+			}
+		}
+		// The yield phase is bounded: after it, every step sleeps, and
+		// the sleeps grow to the cap and stay there.
+		want := []time.Duration{50, 100, 200, 400, 800, 1000, 1000, 1000}
+		prev, el := time.Duration(0), 100*time.Microsecond
+		for i, w := range want {
+			got := p.Next(el, prev)
+			if got != w*time.Microsecond {
+				t.Fatalf("%+v: sleep %d = %v, want %v", p, i, got, w*time.Microsecond)
+			}
+			prev, el = got, el+got
+		}
+	}
+	if got := (vmm.WaitPolicy{Yield: -1}).Next(0, 0); got != vmm.DefaultWaitMinSleep {
+		t.Errorf("no yield phase: first step %v, want a sleep of %v", got, vmm.DefaultWaitMinSleep)
+	}
+	if got := (vmm.WaitPolicy{MinSleep: time.Second, MaxSleep: time.Millisecond}).Next(time.Hour, 0); got != time.Millisecond {
+		t.Errorf("MinSleep above MaxSleep: first sleep %v", got)
+	}
+	for _, p := range []vmm.WaitPolicy{{MinSleep: -1}, {MaxSleep: -1}} {
+		if err := p.Validate(); !errors.Is(err, gpu.ErrInvalidValue) {
+			t.Errorf("Validate(%+v) = %v", p, err)
+		}
+	}
+}
+
+// TestTimelineShortWaitYields: a wait on a point the device reaches shortly
+// after the wait starts ends in the yield phase without a single sleep; a
+// wait on a stalled timeline leaves the yield phase, sleeps, and fails at
+// its deadline. Counted by WaitStats, not by the clock: the yield budget of
+// the first part is set far above what the test needs, so a slow machine
+// cannot make it sleep.
+func TestTimelineShortWaitYields(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	// Each launch of the kernel "token" waits for one token.
+	tokens := make(chan struct{})
+	var closeTokens sync.Once
+	t.Cleanup(func() { closeTokens.Do(func() { close(tokens) }) }) // before the backend closes
+	gm, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "vmm-test-token", Kernels: []gpu.KernelSpec{{
+		Name: "token",
+		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
+			<-tokens
+			return nil
+		},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "token")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	if err := tl.SetWaitPolicy(vmm.WaitPolicy{Yield: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.SetWaitPolicy(vmm.WaitPolicy{MaxSleep: -1}); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("a negative sleep was accepted: %v", err)
+	}
+	if p := tl.WaitPolicy(); p.Yield != time.Minute || p.MinSleep != vmm.DefaultWaitMinSleep {
+		t.Fatalf("policy %+v", p)
+	}
+
+	const rounds = 5
+	for range rounds {
+		if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+			t.Fatal(err)
+		}
+		p, err := tl.Signal(d0.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The point is reached a little after the wait starts.
+		go func() { time.Sleep(200 * time.Microsecond); tokens <- struct{}{} }()
+		if err := tl.Wait(context.Background(), p, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := tl.WaitStats()
+	if st.Sleeps != 0 || st.Slept != 0 || st.Timeouts != 0 || (st.Waits > 0 && st.Yields == 0) {
+		t.Fatalf("short waits slept: %+v", st)
+	}
+	t.Logf("%d short waits: %+v", rounds, st)
+
+	// A hung device: the wait leaves the yield phase and sleeps until its
+	// deadline.
+	if err := tl.SetWaitPolicy(vmm.WaitPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	b.StallTimeline(true)
+	defer b.StallTimeline(false)
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("Wait on a stalled timeline: %v, want ErrTimeout", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	if err := tl.Wait(ctx, p, time.Hour); !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past the context's deadline: %v", err)
+	}
+	after := tl.WaitStats()
+	if d := after.Waits - st.Waits; d != 2 || after.Timeouts != 2 || after.Slept-st.Slept != 2 || after.Sleeps-st.Sleeps < 2 {
+		t.Fatalf("stalled waits: %+v, before %+v", after, st)
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkTimelineWait measures a signal and a wait for it on sim, the
+// point reached within microseconds (an empty stream), with the default
+// policy and with sleeps only: the gap between them is what a sleep that
+// is asked for microseconds really costs.
+func BenchmarkTimelineWait(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		p    vmm.WaitPolicy
+	}{{"default", vmm.WaitPolicy{}}, {"sleep-only", vmm.WaitPolicy{Yield: -1, MinSleep: time.Microsecond}}} {
+		b.Run(c.name, func(b *testing.B) {
+			be, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 20})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.Close()
+			s, err := be.StreamCreate(0, gpu.StreamNonBlocking, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer be.StreamDestroy(s)
+			tl, err := vmm.NewTimeline(be, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer tl.Close()
+			if err := tl.SetWaitPolicy(c.p); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				p, err := tl.Signal(s)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tl.Wait(context.Background(), p, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+			}
+			st := tl.WaitStats()
+			b.ReportMetric(float64(st.Sleeps)/float64(b.N), "sleeps/op")
+			b.ReportMetric(float64(st.Yields)/float64(b.N), "yields/op")
+			if err := be.StreamSynchronize(s); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
