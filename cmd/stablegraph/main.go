@@ -107,7 +107,7 @@ type command struct {
 
 // commands returns the commands in the order help lists them.
 func commands() []*command {
-	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand()}
+	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand()}
 }
 
 func findCommand(name string) *command {

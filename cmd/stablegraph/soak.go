@@ -1,0 +1,112 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"stablegraph/soak"
+	"stablegraph/workload"
+)
+
+func soakCommand() *command {
+	return &command{
+		name:    "soak",
+		summary: "run a workload for a long time, every strategy in turn, checking outputs and memory",
+		detail: `Runs the workload for --duration with the caller's buffers moving (--pattern,
+random by default), the strategies of --strategies taking turns in segments of
+--segment. Every --check-every steps the step is also run by an eager
+executable from the same states, and the outputs and the states after it must
+be bit for bit equal. Device memory in use, the executable's memory, live
+handles and the Go heap are sampled; memory is flat when, per strategy, the
+average of the last third of the samples is within the tolerance of the first
+third's, and when the device memory, handles, goroutines and heap left between
+segments do not grow. Progress goes to stderr every --interval, the report to
+stdout (and --json). Exit status 1 on any mismatch, memory growth or error.
+
+The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
+		flags: func(fs *flag.FlagSet) func(*env) error {
+			var cfg soak.Config
+			fs.StringVar(&cfg.Workload, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", ")+" (dp runs one rank)")
+			fs.IntVar(&cfg.Shape.Layers, "layers", 0, "layers of mlp, train and dp (default 8)")
+			fs.IntVar(&cfg.Shape.Width, "width", 0, "width of mlp, train and dp (default 256; 1024 for the -large ones)")
+			fs.IntVar(&cfg.Shape.Batch, "batch", 0, "batch of mlp, train and dp (default 8; 64 for the -large ones)")
+			fs.IntVar(&cfg.Shape.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
+			fs.Uint64Var(&cfg.Shape.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
+			fs.DurationVar(&cfg.Duration, "duration", soak.DefaultDuration, "how long to soak")
+			fs.IntVar(&cfg.CheckEvery, "check-every", soak.DefaultCheckEvery, "check every `k`-th step against eager")
+			strategies := fs.String("strategies", "all", "comma-separated `list` of strategies taking turns (all: "+strategyList()+")")
+			fs.DurationVar(&cfg.Segment, "segment", 0, "how long each strategy runs before the next (0: duration/(2×strategies), 1s to 5m)")
+			fs.IntVar(&cfg.Warmup, "warmup", soak.DefaultWarmup, "steps at the start of each segment left out of the memory trend")
+			pattern := fs.String("pattern", string(workload.Random), "how the caller's buffers move: fixed, pingpong or random")
+			fs.IntVar(&cfg.Device, "device", 0, "device ordinal")
+			fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "progress every `period`")
+			tol := fs.Uint64("tolerance", soak.DefaultTolerance, "device memory growth in `bytes` still counted as flat (beside 1%)")
+			jsonPath := fs.String("json", "", "write the report, with its memory samples, as JSON to `file`")
+			return func(e *env) (err error) {
+				if cfg.Duration <= 0 || cfg.CheckEvery <= 0 || cfg.Warmup < 0 || cfg.Interval <= 0 || cfg.Segment < 0 {
+					return usagef("--duration, --check-every and --interval must be positive, --segment and --warmup not negative")
+				}
+				if cfg.Strategies, err = soak.ParseStrategies(*strategies); err != nil {
+					return usagef("--strategies: %v", err)
+				}
+				p, err := workload.ParsePattern(*pattern)
+				if err != nil {
+					return usagef("--pattern: %v", err)
+				}
+				cfg.Pattern, cfg.Seed, cfg.Tolerance = p, cfg.Shape.Seed, *tol
+				if _, err := workload.New(cfg.Workload, cfg.Shape); err != nil {
+					return usagef("%v", err)
+				}
+				b, reason, err := e.open()
+				if err != nil {
+					return err
+				}
+				defer closeBackend(b, &err)
+				if cfg.Device < 0 || cfg.Device >= b.DeviceCount() {
+					return usagef("--device %d: backend %s has %d device(s)", cfg.Device, b.Name(), b.DeviceCount())
+				}
+				e.progress("soak: %s for %v on backend %s, checking every %d steps", cfg.Workload, cfg.Duration, shortReason(reason), cfg.CheckEvery)
+				cfg.Logger = e.log
+				cfg.Progress = func(p soak.Progress) {
+					if !p.Final {
+						e.progress("soak: %s", p)
+					}
+				}
+				rep, err := soak.Run(e.ctx, b, cfg)
+				if err != nil {
+					return err
+				}
+				if err := rep.WriteText(e.stdout); err != nil {
+					return err
+				}
+				if *jsonPath != "" {
+					if err := writeFile(*jsonPath, func(w io.Writer) error { return writeSoakJSON(w, rep) }); err != nil {
+						return fmt.Errorf("write %s: %w", *jsonPath, err)
+					}
+					e.progress("wrote %s", *jsonPath)
+				}
+				switch {
+				case rep.Error != "":
+					return fmt.Errorf("soak failed after %d steps: %s", rep.Steps, rep.Error)
+				case rep.Mismatches > 0:
+					return fmt.Errorf("%d checked steps differ from eager", rep.Mismatches)
+				case !rep.MemoryFlat:
+					return fmt.Errorf("memory grows (see the trends above)")
+				case rep.Interrupted:
+					return fmt.Errorf("interrupted after %v", time.Duration(rep.DurationS*float64(time.Second)).Round(time.Second))
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func writeSoakJSON(w io.Writer, rep *soak.Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}

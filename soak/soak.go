@@ -1,0 +1,724 @@
+// Package soak runs a workload for a long time, every strategy in turn,
+// with the caller's buffers moving, and checks that the outputs stay equal
+// to eager's and that memory stays flat.
+//
+// # The run
+//
+// Run cycles through Config.Strategies in segments of Config.Segment: each
+// segment compiles the workload with the next strategy, gives it the states
+// the previous segment left (a training run goes on across strategies),
+// runs steps until the segment's time is up, takes the states back and
+// closes the executable. Every step binds the caller's buffers for that
+// step (workload.Caller; random placement by default, so every buffer moves
+// every step), runs it and waits for it.
+//
+// Every Config.CheckEvery-th step is checked: an eager executable (compiled
+// once, with buffers of its own) is given the states the strategy under
+// test has before the step, both run the step on the same inputs, and the
+// outputs and the states after it must be bit for bit equal. A check is
+// thus exact for that step's whole transition, whatever the workload keeps
+// in its states.
+//
+// # Memory
+//
+// After checked steps (at most one every Config.SampleEvery) Run samples the device memory in use
+// (MemGetInfo: total - free), the executable's own memory
+// (Executable.Memory), the backend's live handles (gpu.LiveHandles) and
+// the Go heap. Samples of each segment's first Config.Warmup steps are left
+// out of the trend (caches fill then: traces, pool slots). Memory is flat
+// when, per strategy, the average of the last third of its samples exceeds
+// that of the first third by no more than the tolerance (Config.Tolerance
+// bytes, or 1%); the same holds for live handles. After each segment, with
+// the executable closed, the device memory, live handles, goroutines and
+// Go heap (after a GC) must also come back to where they were: the baseline
+// trend.
+//
+// # Progress
+//
+// Config.Progress is called every Config.Interval (and at the end) with the
+// steps run, checks, mismatches and memory so far.
+package soak
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	sg "stablegraph"
+	"stablegraph/gpu"
+	"stablegraph/report"
+	"stablegraph/workload"
+)
+
+// Config configures Run. The zero value is valid; defaults are applied in
+// withDefaults.
+type Config struct {
+	// Workload is the workload's name (workload.Names). Default "mlp".
+	Workload string
+	// Shape configures the workload (zero fields: its defaults).
+	Shape workload.Config
+	// Duration is how long to run. Default 1 minute.
+	Duration time.Duration
+	// CheckEvery is k: every k-th step is checked against eager. Default
+	// 10.
+	CheckEvery int
+	// Strategies run in turn. Default stablegraph.Strategies().
+	Strategies []sg.Strategy
+	// Segment is how long each strategy runs before the next takes over.
+	// Default: Duration / (2 × strategies), so that each strategy runs at
+	// least twice, between 1 second and 5 minutes.
+	Segment time.Duration
+	// Warmup is the number of steps at the start of each segment left out
+	// of the memory trend. Default 50.
+	Warmup int
+	// Pattern is how the caller's buffers move. Default workload.Random.
+	Pattern workload.Pattern
+	// Device is the device ordinal. Default 0.
+	Device int
+	// Seed seeds the caller's buffer placement (the workload's data has
+	// Shape.Seed). Default 1.
+	Seed uint64
+	// Tolerance is the device memory growth, in bytes, that still counts
+	// as flat (beside 1% of the first third's average). Default 1 MiB.
+	Tolerance uint64
+	// Interval is the period of Progress calls. Default 30 s.
+	Interval time.Duration
+	// SampleEvery is the least time between two memory samples (taken
+	// after checked steps), which bounds the samples of a long soak.
+	// Default Interval / 30.
+	SampleEvery time.Duration
+	// Progress, when set, receives the progress every Interval and at the
+	// end.
+	Progress func(Progress)
+	// Logger receives the executables' logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultDuration   = time.Minute
+	DefaultCheckEvery = 10
+	DefaultWarmup     = 50
+	DefaultTolerance  = 1 << 20
+	DefaultInterval   = 30 * time.Second
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Workload == "" {
+		c.Workload = "mlp"
+	}
+	if c.Duration <= 0 {
+		c.Duration = DefaultDuration
+	}
+	if c.CheckEvery <= 0 {
+		c.CheckEvery = DefaultCheckEvery
+	}
+	if len(c.Strategies) == 0 {
+		c.Strategies = sg.Strategies()
+	}
+	if c.Segment <= 0 {
+		c.Segment = min(max(c.Duration/time.Duration(2*len(c.Strategies)), time.Second), 5*time.Minute)
+	}
+	if c.Warmup < 0 {
+		return c, fmt.Errorf("soak: negative warm-up %d", c.Warmup)
+	}
+	if c.Warmup == 0 {
+		c.Warmup = DefaultWarmup
+	}
+	if c.Pattern == "" {
+		c.Pattern = workload.Random
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Tolerance == 0 {
+		c.Tolerance = DefaultTolerance
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.SampleEvery <= 0 {
+		c.SampleEvery = c.Interval / 30
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// Progress is the state of a soak, as reported every Config.Interval.
+type Progress struct {
+	Elapsed, Duration time.Duration
+	Steps, Checks     int64
+	Mismatches        int64
+	Strategy          sg.Strategy // running now
+	Segment           int
+	// UsedBytes is the device memory in use at the last sample;
+	// PeakUsedBytes the most since the last Progress.
+	UsedBytes, PeakUsedBytes uint64
+	Handles                  int // live handles at the last sample (-1: unknown)
+	HeapBytes                uint64
+	Final                    bool
+}
+
+func (p Progress) String() string {
+	s := fmt.Sprintf("%v/%v steps %d checks %d mismatches %d; %s (segment %d); device used %s (peak %s)",
+		p.Elapsed.Round(time.Second), p.Duration, p.Steps, p.Checks, p.Mismatches, p.Strategy, p.Segment,
+		report.FormatBytes(p.UsedBytes), report.FormatBytes(p.PeakUsedBytes))
+	if p.Handles >= 0 {
+		s += fmt.Sprintf(", %d live handles", p.Handles)
+	}
+	return s + fmt.Sprintf(", Go heap %s", report.FormatBytes(p.HeapBytes))
+}
+
+// Sample is one memory sample, taken after a checked step.
+type Sample struct {
+	ElapsedS float64 `json:"elapsed_s"`
+	Step     int64   `json:"step"`
+	Strategy string  `json:"strategy"`
+	Segment  int     `json:"segment"`
+	// Warmup: taken in the first Config.Warmup steps of its segment, left
+	// out of the trend.
+	Warmup          bool   `json:"warmup,omitempty"`
+	UsedBytes       uint64 `json:"device_used_bytes"`
+	ExecutableBytes uint64 `json:"executable_bytes"`
+	Handles         int    `json:"live_handles"`
+	HeapBytes       uint64 `json:"go_heap_bytes"`
+}
+
+// Trend compares the average of the last third of a series of samples with
+// that of the first third.
+type Trend struct {
+	Samples    int     `json:"samples"`
+	FirstThird float64 `json:"first_third_avg"`
+	LastThird  float64 `json:"last_third_avg"`
+	Growth     float64 `json:"growth"`
+	Tolerance  float64 `json:"tolerance"`
+	Flat       bool    `json:"flat"`
+}
+
+// trendOf computes the trend of vals, flat when the growth is at most
+// max(abs, rel × first third's average). Fewer than three samples are flat
+// by default (nothing to compare).
+func trendOf(vals []float64, abs, rel float64) Trend {
+	t := Trend{Samples: len(vals), Flat: true}
+	if len(vals) < 3 {
+		return t
+	}
+	third := len(vals) / 3
+	avg := func(v []float64) float64 {
+		var s float64
+		for _, x := range v {
+			s += x
+		}
+		return s / float64(len(v))
+	}
+	t.FirstThird, t.LastThird = avg(vals[:third]), avg(vals[len(vals)-third:])
+	t.Growth = t.LastThird - t.FirstThird
+	t.Tolerance = max(abs, rel*t.FirstThird)
+	t.Flat = t.Growth <= t.Tolerance
+	return t
+}
+
+func (t Trend) String() string {
+	if t.Samples < 3 {
+		return fmt.Sprintf("%d samples (too few for a trend)", t.Samples)
+	}
+	verdict := "flat"
+	if !t.Flat {
+		verdict = "GROWS"
+	}
+	return fmt.Sprintf("%s: %.0f -> %.0f (%+.0f, tolerance %.0f, %d samples)", verdict, t.FirstThird, t.LastThird, t.Growth, t.Tolerance, t.Samples)
+}
+
+// StrategyReport is what one strategy did over all its segments.
+type StrategyReport struct {
+	Strategy   string `json:"strategy"`
+	Segments   int    `json:"segments"`
+	Steps      int64  `json:"steps"`
+	Checks     int64  `json:"checks"`
+	Mismatches int64  `json:"mismatches"`
+	// FirstMismatch is the first step whose check failed, -1 when none.
+	FirstMismatch   int64  `json:"first_mismatch"`
+	PeakDeviceBytes uint64 `json:"peak_device_used_bytes"`
+	ExecutableBytes uint64 `json:"executable_bytes"`
+	// Device and Handles are the trends of the device memory in use and
+	// the live handles over its samples after warm-up.
+	Device  Trend `json:"device_trend"`
+	Handles Trend `json:"handles_trend"`
+	// Ran is the strategy that ran (auto's choice), when it differs.
+	Ran string `json:"ran,omitempty"`
+}
+
+// Report is a soak's result.
+type Report struct {
+	Workload  string  `json:"workload"`
+	Pattern   string  `json:"pattern"`
+	Backend   string  `json:"backend"`
+	Device    string  `json:"device"`
+	DurationS float64 `json:"duration_s"`
+	Steps     int64   `json:"steps"`
+	Checks    int64   `json:"checks"`
+	// Mismatches counts checked steps whose outputs or states differed
+	// from eager's. It must be 0.
+	Mismatches      int64            `json:"mismatches"`
+	PeakDeviceBytes uint64           `json:"peak_device_used_bytes"`
+	Strategies      []StrategyReport `json:"strategies"`
+	// Baseline trends are sampled after each segment, with its executable
+	// closed: device memory in use, live handles, goroutines, Go heap after
+	// a GC.
+	BaselineDevice     Trend `json:"baseline_device_trend"`
+	BaselineHandles    Trend `json:"baseline_handles_trend"`
+	BaselineGoroutines Trend `json:"baseline_goroutines_trend"`
+	BaselineHeap       Trend `json:"baseline_heap_trend"`
+	// MemoryFlat: every trend above is flat.
+	MemoryFlat  bool     `json:"memory_flat"`
+	Interrupted bool     `json:"interrupted,omitempty"`
+	Error       string   `json:"error,omitempty"`
+	Samples     []Sample `json:"samples"`
+}
+
+// OK reports whether the soak passed: no error, no mismatch, memory flat.
+func (r *Report) OK() bool { return r.Error == "" && r.Mismatches == 0 && r.MemoryFlat }
+
+// WriteText writes the report for people: a line per strategy and the
+// verdicts.
+func (r *Report) WriteText(w io.Writer) error {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "soak: %s (%s buffers) on %s (%s): %.0f s, %d steps, %d checked against eager, %d mismatches, peak device memory in use %s\n",
+		r.Workload, r.Pattern, r.Backend, r.Device, r.DurationS, r.Steps, r.Checks, r.Mismatches, report.FormatBytes(r.PeakDeviceBytes))
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "strategy\tsegments\tsteps\tchecks\tmismatches\tpeak used\texecutable\tdevice memory trend (bytes)\tlive handles trend")
+	for _, s := range r.Strategies {
+		name := s.Strategy
+		if s.Ran != "" {
+			name += " (" + s.Ran + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, s.Segments, s.Steps, s.Checks, s.Mismatches,
+			report.FormatBytes(s.PeakDeviceBytes), report.FormatBytes(s.ExecutableBytes), s.Device, s.Handles)
+	}
+	tw.Flush()
+	fmt.Fprintf(&b, "after each segment: device memory %s; live handles %s; goroutines %s; Go heap %s\n",
+		r.BaselineDevice, r.BaselineHandles, r.BaselineGoroutines, r.BaselineHeap)
+	verdict := "PASS"
+	if !r.OK() {
+		verdict = "FAIL"
+	}
+	fmt.Fprintf(&b, "%s: mismatches %d, memory flat %v", verdict, r.Mismatches, r.MemoryFlat)
+	if r.Interrupted {
+		b.WriteString(", interrupted")
+	}
+	if r.Error != "" {
+		b.WriteString(", error: " + r.Error)
+	}
+	b.WriteString("\n")
+	_, err := w.Write(b.Bytes())
+	return err
+}
+
+// Run soaks b with cfg. The error is for a soak that could not start (a
+// bad configuration, a workload that does not build); a failure while it
+// runs is in Report.Error, with the report of what ran until then. A
+// cancelled ctx ends the soak early (Report.Interrupted).
+func Run(ctx context.Context, b gpu.Backend, cfg Config) (*Report, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	w, err := workload.New(cfg.Workload, cfg.Shape)
+	if err != nil {
+		return nil, fmt.Errorf("soak: %w", err)
+	}
+	if w.Comm != nil {
+		return nil, fmt.Errorf("soak: workload %s has a communicator: soak one rank without", w.Name)
+	}
+	if cfg.Device < 0 || cfg.Device >= b.DeviceCount() {
+		return nil, fmt.Errorf("soak: device %d of %d: %w", cfg.Device, b.DeviceCount(), gpu.ErrInvalidValue)
+	}
+	props, err := b.DeviceProps(cfg.Device)
+	if err != nil {
+		return nil, fmt.Errorf("soak: %w", err)
+	}
+	s := &soaker{cfg: cfg, b: b, w: w, start: time.Now(),
+		rep: &Report{Workload: w.Desc, Pattern: string(cfg.Pattern), Backend: b.Name(), Device: props.Name}}
+	s.perStrat = map[sg.Strategy]*StrategyReport{}
+	for _, st := range cfg.Strategies {
+		if _, ok := s.perStrat[st]; !ok {
+			s.perStrat[st] = &StrategyReport{Strategy: string(st), FirstMismatch: -1}
+		}
+	}
+	if err := s.run(ctx); err != nil {
+		s.rep.Error = err.Error()
+	}
+	s.finish()
+	return s.rep, nil
+}
+
+type soaker struct {
+	cfg   Config
+	b     gpu.Backend
+	w     *workload.Workload
+	start time.Time
+	rep   *Report
+
+	perStrat map[sg.Strategy]*StrategyReport
+	states   [][]byte // carried from segment to segment
+
+	stream       gpu.Stream
+	caller       *workload.Caller // the strategy under test's buffers
+	eagerCaller  *workload.Caller // the eager shadow's
+	eager        *sg.Executable
+	strategy     sg.Strategy
+	segment      int
+	lastProgress time.Time
+	lastSample   time.Time
+	intervalPeak uint64
+	last         Sample
+	baselines    []baseline
+}
+
+type baseline struct {
+	used       uint64
+	handles    int
+	goroutines int
+	heap       uint64
+}
+
+func (s *soaker) run(ctx context.Context) (err error) {
+	b, dev := s.b, s.cfg.Device
+	var cleanup []func() error
+	defer func() {
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			err = errors.Join(err, cleanup[i]())
+		}
+	}()
+	if s.caller, err = workload.NewCaller(b, dev, s.w, s.cfg.Pattern, s.cfg.Seed); err != nil {
+		return err
+	}
+	cleanup = append(cleanup, s.caller.Close)
+	if s.eagerCaller, err = workload.NewCaller(b, dev, s.w, workload.Fixed, s.cfg.Seed); err != nil {
+		return err
+	}
+	cleanup = append(cleanup, s.eagerCaller.Close)
+	if s.stream, err = b.StreamCreate(dev, gpu.StreamNonBlocking, 0); err != nil {
+		return fmt.Errorf("soak: stream: %w", err)
+	}
+	cleanup = append(cleanup, func() error { return b.StreamDestroy(s.stream) }, func() error { return b.StreamSynchronize(s.stream) })
+	s.eager, err = sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: sg.StrategyEager, Device: dev, Logger: s.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("soak: compile eager: %w", err)
+	}
+	cleanup = append(cleanup, s.eager.Close)
+	for _, st := range s.w.States {
+		s.states = append(s.states, st.Data)
+	}
+	s.baselines = append(s.baselines, s.baseline())
+	s.lastProgress = time.Now()
+	end := s.start.Add(s.cfg.Duration)
+	var step int64
+	for seg := 0; time.Now().Before(end); seg++ {
+		if ctx.Err() != nil {
+			s.rep.Interrupted = true
+			return nil
+		}
+		s.segment, s.strategy = seg, s.cfg.Strategies[seg%len(s.cfg.Strategies)]
+		segEnd := time.Now().Add(s.cfg.Segment)
+		if segEnd.After(end) {
+			segEnd = end
+		}
+		if err := s.runSegment(ctx, &step, segEnd); err != nil {
+			if ctx.Err() != nil {
+				s.rep.Interrupted = true
+				return nil
+			}
+			return fmt.Errorf("segment %d (%s), step %d: %w", seg, s.strategy, step, err)
+		}
+		s.baselines = append(s.baselines, s.baseline())
+	}
+	return nil
+}
+
+// runSegment runs the current strategy until segEnd.
+func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) (err error) {
+	b := s.b
+	st := s.perStrat[s.strategy]
+	exe, err := sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger})
+	if err != nil {
+		return fmt.Errorf("compile: %w", err)
+	}
+	defer func() {
+		if len(s.states) > 0 && err == nil {
+			s.states, err = readStates(ctx, exe, s.w)
+		}
+		err = errors.Join(err, exe.Close())
+	}()
+	st.Segments++
+	if c := exe.Choice(); c.Strategy != c.Requested {
+		st.Ran = string(c.Strategy)
+	}
+	if err := writeStates(ctx, exe, s.w, s.states); err != nil {
+		return err
+	}
+	for i := 0; ; i++ {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if i > 0 && !time.Now().Before(segEnd) {
+			return nil
+		}
+		n := *step
+		if n%int64(s.cfg.CheckEvery) == 0 {
+			ok, err := s.check(ctx, exe, n)
+			if err != nil {
+				return err
+			}
+			st.Checks++
+			s.rep.Checks++
+			if !ok {
+				st.Mismatches++
+				s.rep.Mismatches++
+				if st.FirstMismatch < 0 {
+					st.FirstMismatch = n
+				}
+				s.cfg.Logger.Warn("soak: outputs or states differ from eager", "strategy", s.strategy, "step", n)
+			}
+			if time.Since(s.lastSample) >= s.cfg.SampleEvery {
+				s.sample(exe, n, i < s.cfg.Warmup)
+			}
+		} else if err := s.plainStep(ctx, exe, n); err != nil {
+			return err
+		}
+		*step = n + 1
+		st.Steps++
+		s.rep.Steps++
+		if time.Since(s.lastProgress) >= s.cfg.Interval {
+			s.progress(false)
+		}
+	}
+}
+
+// plainStep runs step n and waits for it.
+func (s *soaker) plainStep(ctx context.Context, exe *sg.Executable, n int64) error {
+	bind, err := s.caller.Bind(int(n))
+	if err != nil {
+		return err
+	}
+	outs, err := exe.Run(ctx, s.stream, bind)
+	if err != nil {
+		return err
+	}
+	defer outs.Release()
+	return s.b.StreamSynchronize(s.stream)
+}
+
+// check runs step n on the strategy under test and on the eager shadow,
+// from the same states, and compares the outputs and the states after.
+func (s *soaker) check(ctx context.Context, exe *sg.Executable, n int64) (bool, error) {
+	before, err := readStates(ctx, exe, s.w)
+	if err != nil {
+		return false, err
+	}
+	if err := writeStates(ctx, s.eager, s.w, before); err != nil {
+		return false, fmt.Errorf("eager: %w", err)
+	}
+	want, wantStates, err := s.runRead(ctx, s.eager, s.eagerCaller, n)
+	if err != nil {
+		return false, fmt.Errorf("eager: %w", err)
+	}
+	got, gotStates, err := s.runRead(ctx, exe, s.caller, n)
+	if err != nil {
+		return false, err
+	}
+	return slices.EqualFunc(got, want, bytes.Equal) && slices.EqualFunc(gotStates, wantStates, bytes.Equal), nil
+}
+
+// runRead runs step n of exe with c's buffers and returns its outputs and
+// the states after it.
+func (s *soaker) runRead(ctx context.Context, exe *sg.Executable, c *workload.Caller, n int64) ([][]byte, [][]byte, error) {
+	bind, err := c.Bind(int(n))
+	if err != nil {
+		return nil, nil, err
+	}
+	outs, err := exe.Run(ctx, s.stream, bind)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer outs.Release()
+	var got [][]byte
+	for _, buf := range s.w.Outputs {
+		d, err := exe.ReadOutput(ctx, outs, buf)
+		if err != nil {
+			return nil, nil, err
+		}
+		got = append(got, d)
+	}
+	states, err := readStates(ctx, exe, s.w)
+	return got, states, err
+}
+
+func readStates(ctx context.Context, exe *sg.Executable, w *workload.Workload) ([][]byte, error) {
+	out := make([][]byte, len(w.States))
+	for i, st := range w.States {
+		d, err := exe.ReadBuffer(ctx, st.Buffer)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = d
+	}
+	return out, nil
+}
+
+func writeStates(ctx context.Context, exe *sg.Executable, w *workload.Workload, data [][]byte) error {
+	for i, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, data[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// usedMemory is the device memory in use, 0 when the backend cannot say.
+func (s *soaker) usedMemory() uint64 {
+	free, total, err := s.b.MemGetInfo(s.cfg.Device)
+	if err != nil || total < free {
+		return 0
+	}
+	return total - free
+}
+
+func (s *soaker) handles() int {
+	c, ok := gpu.LiveHandles(s.b)
+	if !ok {
+		return -1
+	}
+	return c.Streams + c.Events + c.Allocations + c.HostAllocs + c.Chunks + c.Reservations + c.Mappings +
+		c.Modules + c.Graphs + c.GraphExecs + c.Comms
+}
+
+func heapInUse() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// sample records the memory after step n of exe.
+func (s *soaker) sample(exe *sg.Executable, n int64, warmup bool) {
+	smp := Sample{
+		ElapsedS: time.Since(s.start).Seconds(), Step: n, Strategy: string(s.strategy), Segment: s.segment,
+		Warmup: warmup, UsedBytes: s.usedMemory(), ExecutableBytes: exe.Memory().Total(), Handles: s.handles(),
+		HeapBytes: heapInUse(),
+	}
+	s.rep.Samples = append(s.rep.Samples, smp)
+	s.lastSample = time.Now()
+	s.last = smp
+	s.intervalPeak = max(s.intervalPeak, smp.UsedBytes)
+	st := s.perStrat[s.strategy]
+	st.PeakDeviceBytes = max(st.PeakDeviceBytes, smp.UsedBytes)
+	st.ExecutableBytes = max(st.ExecutableBytes, smp.ExecutableBytes)
+	s.rep.PeakDeviceBytes = max(s.rep.PeakDeviceBytes, smp.UsedBytes)
+}
+
+// baseline samples what is left between segments, after a GC.
+func (s *soaker) baseline() baseline {
+	runtime.GC()
+	// Goroutines that are ending (stream workers of destroyed streams)
+	// get a moment to go.
+	g := runtime.NumGoroutine()
+	if len(s.baselines) > 0 {
+		for i := 0; g > s.baselines[0].goroutines && i < 50; i++ {
+			time.Sleep(2 * time.Millisecond)
+			g = runtime.NumGoroutine()
+		}
+	}
+	return baseline{used: s.usedMemory(), handles: s.handles(), goroutines: g, heap: heapInUse()}
+}
+
+func (s *soaker) progress(final bool) {
+	s.lastProgress = time.Now()
+	if s.cfg.Progress != nil {
+		s.cfg.Progress(Progress{
+			Elapsed: time.Since(s.start), Duration: s.cfg.Duration, Steps: s.rep.Steps, Checks: s.rep.Checks,
+			Mismatches: s.rep.Mismatches, Strategy: s.strategy, Segment: s.segment, UsedBytes: s.last.UsedBytes,
+			PeakUsedBytes: s.intervalPeak, Handles: s.last.Handles, HeapBytes: s.last.HeapBytes, Final: final,
+		})
+	}
+	s.intervalPeak = 0
+}
+
+// finish computes the trends and the verdicts.
+func (s *soaker) finish() {
+	r := s.rep
+	r.DurationS = time.Since(s.start).Seconds()
+	flat := true
+	for _, strat := range s.cfg.Strategies {
+		st, ok := s.perStrat[strat]
+		if !ok {
+			continue
+		}
+		delete(s.perStrat, strat)
+		var used, handles []float64
+		for _, smp := range r.Samples {
+			if smp.Strategy == st.Strategy && !smp.Warmup {
+				used = append(used, float64(smp.UsedBytes))
+				handles = append(handles, float64(smp.Handles))
+			}
+		}
+		st.Device = trendOf(used, float64(s.cfg.Tolerance), 0.01)
+		st.Handles = trendOf(handles, 0, 0.01)
+		if s.handles() < 0 {
+			st.Handles = Trend{Flat: true}
+		}
+		flat = flat && st.Device.Flat && st.Handles.Flat
+		r.Strategies = append(r.Strategies, *st)
+	}
+	var used, handles, gor, heap []float64
+	for _, bl := range s.baselines {
+		used = append(used, float64(bl.used))
+		handles = append(handles, float64(bl.handles))
+		gor = append(gor, float64(bl.goroutines))
+		heap = append(heap, float64(bl.heap))
+	}
+	r.BaselineDevice = trendOf(used, float64(s.cfg.Tolerance), 0.01)
+	r.BaselineHandles = trendOf(handles, 0, 0)
+	r.BaselineGoroutines = trendOf(gor, 2, 0)
+	// The Go heap is noisy: a quarter and 8 MiB of growth still pass.
+	r.BaselineHeap = trendOf(heap, 8<<20, 0.25)
+	if len(s.baselines) >= 2 {
+		// Back where it started, too: the first against the last.
+		first, last := s.baselines[0], s.baselines[len(s.baselines)-1]
+		if float64(last.used) > float64(first.used)+math.Max(float64(s.cfg.Tolerance), 0.01*float64(first.used)) {
+			r.BaselineDevice.Flat = false
+		}
+		if last.handles > first.handles {
+			r.BaselineHandles.Flat = false
+		}
+	}
+	r.MemoryFlat = flat && r.BaselineDevice.Flat && r.BaselineHandles.Flat && r.BaselineGoroutines.Flat && r.BaselineHeap.Flat
+	s.progress(true)
+}
+
+// ParseStrategies parses a comma-separated list of strategies; "" and
+// "all" are every strategy.
+func ParseStrategies(list string) ([]sg.Strategy, error) {
+	if list == "" || list == "all" {
+		return sg.Strategies(), nil
+	}
+	var out []sg.Strategy
+	for _, name := range strings.Split(list, ",") {
+		st, err := sg.ParseStrategy(strings.TrimSpace(name))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
