@@ -332,15 +332,26 @@ func writeRow(w io.Writer, name string, row Row) {
 type Variant struct {
 	Name    string
 	Options sg.Options
+	// Steps per trial, when not zero, replaces Config.Steps.
+	Steps int
 }
 
-// DefaultVariants are every strategy with default options, then pool with
-// one slot, pool with zero-copy outputs, and stable and pool with stream
-// copies.
+// AutoSteps are the steps of auto's trials: enough for its probe of every
+// candidate (warm-up and Options.AutoProbeSteps steps each) to end and its
+// choice to run.
+const AutoSteps = 16
+
+// DefaultVariants are every strategy with default options (auto for
+// AutoSteps steps), then pool with one slot, pool with zero-copy outputs,
+// and stable and pool with stream copies.
 func DefaultVariants() []Variant {
 	var vs []Variant
 	for _, s := range sg.Strategies() {
-		vs = append(vs, Variant{Name: string(s), Options: sg.Options{Strategy: s}})
+		v := Variant{Name: string(s), Options: sg.Options{Strategy: s}}
+		if s == sg.StrategyAuto {
+			v.Steps = AutoSteps
+		}
+		vs = append(vs, v)
 	}
 	return append(vs,
 		Variant{Name: "pool-1-slot", Options: sg.Options{Strategy: sg.StrategyPool, PoolSlots: 1}},
@@ -428,7 +439,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		// The eager reference: outputs of every step, and the states
 		// before every step.
 		for _, pat := range cfg.Patterns {
-			eager := Variant{Name: "eager", Options: sg.Options{Strategy: sg.StrategyEager}}
+			eager := Variant{Name: "eager", Options: sg.Options{Strategy: sg.StrategyEager}, Steps: cfg.Steps}
+			for _, v := range cfg.Variants {
+				eager.Steps = max(eager.Steps, v.Steps)
+			}
 			ref := &trial{cfg: &cfg, w: w, pattern: pat, v: eager, ops: ops, collect: true}
 			ref.run(ctx)
 			if len(ref.problems) > 0 {
@@ -552,6 +566,14 @@ type trial struct {
 	exe *sg.Executable
 	log logBuffer
 	lg  *slog.Logger // writes to log, at debug level
+}
+
+// steps is the number of steps of the trial.
+func (t *trial) steps() int {
+	if t.v.Steps > 0 {
+		return t.v.Steps
+	}
+	return t.cfg.Steps
 }
 
 func (t *trial) fail(format string, args ...any) {
@@ -821,7 +843,7 @@ func (t *trial) body(ctx context.Context) {
 	if err := t.step("init", func() error { return t.writeStates(ctx, exe, initial) }, nil, true); err != nil {
 		return
 	}
-	for i := range t.cfg.Steps {
+	for i := range t.steps() {
 		bind, err := caller.Bind(i)
 		if err != nil {
 			t.fail("bind step %d: %v", i, err)

@@ -17,20 +17,26 @@ var full = flag.Bool("campaign.full", false, "sweep every call index of every si
 
 // TestFaultCampaign runs the fault campaign: every strategy and workload,
 // each driver entry point the trial reaches failed in turn (see the package
-// doc). By default it tries at most two call indices per (phase, entry
-// point), the first and the last, which CI affords; -campaign.full tries
-// every one:
+// doc), and logs the summary table. By default it tries at most two call
+// indices per (phase, entry point), the first and the last, over random
+// buffer movement; under the race detector (CI: go test -race ./...) only
+// the mlp, train and chain-moving workloads, and with -short one index. The
+// full campaign, every index of every site over random and pingpong
+// buffers, takes seconds without the race detector:
 //
 //	go test -run TestFaultCampaign -v ./faultcampaign
-//	go test -run TestFaultCampaign -v -timeout 60m ./faultcampaign -campaign.full
+//	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full
 func TestFaultCampaign(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	cfg := faultcampaign.Config{PerSite: 2}
-	if *full {
+	switch {
+	case *full:
 		cfg.PerSite = 0
 		cfg.Patterns = []workload.Pattern{workload.Random, workload.PingPong}
+	case raceEnabled:
+		cfg.Workloads = []string{"mlp", "train", "chain-moving"}
 	}
-	if testing.Short() {
+	if testing.Short() && !*full {
 		cfg.PerSite = 1
 	}
 	cfg.Progress = func(c faultcampaign.Cell) {

@@ -1,0 +1,5 @@
+//go:build !race
+
+package faultcampaign_test
+
+const raceEnabled = false
