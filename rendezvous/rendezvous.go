@@ -312,10 +312,72 @@ func (g *Group) serve(ctx context.Context) error {
 	defer l.Close()
 	stop := context.AfterFunc(ctx, func() { l.Close() })
 	defer stop()
+	// Each connection's hello is read by a goroutine of its own (for at
+	// most helloWait), so that a connection that stays silent or trickles
+	// bytes cannot hold up the ranks behind it; ranks are taken here, one
+	// greeting at a time.
+	type greeting struct {
+		conn net.Conn
+		p    *peer
+		err  error
+	}
+	greetings := make(chan greeting)
+	acceptErr := make(chan error, 1)
+	quit := make(chan struct{})
+	var (
+		wg      sync.WaitGroup
+		pmu     sync.Mutex
+		pending = map[net.Conn]bool{} // accepted, greeting not yet taken
+		done    bool
+	)
+	defer func() {
+		// Greetings still being read end now: their connections close.
+		close(quit)
+		pmu.Lock()
+		done = true
+		for c := range pending {
+			c.Close()
+		}
+		pmu.Unlock()
+		l.Close()
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			pmu.Lock()
+			if done {
+				conn.Close()
+			}
+			pending[conn] = true
+			pmu.Unlock()
+			wg.Add(1) // the acceptor's own count keeps the group above zero
+			go func() {
+				defer wg.Done()
+				p, err := g.greet(ctx, conn)
+				select {
+				case greetings <- greeting{conn, p, err}:
+				case <-quit:
+					conn.Close()
+				}
+			}()
+		}
+	}()
 	arrived := 1
 	for arrived < cfg.World {
-		conn, err := l.Accept()
-		if err != nil {
+		var gr greeting
+		select {
+		case gr = <-greetings:
+			pmu.Lock()
+			delete(pending, gr.conn)
+			pmu.Unlock()
+		case err := <-acceptErr:
 			if ctx.Err() != nil {
 				err = deadlineErr(ctx, fmt.Sprintf("rank 0 waited %v for ranks %v, which never arrived at %s", cfg.Timeout, g.missing(), l.Addr()))
 			} else {
@@ -324,10 +386,13 @@ func (g *Group) serve(ctx context.Context) error {
 			g.abortPeers(err.Error())
 			return err
 		}
-		p, err := g.greet(ctx, conn)
+		p, err := gr.p, gr.err
+		if err == nil && g.conns[p.rank] != nil {
+			err = reject(gr.conn, fmt.Sprintf("rank %d has already arrived (from %s)", p.rank, g.conns[p.rank].conn.RemoteAddr()))
+		}
 		if err != nil {
-			cfg.Logger.Warn("rendezvous: refused a connection", "from", conn.RemoteAddr(), "err", err)
-			conn.Close()
+			cfg.Logger.Warn("rendezvous: refused a connection", "from", gr.conn.RemoteAddr(), "err", err)
+			gr.conn.Close()
 			continue
 		}
 		g.conns[p.rank] = p
@@ -344,7 +409,8 @@ func (g *Group) serve(ctx context.Context) error {
 }
 
 // greet reads and checks a connection's hello, answering reject when it is
-// refused.
+// refused. It runs on a goroutine of its own and reads only the immutable
+// configuration: serve checks that the rank is not taken.
 func (g *Group) greet(ctx context.Context, conn net.Conn) (*peer, error) {
 	// A connection that says nothing must not hold up the others for long.
 	deadline := time.Now().Add(helloWait)
@@ -356,33 +422,36 @@ func (g *Group) greet(ctx context.Context, conn net.Conn) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
-	reject := func(format string, args ...any) (*peer, error) {
-		reason := fmt.Sprintf(format, args...)
-		_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-		_ = writeFrame(conn, frameReject, []byte(reason))
-		return nil, fmt.Errorf("%w: %s", ErrRejected, reason)
+	refuse := func(format string, args ...any) (*peer, error) {
+		return nil, reject(conn, fmt.Sprintf(format, args...))
 	}
 	if f.typ != frameHello {
-		return reject("expected hello, got %s", frameName(f.typ))
+		return refuse("expected hello, got %s", frameName(f.typ))
 	}
 	h, err := decodeHello(f.body)
 	if err != nil {
-		return reject("%v", err)
+		return refuse("%v", err)
 	}
 	switch {
 	case h.version != version:
-		return reject("protocol version %d, rank 0 speaks %d", h.version, version)
+		return refuse("protocol version %d, rank 0 speaks %d", h.version, version)
 	case h.token != g.cfg.Token:
-		return reject("rank %d has another job's token", h.rank)
+		return refuse("rank %d has another job's token", h.rank)
 	case int(h.world) != g.cfg.World:
-		return reject("rank %d says the world has %d ranks, rank 0 says %d", h.rank, h.world, g.cfg.World)
+		return refuse("rank %d says the world has %d ranks, rank 0 says %d", h.rank, h.world, g.cfg.World)
 	case h.rank == 0 || int(h.rank) >= g.cfg.World:
-		return reject("rank %d out of range [1, %d)", h.rank, g.cfg.World)
-	case g.conns[h.rank] != nil:
-		return reject("rank %d has already arrived (from %s)", h.rank, g.conns[h.rank].conn.RemoteAddr())
+		return refuse("rank %d out of range [1, %d)", h.rank, g.cfg.World)
 	}
 	_ = conn.SetReadDeadline(time.Time{})
 	return &peer{rank: int(h.rank), conn: conn, frames: make(chan frame, 16)}, nil
+}
+
+// reject answers a refused connection with reason and returns the error
+// that says so.
+func reject(conn net.Conn, reason string) error {
+	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = writeFrame(conn, frameReject, []byte(reason))
+	return fmt.Errorf("%w: %s", ErrRejected, reason)
 }
 
 func (g *Group) missing() []int {
