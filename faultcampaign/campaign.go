@@ -48,6 +48,29 @@
 // Faults that polling calls reach only by timing (EventQuery, StreamQuery
 // in back-off loops) may not fire in a given trial; those sites are counted
 // as not reached, not as injected.
+//
+// Collectives are swept apart (TestCollectiveFaults): a rank whose
+// collective fails leaves its partner waiting, the communicator is aborted,
+// and a step cannot be retried on one rank alone; what is checked there is
+// that the error reaches the caller, the other rank gives up within the
+// communicator timeout, and nothing is left behind.
+//
+// # Running
+//
+// The campaign and the other reliability checks, all on the sim:
+//
+//	go test -run TestFaultCampaign -v ./faultcampaign                        # reduced (CI), summary table in the log
+//	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full   # every call index, random and pingpong buffers
+//	go test -run TestCollectiveFaults -v ./faultcampaign                     # collectives, two ranks
+//	go test -run '^$' -fuzz FuzzCompile -fuzztime 5m .                       # random programs through Compile and one step
+//	go test -run '^$' -fuzz FuzzQueue -fuzztime 5m ./retire                  # the retirement queue's bookkeeping
+//	go test -run '^$' -fuzz FuzzAllocFree -fuzztime 5m ./bfc                 # the caching allocator
+//	go run ./cmd/stablegraph soak --duration 1h --json soak.json            # the soak (package soak)
+//
+// go test -race ./... runs all of them in reduced form: the campaign over
+// fewer workloads, the collective sweep over three strategies, the fuzz
+// targets' seed corpora, a short soak per workload, the concurrency test of
+// the root package.
 package faultcampaign
 
 import (
