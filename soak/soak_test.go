@@ -56,7 +56,7 @@ func TestShortSoak(t *testing.T) {
 			var progress []Progress
 			cfg := Config{
 				Workload: name, Duration: d, CheckEvery: 3, Warmup: 30,
-				Segment:  d / time.Duration(len(sg.Strategies())),
+				Segment:  d / time.Duration(len(sg.Strategies())+3),
 				Interval: d / 4,
 				Progress: func(p Progress) { progress = append(progress, p) },
 			}
