@@ -245,6 +245,11 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	// the next step must still come after it.
 	if rerr := e.b.EventRecord(e.mu.done, s); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("record step event: %w", rerr))
+		// Without the event, later steps, reads and Close would wait only
+		// for the step before this one: wait for this one's work here.
+		if serr := e.b.StreamSynchronize(s); serr != nil {
+			err = errors.Join(err, fmt.Errorf("wait for the step whose event failed: %w", serr))
+		}
 	} else {
 		e.mu.last = s
 	}
