@@ -19,8 +19,8 @@ var full = flag.Bool("campaign.full", false, "sweep every call index of every si
 // each driver entry point the trial reaches failed in turn (see the package
 // doc), and logs the summary table. By default it tries at most two call
 // indices per (phase, entry point), the first and the last, over random
-// buffer movement; under the race detector (CI: go test -race ./...) only
-// the mlp, train and chain-moving workloads, and with -short one index. The
+// buffer movement; under the race detector (CI: go test -race ./...) one
+// index, over the mlp, train and chain-moving workloads; with -short one. The
 // full campaign, every index of every site over random and pingpong
 // buffers, takes seconds without the race detector:
 //
@@ -35,6 +35,7 @@ func TestFaultCampaign(t *testing.T) {
 		cfg.Patterns = []workload.Pattern{workload.Random, workload.PingPong}
 	case raceEnabled:
 		cfg.Workloads = []string{"mlp", "train", "chain-moving"}
+		cfg.PerSite = 1
 	}
 	if testing.Short() && !*full {
 		cfg.PerSite = 1
