@@ -147,7 +147,7 @@ func TestAdversarialHellosAreRefused(t *testing.T) {
 	}{
 		{"zero length", []byte{0, 0, 0, 0}, ""},
 		{"length 2^32-1", big, ""},
-		{"length one over the maximum", advFrame(1026, frameHello, nil), ""},
+		{"length one over a hello's maximum", advFrame(uint32(maxHello+2), frameHello, nil), ""},
 		{"truncated frame", advFrame(100, frameHello, []byte("SGRV")), ""},
 		{"half a length", []byte{0, 0}, ""},
 		{"http request", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), ""},
@@ -477,15 +477,16 @@ func TestFakeRankZero(t *testing.T) {
 	}
 }
 
-// TestBigTokenHello: a hello as large as the maximum message, with a token
-// of nearly a megabyte, is read and refused like any wrong token.
-func TestBigTokenHello(t *testing.T) {
+// TestBigTokenHellos: a hello with the longest token a rank may have (a
+// wrong one) is read and refused like any wrong token; one byte more and
+// rank 0 does not even read it (a hello is small; the job's MaxMessage is
+// for broadcasts), so that many connections at once cannot make it hold
+// MaxMessage bytes each.
+func TestBigTokenHellos(t *testing.T) {
 	cfg := Config{World: 2, Token: "tok", Timeout: 10 * time.Second}
 	addr, root := advRoot(t, cfg)
 	c := advDial(t, addr)
-	tok := strings.Repeat("x", DefaultMaxMessage-len(magic)-9)
-	msg := advHello(version, 2, 1, tok)
-	if _, err := c.Write(msg); err != nil {
+	if _, err := c.Write(advHello(version, 2, 1, strings.Repeat("x", maxToken))); err != nil {
 		t.Fatal(err)
 	}
 	f, err := advAnswer(c, 5*time.Second)
@@ -494,6 +495,13 @@ func TestBigTokenHello(t *testing.T) {
 	}
 	if bytes.Contains(f.body, []byte("xxxxxxxx")) {
 		t.Fatal("the reject echoes the token")
+	}
+	c = advDial(t, addr)
+	if _, err := c.Write(advHello(version, 2, 1, strings.Repeat("x", maxToken+1))); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := advAnswer(c, 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("a hello over the maximum: %v %s, want the connection closed", err, frameName(f.typ))
 	}
 	if _, err := advJoin(t, addr, cfg, 1); err != nil {
 		t.Fatal(err)

@@ -89,6 +89,14 @@ const helloWait = 5 * time.Second
 // maxWorld bounds Config.World.
 const maxWorld = 1 << 16
 
+// maxToken bounds Config.Token; a hello is thus at most maxHello bytes,
+// which bounds what rank 0 reads from a connection before it knows it is a
+// rank (hellos are read concurrently, so this bounds memory too).
+const (
+	maxToken = 4096
+	maxHello = len(magic) + 9 + maxToken
+)
+
 // Config configures Join. Zero fields take the defaults given.
 type Config struct {
 	// Addr is rank 0's host:port: where rank 0 listens (unless Listener is
@@ -132,8 +140,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("rendezvous: rank %d out of range [0, %d)", c.Rank, c.World)
 	case c.Addr == "" && (c.Rank != 0 || c.Listener == nil) && c.World > 1:
 		return c, errors.New("rendezvous: no address")
-	case len(c.Token) > 4096:
-		return c, errors.New("rendezvous: token longer than 4096 bytes")
+	case len(c.Token) > maxToken:
+		return c, fmt.Errorf("rendezvous: token longer than %d bytes", maxToken)
 	}
 	return c, nil
 }
@@ -418,7 +426,7 @@ func (g *Group) greet(ctx context.Context, conn net.Conn) (*peer, error) {
 		deadline = d
 	}
 	_ = conn.SetReadDeadline(deadline)
-	f, err := readFrame(conn, g.cfg.MaxMessage)
+	f, err := readFrame(conn, maxHello)
 	if err != nil {
 		return nil, fmt.Errorf("read hello: %w", err)
 	}
