@@ -121,7 +121,7 @@ type Options struct {
 	// back to back a step waits about one step's GPU time for its slot;
 	// polling with yields sees the slot free within a microsecond, where a
 	// sleep, however short, costs tens of microseconds. Zero fields take
-	// vmm's defaults: 100 µs of yields (vmm.DefaultWaitYield; negative: no
+	// vmm's defaults: 1 ms of yields (vmm.DefaultWaitYield; negative: no
 	// yields), then sleeps of 50 µs to 1 ms.
 	SlotPoll vmm.WaitPolicy
 	// ZeroCopyOutputs makes StrategyPool (also when StrategyAuto chooses

@@ -37,7 +37,7 @@
 //     stream was synchronized and is idle, or dead after a fault).
 //
 // Waits follow vmm.WaitPolicy, the one wait policy of the module: they poll
-// with yields for a short bounded time (100 µs by default), then sleep with
+// with yields for a short bounded time (1 ms by default), then sleep with
 // exponential back-off to 1 ms, and give up at their deadline with an error
 // wrapping gpu.ErrTimeout: a hung GPU yields an error, never a spinning core
 // (ARCHITECTURE.md rule 3). A batch whose wait failed stays pending; the

@@ -14,9 +14,13 @@ import (
 // Defaults of WaitPolicy.
 const (
 	// DefaultWaitYield is how long a wait polls with yields before it first
-	// sleeps: about one short GPU step, the common wait of a pool step
-	// whose slot the step before last is still using.
-	DefaultWaitYield = 100 * time.Microsecond
+	// sleeps. The common wait is a pool step whose slot the step before last
+	// is still using: it lasts up to one GPU step. With 100 µs, steps of
+	// 350 µs (the train workload on an H100) ran 1.5x slower back to back
+	// than their GPU time, every wait ending in an oversleep; 1 ms covers
+	// the steps this runtime is for, and a hung device still costs a core
+	// for at most 1 ms per wait, as CUDA's own default spin-wait would.
+	DefaultWaitYield = time.Millisecond
 	// DefaultWaitMinSleep is the first sleep after the yield phase. A Go
 	// sleep shorter than this sleeps about this long anyway on Linux (timer
 	// and scheduler latency), so asking for less only misleads.
@@ -41,7 +45,7 @@ const (
 //
 // The zero value is the default policy; zero fields take the defaults.
 type WaitPolicy struct {
-	// Yield bounds the yield phase. Default DefaultWaitYield (100 µs);
+	// Yield bounds the yield phase. Default DefaultWaitYield (1 ms);
 	// negative: no yield phase, sleep from the first poll.
 	Yield time.Duration
 	// MinSleep is the first sleep after the yield phase. Default

@@ -17,11 +17,11 @@ import (
 // the defaults; a negative yield budget sleeps at once.
 func TestWaitPolicyNext(t *testing.T) {
 	d := vmm.DefaultWaitPolicy()
-	if d.Yield != 100*time.Microsecond || d.MinSleep != 50*time.Microsecond || d.MaxSleep != time.Millisecond {
+	if d.Yield != time.Millisecond || d.MinSleep != 50*time.Microsecond || d.MaxSleep != time.Millisecond {
 		t.Fatalf("defaults %+v", d)
 	}
 	for _, p := range []vmm.WaitPolicy{{}, d} {
-		for _, el := range []time.Duration{0, time.Microsecond, 5 * time.Microsecond, 99 * time.Microsecond} {
+		for _, el := range []time.Duration{0, time.Microsecond, 5 * time.Microsecond, 999 * time.Microsecond} {
 			if got := p.Next(el, 0); got != 0 {
 				t.Errorf("%+v: after %v of polling: sleep %v, want a yield", p, el, got)
 			}
@@ -29,7 +29,7 @@ func TestWaitPolicyNext(t *testing.T) {
 		// The yield phase is bounded: after it, every step sleeps, and
 		// the sleeps grow to the cap and stay there.
 		want := []time.Duration{50, 100, 200, 400, 800, 1000, 1000, 1000}
-		prev, el := time.Duration(0), 100*time.Microsecond
+		prev, el := time.Duration(0), time.Millisecond
 		for i, w := range want {
 			got := p.Next(el, prev)
 			if got != w*time.Microsecond {
