@@ -54,22 +54,7 @@ func dp(c Config) (*Workload, error) {
 	wl.Params, wl.Outputs = []sg.Buffer{x, target}, []sg.Buffer{y}
 	wl.inputs = append(wl.inputs, shardInput(B*W, rank*n, n), shardInput(B*W, rank*n, n))
 
-	ws := make([]sg.Buffer, L+1)
-	bs := make([]sg.Buffer, L+1)
-	hs := make([]sg.Buffer, L+1)
-	hs[0] = x
-	for l := 1; l <= L; l++ {
-		ws[l] = p.State(fmt.Sprintf("W%d", l), f32Bytes(W*W))
-		bs[l] = p.State(fmt.Sprintf("b%d", l), f32Bytes(W))
-		wl.States = append(wl.States,
-			StateInit{ws[l], weights(c.Seed, l, W*W, W)},
-			StateInit{bs[l], weights(c.Seed, l, W, W)})
-		hs[l] = p.Temp(fmt.Sprintf("h%d", l), f32Bytes(n))
-		z := p.Temp(fmt.Sprintf("z%d", l), f32Bytes(n))
-		p.Gemm(z.All(), hs[l-1].All(), ws[l].All(), sg.GEMM{M: Bs, N: W, K: W, Alpha: 1})
-		p.Launch(kernels.BiasTanh, kernels.Elementwise(n),
-			sg.Out(hs[l].All()), sg.In(z.All()), sg.In(bs[l].All()), sg.I32(int32(Bs)), sg.I32(int32(W)))
-	}
+	ws, bs, hs := forward(p, wl, c.Seed, x, nil, L, W, Bs)
 	p.Memcpy(y.All(), hs[L].All())
 
 	// Gradients: one buffer, layer l's dW then db.

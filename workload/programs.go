@@ -38,24 +38,38 @@ func mlp(name string, c Config, width, batch int) (*Workload, error) {
 	y := p.Output("y", f32Bytes(B*W))
 	wl.Params, wl.Outputs = []sg.Buffer{x}, []sg.Buffer{y}
 	wl.inputs = append(wl.inputs, uniformInput(B*W))
-	prev := x
-	for l := 1; l <= L; l++ {
-		wt := p.State(fmt.Sprintf("W%d", l), f32Bytes(W*W))
-		bias := p.State(fmt.Sprintf("b%d", l), f32Bytes(W))
-		wl.States = append(wl.States,
-			StateInit{wt, weights(c.Seed, l, W*W, W)},
-			StateInit{bias, weights(c.Seed, l, W, W)})
-		z := p.Temp(fmt.Sprintf("z%d", l), f32Bytes(B*W))
-		h := y
-		if l < L {
-			h = p.Temp(fmt.Sprintf("h%d", l), f32Bytes(B*W))
-		}
-		p.Gemm(z.All(), prev.All(), wt.All(), sg.GEMM{M: B, N: W, K: W, Alpha: 1})
-		p.Launch(kernels.BiasTanh, kernels.Elementwise(B*W),
-			sg.Out(h.All()), sg.In(z.All()), sg.In(bias.All()), sg.I32(int32(B)), sg.I32(int32(W)))
-		prev = h
-	}
+	forward(p, wl, c.Seed, x, &y, L, W, B)
 	return wl, nil
+}
+
+// forward adds L layers hl = tanh(h(l−1)·Wl + bl) over rows×W activations
+// from h0 = x (docs/WORKLOADS.md): per layer a GEMM into a temp and a fused
+// bias+tanh. It declares the states Wl and bl with their initial values
+// from seed. The last layer writes *out when out is not nil (mlp), else a
+// temp like the others (train and dp keep every activation for the
+// backward pass). It returns the weights, biases and activations, each
+// indexed by layer; hs[0] is x.
+func forward(p *sg.Program, wl *Workload, seed uint64, x sg.Buffer, out *sg.Buffer, L, W, rows int) (ws, bs, hs []sg.Buffer) {
+	n := rows * W
+	ws, bs, hs = make([]sg.Buffer, L+1), make([]sg.Buffer, L+1), make([]sg.Buffer, L+1)
+	hs[0] = x
+	for l := 1; l <= L; l++ {
+		ws[l] = p.State(fmt.Sprintf("W%d", l), f32Bytes(W*W))
+		bs[l] = p.State(fmt.Sprintf("b%d", l), f32Bytes(W))
+		wl.States = append(wl.States,
+			StateInit{ws[l], weights(seed, l, W*W, W)},
+			StateInit{bs[l], weights(seed, l, W, W)})
+		z := p.Temp(fmt.Sprintf("z%d", l), f32Bytes(n))
+		if l == L && out != nil {
+			hs[l] = *out
+		} else {
+			hs[l] = p.Temp(fmt.Sprintf("h%d", l), f32Bytes(n))
+		}
+		p.Gemm(z.All(), hs[l-1].All(), ws[l].All(), sg.GEMM{M: rows, N: W, K: W, Alpha: 1})
+		p.Launch(kernels.BiasTanh, kernels.Elementwise(n),
+			sg.Out(hs[l].All()), sg.In(z.All()), sg.In(bs[l].All()), sg.I32(int32(rows)), sg.I32(int32(W)))
+	}
+	return ws, bs, hs
 }
 
 // learningRate is train's SGD step.
@@ -80,22 +94,7 @@ func train(name string, c Config, width, batch int) (*Workload, error) {
 	wl.Params, wl.Outputs = []sg.Buffer{x, target}, []sg.Buffer{y}
 	wl.inputs = append(wl.inputs, uniformInput(n), uniformInput(n))
 
-	ws := make([]sg.Buffer, L+1)
-	bs := make([]sg.Buffer, L+1)
-	hs := make([]sg.Buffer, L+1) // hs[0] = x
-	hs[0] = x
-	for l := 1; l <= L; l++ {
-		ws[l] = p.State(fmt.Sprintf("W%d", l), f32Bytes(W*W))
-		bs[l] = p.State(fmt.Sprintf("b%d", l), f32Bytes(W))
-		wl.States = append(wl.States,
-			StateInit{ws[l], weights(c.Seed, l, W*W, W)},
-			StateInit{bs[l], weights(c.Seed, l, W, W)})
-		hs[l] = p.Temp(fmt.Sprintf("h%d", l), f32Bytes(n))
-		z := p.Temp(fmt.Sprintf("z%d", l), f32Bytes(n))
-		p.Gemm(z.All(), hs[l-1].All(), ws[l].All(), sg.GEMM{M: B, N: W, K: W, Alpha: 1})
-		p.Launch(kernels.BiasTanh, kernels.Elementwise(n),
-			sg.Out(hs[l].All()), sg.In(z.All()), sg.In(bs[l].All()), sg.I32(int32(B)), sg.I32(int32(W)))
-	}
+	ws, bs, hs := forward(p, wl, c.Seed, x, nil, L, W, B)
 	p.Memcpy(y.All(), hs[L].All())
 
 	dh := p.Temp(fmt.Sprintf("dh%d", L), f32Bytes(n))
