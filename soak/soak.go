@@ -26,13 +26,22 @@
 // (MemGetInfo: total - free), the executable's own memory
 // (Executable.Memory), the backend's live handles (gpu.LiveHandles) and
 // the Go heap. Samples of each segment's first Config.Warmup steps are left
-// out of the trend (caches fill then: traces, pool slots). Memory is flat
-// when, per strategy, the average of the last third of its samples exceeds
-// that of the first third by no more than the tolerance (Config.Tolerance
-// bytes, or 1%); the same holds for live handles. After each segment, with
-// the executable closed, the device memory, live handles, goroutines and
-// Go heap (after a GC) must also come back to where they were after the
-// first segment: the baseline trend.
+// out of the trend (caches fill then: traces, pool slots).
+//
+// Trends are taken within one executable's life: per segment, never
+// across segments. Memory is flat when, in every segment, the average of
+// the last third of its samples exceeds that of the first third by no more
+// than the tolerance (Config.Tolerance bytes, or 1%); the same holds for
+// live handles. A strategy reports its worst segment (the largest growth
+// beyond the tolerance). Two segments of one strategy may hold different
+// amounts for good reasons: auto measures its candidates anew in each and
+// may keep another one (stable, patch and pool hold different numbers of
+// graphs, events and slots), so a series that steps between segments but
+// is flat within each is flat. A segment with fewer than three samples
+// after warm-up has no trend. What an executable leaves behind is judged
+// apart: after each segment, with the executable closed, the device
+// memory, live handles, goroutines and Go heap (after a GC) must come back
+// to where they were after the first segment: the baseline trend.
 //
 // # Progress
 //
@@ -230,6 +239,46 @@ func trendOf(vals []float64, abs, rel float64) Trend {
 	return t
 }
 
+// segmentTrend computes the trend of val over the samples of strategy
+// after warm-up, per segment (within one executable's life), and returns
+// the worst: the one growing most beyond its tolerance, and its segment.
+// With no segment of three samples or more it returns a flat trend of
+// every sample and segment -1 (too few to judge).
+func segmentTrend(samples []Sample, strategy string, val func(Sample) float64, abs, rel float64) (Trend, int) {
+	var segs []int
+	bySeg := map[int][]float64{}
+	n := 0
+	for _, smp := range samples {
+		if smp.Strategy != strategy || smp.Warmup {
+			continue
+		}
+		if _, ok := bySeg[smp.Segment]; !ok {
+			segs = append(segs, smp.Segment)
+		}
+		bySeg[smp.Segment] = append(bySeg[smp.Segment], val(smp))
+		n++
+	}
+	worst, worstSeg := Trend{Samples: n, Flat: true}, -1
+	for _, seg := range segs {
+		t := trendOf(bySeg[seg], abs, rel)
+		if t.Samples < 3 {
+			continue
+		}
+		if worstSeg < 0 || t.Growth-t.Tolerance > worst.Growth-worst.Tolerance {
+			worst, worstSeg = t, seg
+		}
+	}
+	return worst, worstSeg
+}
+
+// segmentTrendString is t and the segment it was taken in.
+func segmentTrendString(t Trend, seg int) string {
+	if seg < 0 {
+		return fmt.Sprintf("%d samples (too few in every segment for a trend)", t.Samples)
+	}
+	return fmt.Sprintf("%s in segment %d", t, seg)
+}
+
 func (t Trend) String() string {
 	if t.Samples < 3 {
 		return fmt.Sprintf("%d samples (too few for a trend)", t.Samples)
@@ -253,10 +302,16 @@ type StrategyReport struct {
 	PeakDeviceBytes uint64 `json:"peak_device_used_bytes"`
 	ExecutableBytes uint64 `json:"executable_bytes"`
 	// Device and Handles are the trends of the device memory in use and
-	// the live handles over its samples after warm-up.
-	Device  Trend `json:"device_trend"`
-	Handles Trend `json:"handles_trend"`
-	// Ran is the strategy that ran (auto's choice), when it differs.
+	// the live handles over the samples after warm-up of one segment: the
+	// worst segment's, which DeviceSegment and HandlesSegment name (-1:
+	// no segment had enough samples). See the package doc.
+	Device         Trend `json:"device_trend"`
+	Handles        Trend `json:"handles_trend"`
+	DeviceSegment  int   `json:"device_trend_segment"`
+	HandlesSegment int   `json:"handles_trend_segment"`
+	// Ran is the strategy that ran (auto's choice), when it differs; the
+	// choices of its segments, comma-separated in the order first made,
+	// when they differ between segments.
 	Ran string `json:"ran,omitempty"`
 }
 
@@ -298,14 +353,15 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "soak: %s (%s buffers) on %s (%s): %.0f s, %d steps, %d checked against eager, %d mismatches, peak device memory in use %s\n",
 		r.Workload, r.Pattern, r.Backend, r.Device, r.DurationS, r.Steps, r.Checks, r.Mismatches, report.FormatBytes(r.PeakDeviceBytes))
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "strategy\tsegments\tsteps\tchecks\tmismatches\tpeak used\texecutable\tdevice memory trend (bytes)\tlive handles trend")
+	fmt.Fprintln(tw, "strategy\tsegments\tsteps\tchecks\tmismatches\tpeak used\texecutable\tdevice memory trend (bytes, worst segment)\tlive handles trend (worst segment)")
 	for _, s := range r.Strategies {
 		name := s.Strategy
 		if s.Ran != "" {
 			name += " (" + s.Ran + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, s.Segments, s.Steps, s.Checks, s.Mismatches,
-			report.FormatBytes(s.PeakDeviceBytes), report.FormatBytes(s.ExecutableBytes), s.Device, s.Handles)
+			report.FormatBytes(s.PeakDeviceBytes), report.FormatBytes(s.ExecutableBytes),
+			segmentTrendString(s.Device, s.DeviceSegment), segmentTrendString(s.Handles, s.HandlesSegment))
 	}
 	tw.Flush()
 	fmt.Fprintf(&b, "after each segment: device memory %s; live handles %s; goroutines %s; Go heap %s\n",
@@ -460,12 +516,17 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 		if len(s.states) > 0 && err == nil {
 			s.states, err = readStates(ctx, exe, s.w)
 		}
+		// At the end: auto's choice at Compile is the model's, until its
+		// probes decide.
+		if c := exe.Choice(); c.Strategy != c.Requested && !slices.Contains(strings.Split(st.Ran, ","), string(c.Strategy)) {
+			if st.Ran != "" {
+				st.Ran += ","
+			}
+			st.Ran += string(c.Strategy)
+		}
 		err = errors.Join(err, exe.Close())
 	}()
 	st.Segments++
-	if c := exe.Choice(); c.Strategy != c.Requested {
-		st.Ran = string(c.Strategy)
-	}
 	if err := writeStates(ctx, exe, s.w, s.states); err != nil {
 		return err
 	}
@@ -668,17 +729,11 @@ func (s *soaker) finish() {
 			continue
 		}
 		delete(s.perStrat, strat)
-		var used, handles []float64
-		for _, smp := range r.Samples {
-			if smp.Strategy == st.Strategy && !smp.Warmup {
-				used = append(used, float64(smp.UsedBytes))
-				handles = append(handles, float64(smp.Handles))
-			}
-		}
-		st.Device = trendOf(used, float64(s.cfg.Tolerance), 0.01)
-		st.Handles = trendOf(handles, 0, 0.01)
+		st.Device, st.DeviceSegment = segmentTrend(r.Samples, st.Strategy, func(smp Sample) float64 { return float64(smp.UsedBytes) },
+			float64(s.cfg.Tolerance), 0.01)
+		st.Handles, st.HandlesSegment = segmentTrend(r.Samples, st.Strategy, func(smp Sample) float64 { return float64(smp.Handles) }, 0, 0.01)
 		if s.handles() < 0 {
-			st.Handles = Trend{Flat: true}
+			st.Handles, st.HandlesSegment = Trend{Flat: true}, -1
 		}
 		flat = flat && st.Device.Flat && st.Handles.Flat
 		r.Strategies = append(r.Strategies, *st)

@@ -89,3 +89,58 @@ func TestShortSoak(t *testing.T) {
 		})
 	}
 }
+
+// TestSegmentTrend: trends are taken within a segment, never across. auto
+// may keep a different candidate in each segment, holding a different
+// number of handles for the segment's whole life: a series that steps
+// between segments but is flat within each is flat; growth within one
+// segment is flagged, whatever the others do.
+func TestSegmentTrend(t *testing.T) {
+	samples := func(strategy string, segs ...[]int) []Sample {
+		var out []Sample
+		for seg, vals := range segs {
+			// A warm-up sample, out of the trend whatever it holds.
+			out = append(out, Sample{Strategy: strategy, Segment: 2 * seg, Warmup: true, Handles: 1000})
+			for _, v := range vals {
+				out = append(out, Sample{Strategy: strategy, Segment: 2 * seg, Handles: v})
+				// Another strategy's sample in between: not this one's.
+				out = append(out, Sample{Strategy: "other", Segment: 2*seg + 1, Handles: 10 * v})
+			}
+		}
+		return out
+	}
+	handles := func(smp Sample) float64 { return float64(smp.Handles) }
+	flat := []int{61, 61, 61, 61, 61, 61}
+	for _, c := range []struct {
+		name    string
+		samples []Sample
+		flat    bool
+		seg     int
+	}{
+		// The H100 soak's auto: 61 handles in one segment, 62 in the next
+		// (another candidate kept). Across segments it would be 61 -> 62.
+		{"steps between segments", samples("auto", flat, []int{62, 62, 62, 62, 62, 62}), true, 0},
+		{"steps down between segments", samples("auto", []int{69, 69, 69, 69}, flat, []int{68, 68, 68}), true, 2}, // 61 is closest to its tolerance
+		{"grows within the second segment", samples("auto", flat, []int{62, 62, 62, 63, 63, 63}), false, 2},
+		{"grows within the first segment", samples("auto", []int{61, 61, 62, 62}, []int{60, 60, 60}), false, 0},
+		{"too few per segment", samples("auto", []int{61, 61}, []int{90, 90}, []int{120}), true, -1},
+		{"a short segment is not judged", samples("auto", []int{61, 99}, flat), true, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if all := trendOf(func() (v []float64) {
+				for _, smp := range c.samples {
+					if smp.Strategy == "auto" && !smp.Warmup {
+						v = append(v, handles(smp))
+					}
+				}
+				return v
+			}(), 0, 0.01); c.name == "steps between segments" && all.Flat {
+				t.Fatalf("across segments the series should grow (%s), or the case tests nothing", all)
+			}
+			got, seg := segmentTrend(c.samples, "auto", handles, 0, 0.01)
+			if got.Flat != c.flat || seg != c.seg {
+				t.Errorf("flat %v in segment %d (%s), want flat %v in segment %d", got.Flat, seg, got, c.flat, c.seg)
+			}
+		})
+	}
+}

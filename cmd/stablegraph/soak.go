@@ -21,10 +21,11 @@ random by default), the strategies of --strategies taking turns in segments of
 --segment. Every --check-every steps the step is also run by an eager
 executable from the same states, and the outputs and the states after it must
 be bit for bit equal. Device memory in use, the executable's memory, live
-handles and the Go heap are sampled; memory is flat when, per strategy, the
+handles and the Go heap are sampled; memory is flat when, within every segment
+(one executable's life: auto may keep a different candidate in each), the
 average of the last third of the samples is within the tolerance of the first
 third's, and when the device memory, handles, goroutines and heap left between
-segments do not grow. Progress goes to stderr every --interval, the report to
+segments do not grow. Each strategy reports its worst segment. Progress goes to stderr every --interval, the report to
 stdout (and --json). Exit status 1 on any mismatch, memory growth or error.
 
 The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
