@@ -121,7 +121,7 @@ func Open(name string, cfg Config) (b Backend, reason string, err error) {
 			err = errors.Join(fmt.Errorf("no devices: %w", ErrUnavailable), b.Close())
 		}
 		if err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", n, err))
+			why = append(why, fmt.Sprintf("%s: %s", n, brief(err)))
 			continue
 		}
 		reason := n + " (auto"
@@ -131,6 +131,19 @@ func Open(name string, cfg Config) (b Backend, reason string, err error) {
 		return b, reason + ")", nil
 	}
 	return nil, "", fmt.Errorf("gpu: no backend could be opened: %s: %w", strings.Join(why, "; "), ErrUnavailable)
+}
+
+// briefLen bounds each backend's part of the auto reason: the full error
+// (a CUDA loader's lists every place it tried) is what Open(name) returns
+// when that backend is asked for by name.
+const briefLen = 160
+
+func brief(err error) string {
+	msg := err.Error()
+	if len(msg) <= briefLen {
+		return msg
+	}
+	return msg[:briefLen] + "… (open it by name for the whole error)"
 }
 
 func lookup(name string) (Driver, bool) {

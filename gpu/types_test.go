@@ -60,3 +60,13 @@ func TestOpenUnknownBackend(t *testing.T) {
 		t.Fatal("Open of an unknown backend succeeded")
 	}
 }
+
+func TestBriefReason(t *testing.T) {
+	long := errors.New(string(bytes.Repeat([]byte("x"), 500)))
+	if got := brief(long); len(got) > briefLen+60 || got[:briefLen] != long.Error()[:briefLen] {
+		t.Errorf("brief of a long error: %q", got)
+	}
+	if got := brief(errors.New("short")); got != "short" {
+		t.Errorf("brief(short) = %q", got)
+	}
+}
