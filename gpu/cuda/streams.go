@@ -92,8 +92,14 @@ func (b *Backend) StreamQuery(s gpu.Stream) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return b.query(dev, "cuStreamQuery", func() cu.Result { return b.d.StreamQuery(cs) })
+}
+
+// query runs a driver query on dev: CUDA_SUCCESS is (true, nil),
+// CUDA_ERROR_NOT_READY is (false, nil), anything else an error naming op.
+func (b *Backend) query(dev int, op string, f func() cu.Result) (bool, error) {
 	var r cu.Result
-	if err := b.onDevice(dev, func() error { r = b.d.StreamQuery(cs); return nil }); err != nil {
+	if err := b.onDevice(dev, func() error { r = f(); return nil }); err != nil {
 		return false, err
 	}
 	switch r {
@@ -102,7 +108,7 @@ func (b *Backend) StreamQuery(s gpu.Stream) (bool, error) {
 	case cu.ErrorNotReady:
 		return false, nil
 	}
-	return false, b.check("cuStreamQuery", r)
+	return false, b.check(op, r)
 }
 
 // StreamSynchronize implements gpu.Streams. Synchronizing a capturing
@@ -190,17 +196,7 @@ func (b *Backend) EventQuery(e gpu.Event) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	var r cu.Result
-	if err := b.onDevice(dev, func() error { r = b.d.EventQuery(ce); return nil }); err != nil {
-		return false, err
-	}
-	switch r {
-	case cu.Success:
-		return true, nil
-	case cu.ErrorNotReady:
-		return false, nil
-	}
-	return false, b.check("cuEventQuery", r)
+	return b.query(dev, "cuEventQuery", func() cu.Result { return b.d.EventQuery(ce) })
 }
 
 // EventSynchronize implements gpu.Events.
