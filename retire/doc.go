@@ -53,5 +53,18 @@
 // advances. StreamTimeline is the one built on gpu.StreamMemOps: a
 // host-visible 8-byte word that StreamWriteValue64 writes. Its method set
 // (Signal, Completed, Wait) matches the timeline of package vmm so that
-// either can stand in for the other.
+// either can stand in for the other; *vmm.Timeline satisfies Timeline and
+// SignalledTimeline.
+//
+// # The deferred-free allocator
+//
+// Allocator allocates device memory with vmm.Allocate and frees it through a
+// Queue: Free(a, point) retires a one-item batch whose release is a.Close()
+// of a.Size() bytes, so a's memory is never released under a kernel still
+// queued on the stream. It follows the Queue's rules above (Free polls, and
+// waits for the oldest pending free when Options.MaxPending are pending);
+// on top of them it refuses double frees and points never signalled,
+// retries a release that failed at the next Poll or Drain, and, when the
+// device is out of memory, polls and allocates once more if that released
+// anything.
 package retire

@@ -177,8 +177,8 @@ func (a *Allocation) Close() error {
 	return nil
 }
 
-// isClosed reports whether Close has succeeded.
-func (a *Allocation) isClosed() bool {
+// Closed reports whether Close has succeeded.
+func (a *Allocation) Closed() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.mu.closed

@@ -58,12 +58,13 @@
 // # Timelines and deferred frees
 //
 // A Timeline is an 8-byte counter in pinned host memory that streams advance
-// with StreamWriteValue64 and the host reads without synchronizing. A
-// DeferredAllocator tags each free with the timeline point of the last work
-// that used the memory and releases it only once the timeline has reached
-// that point: Poll never blocks, Drain waits with a deadline. Every timeline
-// wait follows a WaitPolicy: yields between reads for a short bounded time,
-// then sleeps growing to a cap, never past its deadline.
+// with StreamWriteValue64 and the host reads without synchronizing.
+// Deferred frees live in package retire, which imports this one:
+// retire.Allocator allocates with Allocate and retires each free on a
+// retirement queue at the timeline point of the last work that used the
+// memory, releasing it only once the timeline has reached that point. Every
+// timeline wait follows a WaitPolicy: yields between reads for a short
+// bounded time, then sleeps growing to a cap, never past its deadline.
 //
 // # Concurrency
 //

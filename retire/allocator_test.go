@@ -1,0 +1,393 @@
+package retire_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"stablegraph/gpu"
+	"stablegraph/gpu/sim"
+	"stablegraph/kernels"
+	"stablegraph/retire"
+	"stablegraph/vmm"
+)
+
+// The deferred-free Allocator's tests (moved from package vmm with it).
+
+const gran = sim.Granularity
+
+// newSim opens a sim backend whose Close, at the end of the test, fails the
+// test if any handle is still live.
+func newSim(t *testing.T, devices int) *sim.Backend {
+	t.Helper()
+	b, err := sim.New(gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := b.Close(); err != nil {
+			t.Errorf("sim Close (leaked handles?): %v", err)
+		}
+	})
+	return b
+}
+
+func wantCounters(t *testing.T, b *sim.Backend, when string, want gpu.Counters) {
+	t.Helper()
+	if c := b.LiveHandles(); c != want {
+		t.Fatalf("%s: live handles %s, want %s", when, c, want)
+	}
+}
+
+// gateModule is a one-kernel module whose kernel blocks its stream until
+// the channel is closed: a deterministic way to keep work queued behind it.
+func gateModule(gate <-chan struct{}) *gpu.ModuleImage {
+	return &gpu.ModuleImage{Name: "retire-test-gate", Kernels: []gpu.KernelSpec{{
+		Name: "gate",
+		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
+			<-gate
+			return nil
+		},
+	}}}
+}
+
+type dev struct {
+	b      *sim.Backend
+	stream gpu.Stream
+	mod    gpu.Module
+	copyFn gpu.Function
+}
+
+// openDev makes a stream and loads the kernels on device d; the test's
+// cleanup destroys them.
+func openDev(t *testing.T, b *sim.Backend, d int) dev {
+	t.Helper()
+	s, err := b.StreamCreate(d, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.ModuleLoad(d, kernels.Module())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.ModuleFunction(m, kernels.Copy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := errors.Join(b.StreamDestroy(s), b.ModuleUnload(m)); err != nil {
+			t.Error(err)
+		}
+	})
+	return dev{b, s, m, f}
+}
+
+// copyF32 enqueues y[i] = x[i] for n floats on the device's stream.
+func (d dev) copyF32(t *testing.T, y, x gpu.DevicePtr, n int) {
+	t.Helper()
+	args := []gpu.Arg{gpu.Ptr(y), gpu.Ptr(x), gpu.I32(int32(n))}
+	if err := d.b.LaunchKernel(d.copyFn, kernels.Elementwise(n), args, d.stream); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func upload(t *testing.T, b *sim.Backend, p gpu.DevicePtr, v []float32) {
+	t.Helper()
+	if err := b.MemcpyHtoD(p, gpu.F32ToBytes(v)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func download(t *testing.T, b *sim.Backend, p gpu.DevicePtr, n int) []float32 {
+	t.Helper()
+	buf := make([]byte, 4*n)
+	if err := b.MemcpyDtoH(buf, p); err != nil {
+		t.Fatal(err)
+	}
+	return gpu.BytesToF32(buf)
+}
+
+func ramp(n int, start float32) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = start + float32(i)
+	}
+	return v
+}
+
+func wantF32(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestAllocatorNeverFreesEarly: memory freed while a kernel that reads it is
+// still queued is not released until the timeline passes the kernel, and the
+// kernel reads it without a fault. The stream is held by a gate kernel, so
+// the kernel is certainly still queued when Poll runs.
+func TestAllocatorNeverFreesEarly(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	gate := make(chan struct{})
+	var openGate sync.Once
+	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
+	gm, err := b.ModuleLoad(0, gateModule(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const n = 4096
+	x, err := da.Alloc(0, 4*n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := da.Alloc(0, 4*n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upload(t, b, x.Ptr(), ramp(n, 3))
+
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	d0.copyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(x, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(x, p); !errors.Is(err, gpu.ErrInvalidHandle) {
+		t.Errorf("second Free of x: %v, want ErrInvalidHandle", err)
+	}
+	if err := da.Free(y, p+1); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("Free at a point never signalled: %v, want ErrInvalidValue", err)
+	}
+	for range 5 {
+		if released, err := da.Poll(); released != 0 || err != nil {
+			t.Fatalf("Poll while the reader is queued released %d (%v)", released, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if s := da.Stats(); s.Pending != 1 || s.PendingBytes != gran || s.Released != 0 {
+		t.Fatalf("stats while the reader is queued: %+v", s)
+	}
+	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("timeline passed the gate while it was closed: %v", err)
+	}
+	wantCounters(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
+
+	openGate.Do(func() { close(gate) })
+	if err := da.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatalf("the queued reader of freed-later memory faulted: %v", err)
+	}
+	wantF32(t, "the reader's output", download(t, b, y.Ptr(), n), ramp(n, 3))
+	if s := da.Stats(); s.Pending != 0 || s.Released != 1 || s.ReleasedBytes != gran || s.PeakPendingBytes != gran {
+		t.Fatalf("stats after Drain: %+v", s)
+	}
+	if err := y.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Free polls (Queue.Retire), so the stream is held by a gate kernel
+	// until every free is queued: none is released before the Poll below.
+	gate := make(chan struct{})
+	var openGate sync.Once
+	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
+	gm, err := b.ModuleLoad(0, gateModule(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	var points []uint64
+	for i := range 3 {
+		a, err := da.Alloc(0, uint64(i+1)*gran, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := tl.Signal(d0.stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		points = append(points, p)
+		if err := da.Free(a, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := da.Stats(); s.Pending != 3 || s.Released != 0 {
+		t.Fatalf("stats while the gate holds the stream: %+v", s)
+	}
+	openGate.Do(func() { close(gate) })
+	if err := tl.Wait(context.Background(), points[2], 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := da.Poll(); n != 3 || err != nil {
+		t.Fatalf("Poll after the timeline passed every point released %d (%v)", n, err)
+	}
+	if s := da.Stats(); s.PeakPendingBytes != 6*gran || s.PendingBytes != 0 || s.ReleasedBytes != 6*gran {
+		t.Fatalf("stats: %+v", s)
+	}
+
+	// A hung device: Drain gives up at its timeout, keeps what it could
+	// not release, and finishes once the device recovers.
+	b.StallTimeline(true)
+	a, err := da.Alloc(0, gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(a, p); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := da.Drain(context.Background()); !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("Drain on a stalled timeline: %v, want ErrTimeout", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("Drain with a 50ms timeout took %v", took)
+	}
+	if s := da.Stats(); s.Pending != 1 {
+		t.Fatalf("Drain released memory the timeline had not passed: %+v", s)
+	}
+	if err := b.StreamSynchronize(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	b.StallTimeline(false)
+	if _, err := tl.Signal(d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := da.Stats(); s.Pending != 0 || s.Released != 4 {
+		t.Fatalf("stats after recovery: %+v", s)
+	}
+}
+
+// TestAllocatorReleaseFailureRetried: a release that fails stays queued and
+// the next Poll finishes it.
+func TestAllocatorReleaseFailureRetried(t *testing.T) {
+	b := newSim(t, 1)
+	d0 := openDev(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	da, err := retire.NewAllocator(b, tl, retire.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := da.Alloc(0, gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Free polls (Queue.Retire) and p has passed: the release runs in Free.
+	b.InjectFault("MemUnmap", 0, nil)
+	if err := da.Free(a, p); !errors.Is(err, gpu.ErrInjected) {
+		t.Fatalf("Free past its point with the unmap failing: %v", err)
+	}
+	if n, err := da.Poll(); n != 1 || err != nil {
+		t.Fatalf("Poll retrying the failed release: released %d, %v", n, err)
+	}
+	if s := da.Stats(); s.Pending != 0 || s.Released != 1 || s.ReleasedBytes != gran {
+		t.Fatalf("stats after the retry: %+v", s)
+	}
+
+	// A failure in Poll itself: the release stays pending and the next
+	// Poll finishes it.
+	a, err = da.Alloc(0, gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var openGate sync.Once
+	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
+	gm, err := b.ModuleLoad(0, gateModule(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(gm)
+	gf, err := b.ModuleFunction(gm, "gate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+		t.Fatal(err)
+	}
+	p, err = tl.Signal(d0.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := da.Free(a, p); err != nil {
+		t.Fatal(err)
+	}
+	openGate.Do(func() { close(gate) })
+	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemUnmap", 0, nil)
+	if n, err := da.Poll(); n != 0 || !errors.Is(err, gpu.ErrInjected) {
+		t.Fatalf("Poll with the unmap failing: released %d, %v", n, err)
+	}
+	if s := da.Stats(); s.Pending != 1 {
+		t.Fatalf("a failed release left the queue: %+v", s)
+	}
+	if n, err := da.Poll(); n != 1 || err != nil {
+		t.Fatalf("retried Poll: released %d, %v", n, err)
+	}
+}
