@@ -3,13 +3,13 @@ package retire_test
 import (
 	"context"
 	"errors"
+	"stablegraph/internal/simtest"
 	"sync"
 	"testing"
 	"time"
 
 	"stablegraph/gpu"
 	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
 	"stablegraph/retire"
 	"stablegraph/vmm"
 )
@@ -41,102 +41,17 @@ func wantCounters(t *testing.T, b *sim.Backend, when string, want gpu.Counters) 
 	}
 }
 
-// gateModule is a one-kernel module whose kernel blocks its stream until
-// the channel is closed: a deterministic way to keep work queued behind it.
-func gateModule(gate <-chan struct{}) *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "retire-test-gate", Kernels: []gpu.KernelSpec{{
-		Name: "gate",
-		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
-			<-gate
-			return nil
-		},
-	}}}
-}
-
-type dev struct {
-	b      *sim.Backend
-	stream gpu.Stream
-	mod    gpu.Module
-	copyFn gpu.Function
-}
-
-// openDev makes a stream and loads the kernels on device d; the test's
-// cleanup destroys them.
-func openDev(t *testing.T, b *sim.Backend, d int) dev {
-	t.Helper()
-	s, err := b.StreamCreate(d, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := b.ModuleLoad(d, kernels.Module())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := b.ModuleFunction(m, kernels.Copy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := errors.Join(b.StreamDestroy(s), b.ModuleUnload(m)); err != nil {
-			t.Error(err)
-		}
-	})
-	return dev{b, s, m, f}
-}
-
-// copyF32 enqueues y[i] = x[i] for n floats on the device's stream.
-func (d dev) copyF32(t *testing.T, y, x gpu.DevicePtr, n int) {
-	t.Helper()
-	args := []gpu.Arg{gpu.Ptr(y), gpu.Ptr(x), gpu.I32(int32(n))}
-	if err := d.b.LaunchKernel(d.copyFn, kernels.Elementwise(n), args, d.stream); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func upload(t *testing.T, b *sim.Backend, p gpu.DevicePtr, v []float32) {
-	t.Helper()
-	if err := b.MemcpyHtoD(p, gpu.F32ToBytes(v)); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func download(t *testing.T, b *sim.Backend, p gpu.DevicePtr, n int) []float32 {
-	t.Helper()
-	buf := make([]byte, 4*n)
-	if err := b.MemcpyDtoH(buf, p); err != nil {
-		t.Fatal(err)
-	}
-	return gpu.BytesToF32(buf)
-}
-
-func ramp(n int, start float32) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = start + float32(i)
-	}
-	return v
-}
-
-func wantF32(t *testing.T, what string, got, want []float32) {
-	t.Helper()
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
-		}
-	}
-}
-
 // TestAllocatorNeverFreesEarly: memory freed while a kernel that reads it is
 // still queued is not released until the timeline passes the kernel, and the
 // kernel reads it without a fault. The stream is held by a gate kernel, so
 // the kernel is certainly still queued when Poll runs.
 func TestAllocatorNeverFreesEarly(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	gate := make(chan struct{})
 	var openGate sync.Once
 	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, gateModule(gate))
+	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,13 +80,13 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	upload(t, b, x.Ptr(), ramp(n, 3))
+	simtest.Upload(t, b, x.Ptr(), simtest.Ramp(n, 3))
 
-	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
-	d0.copyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
-	p, err := tl.Signal(d0.stream)
+	d0.CopyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,10 +117,10 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	if err := da.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatalf("the queued reader of freed-later memory faulted: %v", err)
 	}
-	wantF32(t, "the reader's output", download(t, b, y.Ptr(), n), ramp(n, 3))
+	simtest.WantF32(t, "the reader's output", simtest.Download(t, b, y.Ptr(), n), simtest.Ramp(n, 3))
 	if s := da.Stats(); s.Pending != 0 || s.Released != 1 || s.ReleasedBytes != gran || s.PeakPendingBytes != gran {
 		t.Fatalf("stats after Drain: %+v", s)
 	}
@@ -216,7 +131,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 
 func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +146,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	gate := make(chan struct{})
 	var openGate sync.Once
 	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, gateModule(gate))
+	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +155,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	var points []uint64
@@ -249,7 +164,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := tl.Signal(d0.stream)
+		p, err := tl.Signal(d0.Stream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -279,7 +194,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.stream)
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,11 +211,11 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if s := da.Stats(); s.Pending != 1 {
 		t.Fatalf("Drain released memory the timeline had not passed: %+v", s)
 	}
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	b.StallTimeline(false)
-	if _, err := tl.Signal(d0.stream); err != nil {
+	if _, err := tl.Signal(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	if err := da.Drain(context.Background()); err != nil {
@@ -315,7 +230,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 // the next Poll finishes it.
 func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +244,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.stream)
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +272,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	gate := make(chan struct{})
 	var openGate sync.Once
 	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
-	gm, err := b.ModuleLoad(0, gateModule(gate))
+	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,10 +281,10 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
-	p, err = tl.Signal(d0.stream)
+	p, err = tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}

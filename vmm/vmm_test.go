@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"stablegraph/internal/simtest"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +12,6 @@ import (
 
 	"stablegraph/gpu"
 	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
 	"stablegraph/vmm"
 )
 
@@ -373,97 +373,12 @@ func TestCloseFaults(t *testing.T) {
 	})
 }
 
-// gateModule is a one-kernel module whose kernel blocks its stream until
-// the channel is closed: a deterministic way to keep work queued behind it.
-func gateModule(gate <-chan struct{}) *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "vmm-test-gate", Kernels: []gpu.KernelSpec{{
-		Name: "gate",
-		Ref: func(gpu.Memory, gpu.LaunchConfig, []gpu.Arg) error {
-			<-gate
-			return nil
-		},
-	}}}
-}
-
-type dev struct {
-	b      *sim.Backend
-	stream gpu.Stream
-	mod    gpu.Module
-	copyFn gpu.Function
-}
-
-// openDev makes a stream and loads the kernels on device d; the test's
-// cleanup destroys them.
-func openDev(t *testing.T, b *sim.Backend, d int) dev {
-	t.Helper()
-	s, err := b.StreamCreate(d, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := b.ModuleLoad(d, kernels.Module())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := b.ModuleFunction(m, kernels.Copy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := errors.Join(b.StreamDestroy(s), b.ModuleUnload(m)); err != nil {
-			t.Error(err)
-		}
-	})
-	return dev{b, s, m, f}
-}
-
-// copyF32 enqueues y[i] = x[i] for n floats on the device's stream.
-func (d dev) copyF32(t *testing.T, y, x gpu.DevicePtr, n int) {
-	t.Helper()
-	args := []gpu.Arg{gpu.Ptr(y), gpu.Ptr(x), gpu.I32(int32(n))}
-	if err := d.b.LaunchKernel(d.copyFn, kernels.Elementwise(n), args, d.stream); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func upload(t *testing.T, b *sim.Backend, p gpu.DevicePtr, v []float32) {
-	t.Helper()
-	if err := b.MemcpyHtoD(p, gpu.F32ToBytes(v)); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func download(t *testing.T, b *sim.Backend, p gpu.DevicePtr, n int) []float32 {
-	t.Helper()
-	buf := make([]byte, 4*n)
-	if err := b.MemcpyDtoH(buf, p); err != nil {
-		t.Fatal(err)
-	}
-	return gpu.BytesToF32(buf)
-}
-
-func ramp(n int, start float32) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = start + float32(i)
-	}
-	return v
-}
-
-func wantF32(t *testing.T, what string, got, want []float32) {
-	t.Helper()
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
-		}
-	}
-}
-
 // TestPeerAccess checks that Allocate grants access to the peers it is
 // given, and only to them: a kernel on device 1 reads device 0's memory
 // after Allocate with peers [1], and faults without.
 func TestPeerAccess(t *testing.T) {
 	b := newSim(t, 2)
-	d1 := openDev(t, b, 1)
+	d1 := simtest.OpenDev(t, b, 1)
 	const n = 1024
 	y, err := vmm.Allocate(b, 1, 4*n, nil) // device 1's own output
 	if err != nil {
@@ -479,20 +394,20 @@ func TestPeerAccess(t *testing.T) {
 	if got := shared.Access(); len(got) != 2 || got[0] != 0 || got[1] != 1 {
 		t.Errorf("Access() = %v, want [0 1]", got)
 	}
-	upload(t, b, shared.Ptr(), ramp(n, 1))
-	d1.copyF32(t, y.Ptr(), shared.Ptr(), n)
-	if err := b.StreamSynchronize(d1.stream); err != nil {
+	simtest.Upload(t, b, shared.Ptr(), simtest.Ramp(n, 1))
+	d1.CopyF32(t, y.Ptr(), shared.Ptr(), n)
+	if err := b.StreamSynchronize(d1.Stream); err != nil {
 		t.Fatalf("device 1 reading memory shared with it: %v", err)
 	}
-	wantF32(t, "copied from the peer's memory", download(t, b, y.Ptr(), n), ramp(n, 1))
+	simtest.WantF32(t, "copied from the peer's memory", simtest.Download(t, b, y.Ptr(), n), simtest.Ramp(n, 1))
 
 	private, err := vmm.Allocate(b, 0, 4*n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer private.Close()
-	d1.copyF32(t, y.Ptr(), private.Ptr(), n)
-	err = b.StreamSynchronize(d1.stream)
+	d1.CopyF32(t, y.Ptr(), private.Ptr(), n)
+	err = b.StreamSynchronize(d1.Stream)
 	var fe *gpu.FaultError
 	if !errors.Is(err, gpu.ErrIllegalAddress) || !errors.As(err, &fe) || fe.Device != 1 {
 		t.Fatalf("device 1 reading device 0's private memory: %v, want a fault on device 1", err)
@@ -501,18 +416,18 @@ func TestPeerAccess(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d0 := openDev(t, b, 0)
-	upload(t, b, private.Ptr(), ramp(n, 7))
-	d0.copyF32(t, shared.Ptr(), private.Ptr(), n)
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	d0 := simtest.OpenDev(t, b, 0)
+	simtest.Upload(t, b, private.Ptr(), simtest.Ramp(n, 7))
+	d0.CopyF32(t, shared.Ptr(), private.Ptr(), n)
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatalf("the owner reading its own memory: %v", err)
 	}
-	wantF32(t, "the owner's copy", download(t, b, shared.Ptr(), n), ramp(n, 7))
+	simtest.WantF32(t, "the owner's copy", simtest.Download(t, b, shared.Ptr(), n), simtest.Ramp(n, 7))
 }
 
 func TestTimelineSignalAndWait(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -523,7 +438,7 @@ func TestTimelineSignalAndWait(t *testing.T) {
 	}
 	var last uint64
 	for i := 1; i <= 3; i++ {
-		p, err := tl.Signal(d0.stream)
+		p, err := tl.Signal(d0.Stream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -541,7 +456,7 @@ func TestTimelineSignalAndWait(t *testing.T) {
 	if err := tl.Wait(context.Background(), last+1, time.Second); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("Wait for a point never signalled: %v, want ErrInvalidValue", err)
 	}
-	p, err := tl.Signal(d0.stream)
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,13 +464,13 @@ func TestTimelineSignalAndWait(t *testing.T) {
 		t.Errorf("Wait with no deadline at all: %v, want ErrInvalidValue (or nil if already reached)", err)
 	}
 	b.InjectFault("StreamWriteValue64", 0, nil)
-	if _, err := tl.Signal(d0.stream); !errors.Is(err, gpu.ErrInjected) {
+	if _, err := tl.Signal(d0.Stream); !errors.Is(err, gpu.ErrInjected) {
 		t.Fatalf("Signal with the write failing: %v", err)
 	}
 	if tl.Signalled() != p {
 		t.Errorf("a failed Signal consumed a point: %d", tl.Signalled())
 	}
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	if err := tl.Close(); err != nil {
@@ -564,7 +479,7 @@ func TestTimelineSignalAndWait(t *testing.T) {
 	if tl.Completed() != p {
 		t.Errorf("Completed after Close = %d, want the last value %d", tl.Completed(), p)
 	}
-	if _, err := tl.Signal(d0.stream); !errors.Is(err, gpu.ErrInvalidHandle) {
+	if _, err := tl.Signal(d0.Stream); !errors.Is(err, gpu.ErrInvalidHandle) {
 		t.Errorf("Signal after Close: %v, want ErrInvalidHandle", err)
 	}
 }
@@ -574,7 +489,7 @@ func TestTimelineSignalAndWait(t *testing.T) {
 // deadline, and cancellation returns the context's error.
 func TestTimelineDeadline(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -582,7 +497,7 @@ func TestTimelineDeadline(t *testing.T) {
 	defer tl.Close()
 	b.StallTimeline(true)
 	defer b.StallTimeline(false)
-	p, err := tl.Signal(d0.stream)
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -617,11 +532,11 @@ func TestTimelineDeadline(t *testing.T) {
 
 	// The stalled write completed without writing; a later point, written
 	// once the device recovers, covers it.
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	b.StallTimeline(false)
-	q, err := tl.Signal(d0.stream)
+	q, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package vmm_test
 import (
 	"context"
 	"errors"
+	"stablegraph/internal/simtest"
 	"sync"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestWaitPolicyNext(t *testing.T) {
 // cannot make it sleep.
 func TestTimelineShortWaitYields(t *testing.T) {
 	b := newSim(t, 1)
-	d0 := openDev(t, b, 0)
+	d0 := simtest.OpenDev(t, b, 0)
 	// Each launch of the kernel "token" waits for one token.
 	tokens := make(chan struct{})
 	var closeTokens sync.Once
@@ -96,10 +97,10 @@ func TestTimelineShortWaitYields(t *testing.T) {
 
 	const rounds = 5
 	for range rounds {
-		if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.stream); err != nil {
+		if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 			t.Fatal(err)
 		}
-		p, err := tl.Signal(d0.stream)
+		p, err := tl.Signal(d0.Stream)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,7 +123,7 @@ func TestTimelineShortWaitYields(t *testing.T) {
 	}
 	b.StallTimeline(true)
 	defer b.StallTimeline(false)
-	p, err := tl.Signal(d0.stream)
+	p, err := tl.Signal(d0.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func TestTimelineShortWaitYields(t *testing.T) {
 	if d := after.Waits - st.Waits; d != 2 || after.Timeouts != 2 || after.Slept-st.Slept != 2 || after.Sleeps-st.Sleeps < 2 {
 		t.Fatalf("stalled waits: %+v, before %+v", after, st)
 	}
-	if err := b.StreamSynchronize(d0.stream); err != nil {
+	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 }
