@@ -30,29 +30,8 @@ func runEveryStep(t *testing.T, b gpu.Backend, w *workload.Workload, opts stable
 	t.Helper()
 	ctx := context.Background()
 	s := newStream(t, b)
-	caller, err := workload.NewCaller(b, 0, w, pattern, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := caller.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	exe, err := stablegraph.Compile(ctx, b, w.Program, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := exe.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
-	for _, st := range w.States {
-		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-			t.Fatal(err)
-		}
-	}
+	exe, caller, done := startWorkload(t, b, w, opts, pattern)
+	defer done()
 	tr := stepTrace{first: exe.Choice()}
 	for step := range steps {
 		bind, err := caller.Bind(step)

@@ -12,6 +12,7 @@ import (
 	"stablegraph/gpu"
 	"stablegraph/gpu/sim"
 	"stablegraph/kernels"
+	"stablegraph/workload"
 )
 
 // newSim opens a one-device sim backend and, at cleanup, checks that every
@@ -189,4 +190,39 @@ func mustAlloc(t testing.TB, b gpu.Backend, size uint64) gpu.DevicePtr {
 		}
 	})
 	return p
+}
+
+// startWorkload compiles w with opts, initialises its states and makes a
+// caller whose buffers move by pattern. done closes the executable, then
+// the caller, reporting failures; call it before the test's own checks of
+// live handles.
+func startWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts stablegraph.Options, pattern workload.Pattern) (exe *stablegraph.Executable, caller *workload.Caller, done func()) {
+	t.Helper()
+	ctx := context.Background()
+	caller, err := workload.NewCaller(b, 0, w, pattern, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err = stablegraph.Compile(ctx, b, w.Program, opts)
+	if err != nil {
+		if cerr := caller.Close(); cerr != nil {
+			t.Error(cerr)
+		}
+		t.Fatal(err)
+	}
+	done = func() {
+		if err := exe.Close(); err != nil {
+			t.Error(err)
+		}
+		if err := caller.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			done()
+			t.Fatal(err)
+		}
+	}
+	return exe, caller, done
 }
