@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Costs are the per-operation costs, in microseconds of step time, that

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/kernels"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // fanOut is a program whose param x is read by k kernels (a wide block

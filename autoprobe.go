@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Probing: how StrategyAuto measures its candidates on the caller's own

@@ -9,10 +9,10 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // stepTrace is what a run of a workload saw at every step: the outputs and

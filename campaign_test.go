@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph"
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // heldCopyModule is a kernel (y = x, n floats) that, while *hold holds a

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/retire"
-	"stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/streamcache"
 )
 
 // ErrClientClosed is returned by every Client method called after Close has

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/retire"
-	"stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/streamcache"
 )
 
 // clientEnv is a sim backend with the built-in kernels loaded on every

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"stablegraph/gpu"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Collectives in programs.

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph"
-	"stablegraph/bfc"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/bfc"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // newSimN opens a sim of n devices with a short communicator timeout and

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"stablegraph/gpu"
-	"stablegraph/graph"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Compile validates p, assigns and allocates the executable's own memory

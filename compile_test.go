@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // TestCompileErrors declares one mistake per case and checks that Compile

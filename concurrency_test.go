@@ -11,12 +11,12 @@ import (
 
 	"go.uber.org/goleak"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/retire"
-	"stablegraph/streamcache"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // ccWorkload is a workload of the concurrency test with its eager

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"log"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // Example compiles y = tanh(x·W + b) with the patch strategy and runs it for

@@ -9,9 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/graph"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Bindings give the device address of every param and output buffer for

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // TestPatchSteadyStatePingPong is the acceptance check for patch: once both

@@ -8,10 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // fuzzReader hands out the fuzz input a byte at a time, zeros once it is

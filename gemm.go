@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Gemmer is an optional interface of a backend with a BLAS library (CUDA

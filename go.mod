@@ -1,4 +1,4 @@
-module stablegraph
+module github.com/stablegraph/stablegraph
 
 go 1.26
 

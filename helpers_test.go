@@ -7,12 +7,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/bfc"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/bfc"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // newSim opens a one-device sim backend and, at cleanup, checks that every

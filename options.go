@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"stablegraph/trace"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/trace"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // Strategy is a way of replaying a compiled step when its buffers move

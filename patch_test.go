@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // fillU64 returns a traced function that fills its one slice with n copies

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
-	"stablegraph/graph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
 )
 
 // This file holds what stable and pool share: a step run over persistent

@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 func TestAnalyseFlow(t *testing.T) {

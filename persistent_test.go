@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // wlResult is what a workload run produced.

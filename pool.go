@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"sync"
 
-	"stablegraph/gpu"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // pool is StrategyPool: Options.PoolSlots slots, each one VMM allocation

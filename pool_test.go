@@ -8,12 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/vmm"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // noVMM hides capabilities of a sim backend, as a device without them

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Class says who owns a buffer's memory and whether its address moves

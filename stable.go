@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // stable is StrategyStable: every param and output has one persistent

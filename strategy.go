@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 
-	"stablegraph/gpu"
-	"stablegraph/graph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
 )
 
 // strategy is one way of turning a step's buffer addresses into device

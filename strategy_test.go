@@ -7,9 +7,9 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"stablegraph"
-	"stablegraph/bfc"
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/bfc"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 type movement string

@@ -7,8 +7,8 @@ import (
 	"math"
 	"slices"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // ptrAlign is the alignment a slice passed to a kernel must have within its

@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // BenchmarkAllocFree measures one Alloc plus one Free.

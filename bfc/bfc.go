@@ -65,7 +65,7 @@ import (
 	"slices"
 	"sync"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Options configure an Allocator. The zero value is valid; each field's

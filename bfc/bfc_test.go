@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 const (

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // FuzzAllocFree runs a random sequence of allocations and frees (good and

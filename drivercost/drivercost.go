@@ -42,9 +42,9 @@ import (
 	"runtime"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
-	"stablegraph/report"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // Options configure Run. The zero value is valid; defaults are applied in

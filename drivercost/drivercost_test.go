@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
-	_ "stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 func openSim(t *testing.T) gpu.Backend {

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // graphs measures, for each K, a graph of K one-element fill kernels: its

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"stablegraph/report"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // Row names. Graph rows are formats over K.

@@ -90,11 +90,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/retire"
-	"stablegraph/streamcache"
-	"stablegraph/workload"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // DefaultWorkloads are the workloads a campaign sweeps by default, with the

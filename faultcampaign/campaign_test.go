@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	"stablegraph/faultcampaign"
-	_ "stablegraph/gpu/sim"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph/faultcampaign"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 var full = flag.Bool("campaign.full", false, "sweep every call index of every site (the full campaign; minutes)")

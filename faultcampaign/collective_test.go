@@ -13,10 +13,10 @@ import (
 
 	"go.uber.org/goleak"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/workload"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // collTrial is one run of the two-rank data-parallel step (workload dp,

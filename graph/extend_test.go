@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // TestExtendPatchesOnlyCopies wraps a body over buffers 0 (a persistent

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Ref is a reference to device memory: Off bytes into buffer Buf.

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // patchRecorder is an ExecPatcher that records the node updates it gets.

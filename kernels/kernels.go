@@ -17,7 +17,7 @@ import (
 	"fmt"
 	"math"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Kernel names.

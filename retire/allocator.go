@@ -7,8 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"stablegraph/gpu"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // A *vmm.Timeline is a Timeline, so an Allocator (or a Queue) runs on it.

@@ -3,15 +3,15 @@ package retire_test
 import (
 	"context"
 	"errors"
-	"stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"sync"
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/retire"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // The deferred-free Allocator's tests (moved from package vmm with it).

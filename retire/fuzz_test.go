@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // fuzzTimeline is a Timeline the fuzzer drives: Completed moves only when

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // manualTimeline is a Timeline the test advances by hand. Wait advances it

@@ -8,8 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // Timeline is a monotonic counter advanced by the GPU (see the package doc

@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/retire"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/retire"
 )
 
 // simEnv is a one-device sim backend with one stream; done checks that

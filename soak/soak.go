@@ -63,10 +63,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/report"
-	"stablegraph/workload"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // Config configures Run. The zero value is valid; defaults are applied in

@@ -10,9 +10,9 @@ import (
 
 	"go.uber.org/goleak"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 func TestTrend(t *testing.T) {

@@ -5,10 +5,10 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/streamcache"
 )
 
 // gatedSim is a sim backend whose StreamDestroy first opens a gate that

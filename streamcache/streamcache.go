@@ -52,7 +52,7 @@ import (
 	"reflect"
 	"sync"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Options configure a Cache. The zero value is valid.

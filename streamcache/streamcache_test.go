@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // fakeStreams is an in-memory Streams whose query answers the test sets.

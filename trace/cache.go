@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // DefaultCacheSize is the number of traces a Command keeps when no capacity

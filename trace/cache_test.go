@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // destroyer records the graphs the cache destroys.

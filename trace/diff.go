@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // ErrNotPatchable is wrapped by Diff's error when two traces of a command

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // fakeGraphs is an in-memory graph store that hands kernel parameters back

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Func is a traced command's work: it enqueues work on env.Stream using the

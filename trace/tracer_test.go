@@ -4,10 +4,10 @@ import (
 	"errors"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
-	"stablegraph/trace"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/trace"
 )
 
 // TestTracerOnSim traces a two-kernel function on sim: the first patch-mode

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // unreadable is a graph store whose kernel nodes' parameters cannot be read

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Steps of Allocate, named after the gpu method each one calls; they are

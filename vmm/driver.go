@@ -3,7 +3,7 @@ package vmm
 import (
 	"fmt"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Driver is the part of a gpu.Backend the memory helpers use. Every

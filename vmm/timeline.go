@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Timeline is a monotonic 64-bit counter in pinned host memory that a

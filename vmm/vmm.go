@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sync"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // This file holds the three single-step handles: a physical chunk, an

@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 const gran = sim.Granularity

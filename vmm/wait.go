@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Defaults of WaitPolicy.

@@ -3,14 +3,14 @@ package vmm_test
 import (
 	"context"
 	"errors"
-	"stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"sync"
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/vmm"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // TestWaitPolicyNext checks the policy as a function: yields for the yield

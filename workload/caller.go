@@ -6,9 +6,9 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	sg "stablegraph"
-	"stablegraph/bfc"
-	"stablegraph/gpu"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/bfc"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Pattern is how a caller's buffers move between steps.

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // dp builds one rank's data-parallel training step (docs/WORKLOADS.md):

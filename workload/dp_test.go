@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 // dpShape is small enough for the race detector and large enough that the

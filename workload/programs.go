@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	sg "stablegraph"
-	"stablegraph/kernels"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 func mlpShape(c Config, width, batch int) (layers, w, b int, err error) {

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"sync"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/report"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // Ranks: running a workload with collectives (dp) on several ranks.

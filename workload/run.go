@@ -9,9 +9,9 @@ import (
 	"slices"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/report"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // RunOptions configure Run and Bench. The zero value is valid; defaults are

@@ -46,8 +46,8 @@ import (
 	"sort"
 	"strings"
 
-	"stablegraph"
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Config selects a workload's shape. Zero fields take the workload's

@@ -6,9 +6,9 @@ import (
 	"crypto/sha256"
 	"testing"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	_ "stablegraph/gpu/sim"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 func openSim(t *testing.T) gpu.Backend {

@@ -2,6 +2,6 @@ package main
 
 // The backends register themselves with gpu.Register from init.
 import (
-	_ "stablegraph/gpu/cuda"
-	_ "stablegraph/gpu/sim"
+	_ "github.com/stablegraph/stablegraph/gpu/cuda"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
 )

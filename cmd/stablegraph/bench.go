@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/report"
-	"stablegraph/workload"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // workloadFlags are the flags run and bench share.

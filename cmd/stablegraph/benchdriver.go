@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"stablegraph/drivercost"
+	"github.com/stablegraph/stablegraph/drivercost"
 )
 
 func benchDriverCommand() *command {

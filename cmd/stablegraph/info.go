@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strings"
 
-	"stablegraph/gpu"
-	"stablegraph/report"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // LibraryReporter is an optional interface of a gpu.Backend: the shared

@@ -24,7 +24,7 @@ import (
 	"strings"
 	"syscall"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Exit statuses.

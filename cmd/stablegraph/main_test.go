@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	sg "stablegraph"
-	"stablegraph/drivercost"
-	"stablegraph/gpu"
-	"stablegraph/report"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/drivercost"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 func runCLI(t *testing.T, args ...string) (code int, stdout, stderr string) {

@@ -17,11 +17,11 @@ import (
 	"sync"
 	"time"
 
-	sg "stablegraph"
-	"stablegraph/gpu"
-	"stablegraph/rendezvous"
-	"stablegraph/report"
-	"stablegraph/workload"
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/rendezvous"
+	"github.com/stablegraph/stablegraph/report"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // Ranks: run and bench of a workload with collectives (dp) on several

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/rendezvous"
+	"github.com/stablegraph/stablegraph/rendezvous"
 )
 
 var dpSmall = []string{"--workload", "dp", "--layers", "2", "--width", "16", "--batch", "4", "--steps", "3", "--warmup", "1"}

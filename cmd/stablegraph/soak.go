@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"stablegraph/soak"
-	"stablegraph/workload"
+	"github.com/stablegraph/stablegraph/soak"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 func soakCommand() *command {

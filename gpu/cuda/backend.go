@@ -7,8 +7,8 @@ import (
 	"sync"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 func init() { gpu.Register("cuda", driver{}) }

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"sync"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // Collectives: the CUDA backend implements gpu.Collectives with NCCL, loaded

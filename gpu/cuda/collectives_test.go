@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // TestNCCLErrors checks the ncclResult_t -> sentinel table and that errors

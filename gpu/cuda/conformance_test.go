@@ -3,8 +3,8 @@ package cuda
 import (
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/gputest"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/gputest"
 )
 
 // TestConformance runs the backend-neutral conformance suite against CUDA.

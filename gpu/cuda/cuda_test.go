@@ -9,8 +9,8 @@ import (
 	"testing"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // openOrSkip opens the CUDA backend, skipping the test (with the reason)

@@ -1,8 +1,8 @@
 package cuda
 
 import (
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // sentinel maps a CUresult to the gpu sentinel that says what the caller may

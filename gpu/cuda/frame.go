@@ -5,8 +5,8 @@ import (
 	"sync"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // frame is the Go memory that one driver call lends the driver: output

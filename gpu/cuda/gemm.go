@@ -3,9 +3,9 @@ package cuda
 import (
 	"sync"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // GEMMer is an optional capability: single-precision matrix products on a

@@ -11,9 +11,9 @@ import (
 	"sync"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // TestContextFromAnyThread makes calls from goroutines locked to threads

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // graphInfo is a graph the backend knows: one it created (GraphCreate,

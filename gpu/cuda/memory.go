@@ -4,8 +4,8 @@ import (
 	"sort"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // MemAlloc implements gpu.DeviceMemory.

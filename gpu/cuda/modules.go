@@ -5,9 +5,9 @@ import (
 	"runtime"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // moduleInfo is a loaded module: its device and the image it came from.

@@ -4,7 +4,7 @@ import (
 	"log/slog"
 	"os"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // options are the settings of one backend, resolved once at Open. This is

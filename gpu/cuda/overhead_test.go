@@ -4,9 +4,9 @@ import (
 	"testing"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // The safe layer's own cost on the hot paths, measured without a GPU: each

@@ -3,8 +3,8 @@ package cuda
 import (
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // stream returns a live stream's device and driver handle.

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // Tests of the backend's own logic over the stub driver (stub_test.go): no

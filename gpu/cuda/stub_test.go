@@ -6,8 +6,8 @@ import (
 	"testing"
 	"unsafe"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/cuda/cu"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
 // stubDriver is a fake libcuda for tests and benchmarks without a GPU: a

@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // suiteNames lists every group and "Group/Test" of the suite.

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math/bits"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 var devicesTests = []test{

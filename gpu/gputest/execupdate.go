@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var execUpdateTests = []test{

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 var faultTests = []test{

@@ -15,7 +15,7 @@ import (
 	"reflect"
 	"strings"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 func main() {
@@ -28,7 +28,7 @@ package gputest
 import (
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var _ = time.Duration(0)

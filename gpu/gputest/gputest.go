@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // Seed, when nonzero, seeds the random inputs of the kernel and copy tests;

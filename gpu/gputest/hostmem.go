@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var hostMemTests = []test{

@@ -7,8 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // A kernel case is one launch of a built-in kernel on random inputs. The

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sort"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // MapMemory is a gpu.Memory kept in host buffers at made-up device

@@ -5,7 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var memoryTests = []test{

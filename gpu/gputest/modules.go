@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 var moduleTests = []test{

@@ -6,9 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // Mutation tests: each mutant wraps sim with one deliberate bug, and the

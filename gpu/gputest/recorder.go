@@ -5,7 +5,7 @@ package gputest
 import (
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var _ = time.Duration(0)

@@ -3,9 +3,9 @@ package gputest_test
 import (
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/gputest"
-	"stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/gputest"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 // TestSim runs the conformance suite on the sim backend with two devices.

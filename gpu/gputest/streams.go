@@ -3,7 +3,7 @@ package gputest
 import (
 	"fmt"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var streamsTests = []test{

@@ -3,7 +3,7 @@ package gputest
 import (
 	"bytes"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 var vmmTests = []test{

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"sync/atomic"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // This file is the address space model described in doc.go: backing memory

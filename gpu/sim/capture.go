@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"slices"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Stream capture, modelled on CUDA's capture sequences. A capture is begun

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Collectives: the sim implements gpu.Collectives with its devices as the

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // commRanks makes a communicator of n ranks on devices 0..n-1, joining

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sync"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // An exec graph is a plan: a snapshot of its source graph's nodes, taken at

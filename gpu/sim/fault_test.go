@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // poolSlot builds what the pool strategy builds per slot: a chunk mapped

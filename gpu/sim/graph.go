@@ -3,7 +3,7 @@ package sim
 import (
 	"slices"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Graphs are lists of nodes in creation order; a node's dependencies are

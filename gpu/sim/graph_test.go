@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 func wantUpdate(t *testing.T, err error, r gpu.UpdateResult) {

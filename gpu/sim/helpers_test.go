@@ -4,8 +4,8 @@ import (
 	"errors"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // newSim opens a backend and, when the test ends, checks that every handle

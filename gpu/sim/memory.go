@@ -4,7 +4,7 @@ import (
 	"math"
 	"unsafe"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // ---- plain device memory ----

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 func TestRegisteredAndProps(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync/atomic"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Modules hold kernels whose code is their Go reference (KernelSpec.Ref),

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Granularity is the VMM granularity of every simulated device (as on an

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Streams: each stream has one worker goroutine that runs its commands in

@@ -3,7 +3,7 @@ package sim
 import (
 	"slices"
 
-	"stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // VMM: physical chunks (MemCreate) mapped into reservations

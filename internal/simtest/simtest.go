@@ -8,9 +8,9 @@ import (
 	"errors"
 	"testing"
 
-	"stablegraph/gpu"
-	"stablegraph/gpu/sim"
-	"stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // GateModule is a one-kernel module ("gate", no arguments) whose kernel
