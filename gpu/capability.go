@@ -59,3 +59,10 @@ func RoundUp(n, align uint64) uint64 {
 	}
 	return (n + align - 1) / align * align
 }
+
+// AddressRangerOf returns b's allocation extents (extent.go), and false
+// when b cannot tell them: bindings are then not checked.
+func AddressRangerOf(b Backend) (AddressRanger, bool) {
+	ar, ok := b.(AddressRanger)
+	return ar, ok
+}

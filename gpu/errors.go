@@ -42,7 +42,8 @@ var (
 	// ErrNotReady: the work a query or EventElapsed asks about has not
 	// completed yet; ask again later.
 	ErrNotReady = errors.New("gpu: not ready")
-	// ErrNotFound: a named kernel or symbol does not exist in the module.
+	// ErrNotFound: a named kernel or symbol does not exist in the module,
+	// or an address lies in no live allocation (AddressRanger).
 	ErrNotFound = errors.New("gpu: not found")
 	// ErrTimeout: a wait passed its deadline.
 	ErrTimeout = errors.New("gpu: timeout")
@@ -52,6 +53,10 @@ var (
 	// ErrInjected: the sim backend failed this call on request (fault
 	// injection). Tests use it to tell injected faults from real ones.
 	ErrInjected = errors.New("gpu: injected fault")
+	// ErrOutOfBounds: a range of device memory runs past the allocation
+	// its start lies in, or lies in none (CheckBinding returns it, as an
+	// *ExtentError; backends do not).
+	ErrOutOfBounds = errors.New("gpu: range outside its allocation")
 )
 
 // Error is the error type backends return. It names the entry point that
@@ -133,19 +138,39 @@ func (r UpdateResult) String() string {
 	return fmt.Sprintf("UpdateResult(%d)", int(r))
 }
 
-// UpdateError is returned when a graph exec update is refused. It wraps
-// ErrGraphUpdate; Node is the first offending node when one is known.
+// UpdateError is returned when a graph exec update is refused: a whole-graph
+// update (GraphExecUpdate) or a per-node one (GraphExec*NodeSetParams) asked
+// for a change the backend cannot apply to an instantiated graph. Both
+// backends return it for the same situations (see the Graphs interface);
+// the exec graph is unchanged, and instantiating the new parameters
+// afresh is the way forward. It wraps ErrGraphUpdate and nothing else, so
+// callers tell a refusal (re-record) from bad input (ErrInvalidValue: fail)
+// with errors.Is.
+//
+// Result says why, in CUDA's terms; Result.String() is a short stable
+// reason for statistics and logs, Detail the particulars. Node is the
+// offending node when one is known: for a per-node update the node named
+// in the call, for a whole-graph update the node of the new graph. Code
+// and CodeName keep the native status when a driver refused (CUDA:
+// CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE for whole-graph updates,
+// CUDA_ERROR_INVALID_VALUE for per-node ones); they are zero when the
+// backend refused before asking the driver, as sim always does.
 type UpdateError struct {
-	Op     string
-	Result UpdateResult
-	Node   GraphNode
-	Detail string
+	Op       string
+	Result   UpdateResult
+	Node     GraphNode
+	Detail   string
+	Code     int    // native status code (CUresult), 0 when there is none
+	CodeName string // native code name, e.g. "CUDA_ERROR_INVALID_VALUE"
 }
 
 func (e *UpdateError) Error() string {
 	msg := fmt.Sprintf("%s: graph exec update refused: %s", e.Op, e.Result)
 	if e.Node != 0 {
 		msg += fmt.Sprintf(" at node %#x", uint64(e.Node))
+	}
+	if e.CodeName != "" {
+		msg += fmt.Sprintf(" (%s %d)", e.CodeName, e.Code)
 	}
 	if e.Detail != "" {
 		msg += ": " + e.Detail

@@ -37,8 +37,9 @@ type Backend struct {
 	opts options
 	devs []*device
 
-	blas blasLib   // cuBLAS, loaded at the first Gemm
-	nccl ncclState // NCCL and the communicators (collectives.go)
+	blas blasLib     // cuBLAS, loaded at the first Gemm
+	nccl ncclState   // NCCL and the communicators (collectives.go)
+	ext  extentCache // allocation extents (extent.go)
 
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {
@@ -109,6 +110,7 @@ type allocInfo struct {
 
 type hostInfo struct {
 	p    unsafe.Pointer // host address (C memory)
+	dp   cu.DevicePtr   // its device address
 	size uint64
 }
 
@@ -382,6 +384,7 @@ func (b *Backend) Close() error {
 	m := b.mu.tables
 	b.mu.closed = true
 	b.initTablesLocked() // empty: calls racing with Close find nothing
+	b.ext.drop(0, ^uint64(0), false)
 	b.mu.Unlock()
 
 	d := b.d

@@ -23,6 +23,7 @@ func (b *Backend) MemAlloc(dev int, size uint64) (gpu.DevicePtr, error) {
 	b.mu.Lock()
 	b.mu.allocs[gpu.DevicePtr(p)] = allocInfo{dev: dev, size: size}
 	b.mu.Unlock()
+	b.ext.insert(extent{base: uint64(p), size: size, kind: extOwnAlloc})
 	return gpu.DevicePtr(p), nil
 }
 
@@ -35,11 +36,14 @@ func (b *Backend) MemFree(p gpu.DevicePtr) error {
 	if !ok {
 		return errf("MemFree", gpu.ErrInvalidHandle, "%#x is not the start of a live allocation", uint64(p))
 	}
+	// The extent goes before the memory: no answer outlives it.
+	b.ext.drop(uint64(p), uint64(p)+ai.size, false)
 	err := b.call(ai.dev, "cuMemFree_v2", func() cu.Result { return b.d.MemFree(cu.DevicePtr(p)) })
 	if err != nil {
 		b.mu.Lock()
 		b.mu.allocs[p] = ai
 		b.mu.Unlock()
+		b.ext.insert(extent{base: uint64(p), size: ai.size, kind: extOwnAlloc})
 	}
 	return err
 }
@@ -310,6 +314,7 @@ func (b *Backend) MemAddressFree(p gpu.DevicePtr, size uint64) error {
 	if err != nil {
 		return err
 	}
+	b.ext.drop(uint64(p), uint64(p)+size, false) // learned extents of addresses reused
 	err = b.call(0, "cuMemAddressFree", func() cu.Result { return b.d.MemAddressFree(cu.DevicePtr(p), size) })
 	if err != nil {
 		b.mu.Lock()
@@ -358,8 +363,9 @@ func (b *Backend) MemMap(p gpu.DevicePtr, size, offset uint64, h gpu.PhysMem) er
 		return errf(op, gpu.ErrIllegalState, "[%#x, %#x) overlaps a mapping", uint64(p), uint64(p.Add(size)))
 	}
 	// Claim the range before the call so that a concurrent MemMap of an
-	// overlapping range fails above.
+	// overlapping range fails above. The runs of mappings it joins change.
 	b.mu.maps[p] = mapInfo{dev: ci.dev, size: size, chunk: h}
+	b.ext.drop(uint64(p), uint64(p)+size, true)
 	b.mu.Unlock()
 	// One cuMemMap per granule of the chunk's range, at consecutive
 	// addresses; on failure the granules mapped so far are unmapped.
@@ -379,6 +385,7 @@ func (b *Backend) MemMap(p gpu.DevicePtr, size, offset uint64, h gpu.PhysMem) er
 	if err != nil {
 		b.mu.Lock()
 		delete(b.mu.maps, p)
+		b.ext.drop(uint64(p), uint64(p)+size, true)
 		b.mu.Unlock()
 	}
 	return err
@@ -423,6 +430,9 @@ func (b *Backend) MemUnmap(p gpu.DevicePtr, size uint64) error {
 	for _, m := range ms {
 		claimed[m] = b.mu.maps[m]
 		delete(b.mu.maps, m)
+	}
+	if err == nil {
+		b.ext.drop(uint64(p), uint64(p)+size, true)
 	}
 	b.mu.Unlock()
 	if err != nil {
@@ -496,8 +506,9 @@ func (b *Backend) HostAlloc(size uint64) (gpu.HostMem, error) {
 	clear(bytes)
 	b.mu.Lock()
 	h := gpu.HostAlloc(b.newIDLocked())
-	b.mu.hosts[h] = hostInfo{p: hp, size: size}
+	b.mu.hosts[h] = hostInfo{p: hp, dp: dp, size: size}
 	b.mu.Unlock()
+	b.ext.insert(extent{base: uint64(dp), size: size, kind: extOwnHost})
 	return gpu.HostMem{Handle: h, Ptr: gpu.DevicePtr(dp), Bytes: bytes}, nil
 }
 
@@ -510,11 +521,13 @@ func (b *Backend) HostFree(h gpu.HostAlloc) error {
 	if !ok {
 		return errf("HostFree", gpu.ErrInvalidHandle, "host allocation %#x is not live", uint64(h))
 	}
+	b.ext.drop(uint64(hi.dp), uint64(hi.dp)+hi.size, false)
 	err := b.call(0, "cuMemFreeHost", func() cu.Result { return b.d.MemFreeHost(hi.p) })
 	if err != nil {
 		b.mu.Lock()
 		b.mu.hosts[h] = hi
 		b.mu.Unlock()
+		b.ext.insert(extent{base: uint64(hi.dp), size: hi.size, kind: extOwnHost})
 	}
 	return err
 }

@@ -29,13 +29,41 @@ type stubDriver struct {
 	capturing map[uintptr]bool
 	nodeTypes map[uintptr]cu.GraphNodeType
 	hostMem   map[uintptr][]byte
+	ranges    map[uintptr]stubRange // device allocations, by base
+}
+
+// stubRange is an allocation cuMemGetAddressRange_v2 reports: one made by
+// cuMemAlloc_v2, or one a test added with addRange (another library's).
+type stubRange struct {
+	size  uint64
+	plain bool // a plain cuMemAlloc allocation (legacy IPC capable)
+}
+
+// addRange makes the stub report an allocation [base, base+size) that the
+// backend did not make, as another library's memory.
+func (sd *stubDriver) addRange(base uintptr, size uint64, plain bool) {
+	sd.mu.Lock()
+	sd.ranges[base] = stubRange{size: size, plain: plain}
+	sd.mu.Unlock()
+}
+
+// rangeAt returns the allocation holding p.
+func (sd *stubDriver) rangeAt(p uintptr) (uintptr, stubRange, bool) {
+	sd.mu.Lock()
+	defer sd.mu.Unlock()
+	for base, r := range sd.ranges {
+		if p >= base && uint64(p-base) < r.size {
+			return base, r, true
+		}
+	}
+	return 0, stubRange{}, false
 }
 
 const stubCtx = 0xc0_0000 // the primary context of device 0; device d gets stubCtx+d
 
 func newStubDriver() *stubDriver {
 	return &stubDriver{capturing: map[uintptr]bool{}, nodeTypes: map[uintptr]cu.GraphNodeType{},
-		hostMem: map[uintptr][]byte{}, calls: map[string]int{}}
+		hostMem: map[uintptr][]byte{}, calls: map[string]int{}, ranges: map[uintptr]stubRange{}}
 }
 
 // newStubBackend opens a backend over a fresh stub driver with one device,
@@ -131,7 +159,31 @@ func (sd *stubDriver) call(name string, a cu.StubArgs) cu.Result {
 	case "cuStreamCreateWithPriority", "cuEventCreate", "cuModuleLoadDataEx", "cuModuleGetFunction", "cuGraphCreate",
 		"cuGraphInstantiateWithFlags", "cuMemCreate":
 		*out[uintptr](&a, 0) = sd.handle()
-	case "cuMemAlloc_v2", "cuMemAddressReserve":
+	case "cuMemAlloc_v2":
+		p := sd.handle() << 20 // 16 MiB apart: allocations of the tests are smaller
+		*out[uintptr](&a, 0) = p
+		sd.addRange(p, uint64(a.A[1]), true)
+	case "cuMemFree_v2":
+		sd.mu.Lock()
+		delete(sd.ranges, a.A[0])
+		sd.mu.Unlock()
+	case "cuMemGetAddressRange_v2": // (base, size, p)
+		base, r, ok := sd.rangeAt(a.A[2])
+		if !ok {
+			return cu.ErrorNotFound
+		}
+		*out[uintptr](&a, 0), *out[uint64](&a, 1) = base, r.size
+	case "cuPointerGetAttribute": // (data, attr, p)
+		_, r, ok := sd.rangeAt(a.A[2])
+		switch {
+		case !ok:
+			return cu.ErrorInvalidValue
+		case cu.PointerAttribute(a.A[1]) == cu.PointerAttrIsLegacyIPCCapable && r.plain:
+			*out[int32](&a, 0) = 1
+		default:
+			*out[int32](&a, 0) = 0
+		}
+	case "cuMemAddressReserve":
 		*out[uintptr](&a, 0) = sd.handle() << 20
 	case "cuGraphAddKernelNode_v2", "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode", "cuGraphAddChildGraphNode", "cuGraphAddEmptyNode":
 		n := sd.handle()

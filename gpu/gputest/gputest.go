@@ -51,6 +51,7 @@ func suite() []group {
 		{"Graphs", graphTests},
 		{"Capture", captureTests},
 		{"ExecUpdate", execUpdateTests},
+		{"Extents", extentTests},
 		{"Faults", faultTests},
 		{"Lifecycle", lifecycleTests},
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -86,6 +87,35 @@ func (m gemmTransBIgnored) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module
 	return m.Backend.ModuleLoad(dev, img)
 }
 
+// extentRounded reports allocations rounded up to 512 bytes, as a driver
+// that rounds them would, so that small overruns pass.
+type extentRounded struct{ *sim.Backend }
+
+func (m extentRounded) AddressRange(p gpu.DevicePtr) (gpu.DevicePtr, uint64, error) {
+	base, size, err := m.Backend.AddressRange(p)
+	return base, gpu.RoundUp(size, 512), err
+}
+
+// extentStale caches every answer by address and never forgets one.
+type extentStale struct {
+	*sim.Backend
+	mu    sync.Mutex
+	known map[gpu.DevicePtr][2]uint64
+}
+
+func (m *extentStale) AddressRange(p gpu.DevicePtr) (gpu.DevicePtr, uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.known[p]; ok {
+		return gpu.DevicePtr(e[0]), e[1], nil
+	}
+	base, size, err := m.Backend.AddressRange(p)
+	if err == nil {
+		m.known[p] = [2]uint64{uint64(base), size}
+	}
+	return base, size, err
+}
+
 var mutants = []mutant{
 	{"wait-ignored", []string{"Streams/WaitEvent", "Streams/WaitEventCrossDevice"},
 		func(b *sim.Backend) gpu.Backend { return waitIgnored{b} }},
@@ -101,6 +131,12 @@ var mutants = []mutant{
 		func(b *sim.Backend) gpu.Backend { return nodeSetIgnored{b} }},
 	{"kernel-params-untyped", []string{"Graphs/BuildInspectLaunch", "Capture/KernelMemcpyMemset"},
 		func(b *sim.Backend) gpu.Backend { return paramsUntyped{b} }},
+	{"extent-rounded", []string{"Extents/Alloc", "Extents/CheckBinding"},
+		func(b *sim.Backend) gpu.Backend { return extentRounded{b} }},
+	{"extent-stale", []string{"Extents/Freed", "Extents/VirtualMemory"},
+		func(b *sim.Backend) gpu.Backend {
+			return &extentStale{Backend: b, known: map[gpu.DevicePtr][2]uint64{}}
+		}},
 	{"gemm-transB-ignored", []string{"Kernels/sg_gemm_NT_beta0", "Kernels/sg_gemm_TT_beta0.75", "Kernels/sg_gemm_thin"},
 		func(b *sim.Backend) gpu.Backend { return gemmTransBIgnored{b} }},
 }

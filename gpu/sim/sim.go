@@ -156,11 +156,12 @@ var backendType = reflect.TypeFor[gpu.Backend]()
 // counted from now, fail before doing anything with an *gpu.Error wrapping
 // gpu.ErrInjected, joined with err when err is not nil (so errors.Is finds
 // both). op is the gpu interface method name ("MemCreate", "GraphLaunch",
-// ...) or "ResetDevice". Each injection fires once. Entry points without an
-// error result (Name, DeviceCount) are counted but cannot fail.
+// ...), "ResetDevice" or "AddressRange". Each injection fires once. Entry
+// points without an error result (Name, DeviceCount) are counted but cannot
+// fail.
 func (b *Backend) InjectFault(op string, nth int, err error) {
 	_, coll := collectivesType.MethodByName(op)
-	if _, ok := backendType.MethodByName(op); !ok && !coll && op != "ResetDevice" {
+	if _, ok := backendType.MethodByName(op); !ok && !coll && op != "ResetDevice" && op != "AddressRange" {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()

@@ -107,6 +107,7 @@ const (
 	symGraphExecMemcpyNodeSetParams
 	symGraphExecMemsetNodeSetParams
 	symGraphExecChildGraphNodeSetParams
+	symMemGetAddressRange
 	numSyms
 )
 
@@ -200,6 +201,7 @@ var driverSyms = [numSyms]symSpec{
 	symGraphExecMemsetNodeSetParams: {names: []string{"cuGraphExecMemsetNodeSetParams"}},
 	symGraphExecChildGraphNodeSetParams: {
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
+	symMemGetAddressRange: {names: []string{"cuMemGetAddressRange_v2"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
@@ -662,4 +664,11 @@ func (d *Driver) GraphExecMemsetNodeSetParams(x GraphExec, n GraphNode, p *Memse
 
 func (d *Driver) GraphExecChildGraphNodeSetParams(x GraphExec, n GraphNode, child Graph) Result {
 	return d.call3(symGraphExecChildGraphNodeSetParams, uintptr(x), uintptr(n), uintptr(child))
+}
+
+// MemGetAddressRange sets *base and *size to the allocation holding p. For
+// virtual memory it reports the one physical allocation mapped at p, not
+// the run of mappings around it.
+func (d *Driver) MemGetAddressRange(base *DevicePtr, size *uint64, p DevicePtr) Result {
+	return d.call3(symMemGetAddressRange, uintptr(unsafe.Pointer(base)), uintptr(unsafe.Pointer(size)), uintptr(p))
 }

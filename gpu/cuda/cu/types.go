@@ -234,6 +234,12 @@ type PointerAttribute int32
 // (int).
 const PointerAttrDeviceOrdinal PointerAttribute = 9
 
+// PointerAttrIsLegacyIPCCapable is 1 when the memory can be shared by
+// legacy IPC (cuIpcGetMemHandle): true of plain cuMemAlloc allocations,
+// false of virtual memory, memory pools and host memory (a boolean, read
+// into a zeroed int).
+const PointerAttrIsLegacyIPCCapable PointerAttribute = 10
+
 // Stream, event and host allocation flags.
 const (
 	StreamDefault     = 0x0
