@@ -197,6 +197,15 @@ type Graphs interface {
 
 	// Per-node updates of an exec graph, n naming the node in the graph x
 	// was instantiated from. They take effect at the next launch.
+	//
+	// A change an instantiated graph cannot take is refused with an
+	// *UpdateError naming n, as CUDA documents: a kernel of another device
+	// (UpdateFunctionChanged); memcpy or memset operands in memory of
+	// another device or kind (device, host) than the node's, or in no live
+	// allocation (UpdateParametersChanged; a memset's element size may be
+	// refused the same way); a child graph of another topology or node
+	// types (UpdateTopologyChanged, UpdateNodeTypeChanged) or breaking
+	// these rules in its nodes. Bad arguments are ErrInvalidValue.
 	GraphExecKernelNodeSetParams(x GraphExec, n GraphNode, p KernelParams) error
 	GraphExecMemcpyNodeSetParams(x GraphExec, n GraphNode, p MemcpyParams) error
 	GraphExecMemsetNodeSetParams(x GraphExec, n GraphNode, p Memset) error

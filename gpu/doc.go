@@ -53,5 +53,16 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives will be an optional interface discovered the same way.
+// Optional interfaces are discovered the same way: AddressRangerOf finds
+// allocation extents (extent.go), which CheckBinding uses to refuse a range
+// larger than the memory behind it.
+//
+// # Refused graph updates
+//
+// A graph exec update the backend cannot apply, whole-graph or per node, is
+// an *UpdateError wrapping ErrGraphUpdate, the same on every backend for the
+// same situation (the Graphs interface lists them); the exec graph is
+// unchanged and re-instantiating is the way forward. Bad input to the same
+// calls is ErrInvalidValue or ErrInvalidHandle, which re-recording would not
+// cure.
 package gpu

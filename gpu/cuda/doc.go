@@ -49,8 +49,34 @@
 // Driver failures are *gpu.Error values with Op naming the C function
 // ("cuMemAlloc_v2"), Code and CodeName the CUresult, Detail the driver's
 // description, and Err the gpu sentinel the result maps to (errors.go).
-// A graph exec update the driver refuses is a *gpu.UpdateError. A symbol the
-// installed driver lacks is gpu.ErrNotSupported naming the symbol.
+// A symbol the installed driver lacks is gpu.ErrNotSupported naming the
+// symbol.
+//
+// # Refused graph updates
+//
+// A graph exec update the driver refuses is a *gpu.UpdateError (wrapping
+// gpu.ErrGraphUpdate only) that keeps the CUresult, as sim reports the same
+// situations. cuGraphExecUpdate says why itself. The per-node updates
+// (cuGraphExec*NodeSetParams) refuse with a bare CUDA_ERROR_INVALID_VALUE;
+// since the backend checks every argument before calling them, it reads
+// that result as a refusal: of the operands for memcpy and memset nodes
+// (UpdateParametersChanged), of the change of function for kernel nodes
+// (UpdateFunctionChanged; with the node's own function it stays bad input,
+// gpu.ErrInvalidValue), and for child-graph nodes it compares the two graphs
+// to report UpdateTopologyChanged, UpdateNodeTypeChanged or
+// UpdateParametersChanged (refusal.go). A kernel of another device is
+// refused before the driver is asked. None of this costs anything on an
+// update the driver takes.
+//
+// # Allocation extents
+//
+// *Backend implements gpu.AddressRanger (extent.go): its own allocations and
+// virtual memory from its tables, other libraries' plain cuMemAlloc
+// allocations from cuMemGetAddressRange_v2, cached per allocation so that a
+// runtime checking its bindings every step makes no driver call once warm.
+// The extent of other libraries' virtual memory and pool memory cannot be
+// known (gpu.ErrNotSupported), nor can memory they free and reallocate
+// behind the backend's back; extent.go says what is and is not seen.
 //
 // # Faults
 //

@@ -68,7 +68,7 @@ func driverError(d *cu.Driver, op string, r cu.Result) error {
 		e.Detail = d.GetErrorString(r)
 	}
 	if r == cu.ErrorGraphExecUpdateFailure {
-		return &gpu.UpdateError{Op: op, Result: gpu.UpdateFailed, Detail: e.Error()}
+		return &gpu.UpdateError{Op: op, Result: gpu.UpdateFailed, Code: e.Code, CodeName: e.CodeName, Detail: e.Detail}
 	}
 	return e
 }

@@ -219,7 +219,8 @@ func (b *Backend) driverExtent(op string, p gpu.DevicePtr) (extent, error) {
 	case r != cu.Success:
 		return extent{}, b.check("cuMemGetAddressRange_v2", r)
 	case size == 0 || uint64(p) < uint64(base) || uint64(p)-uint64(base) >= size:
-		return extent{}, errf(op, gpu.ErrNotSupported, "cuMemGetAddressRange_v2 gave [%#x, +%d), which does not hold %#x", uint64(base), size, uint64(p))
+		// In the driver's rounding of an allocation, past its size.
+		return extent{}, errf(op, gpu.ErrNotFound, "%#x is past the end of the allocation [%#x, +%d) (cuMemGetAddressRange_v2)", uint64(p), uint64(base), size)
 	}
 	// The driver rounds allocations up: an address past the end of one of
 	// the backend's own (which the cache would have answered for) is in

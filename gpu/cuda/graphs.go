@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -432,21 +433,26 @@ func (b *Backend) nodeType(dev int, n cu.GraphNode) (gpu.NodeType, error) {
 	if err := b.call(dev, "cuGraphNodeGetType", func() cu.Result { return b.d.GraphNodeGetType(n, &t) }); err != nil {
 		return 0, err
 	}
+	return nodeTypeOf(t), nil
+}
+
+// nodeTypeOf maps a driver node type to the gpu one.
+func nodeTypeOf(t cu.GraphNodeType) gpu.NodeType {
 	switch t {
 	case cu.GraphNodeKernel:
-		return gpu.NodeKernel, nil
+		return gpu.NodeKernel
 	case cu.GraphNodeMemcpy:
-		return gpu.NodeMemcpy, nil
+		return gpu.NodeMemcpy
 	case cu.GraphNodeMemset:
-		return gpu.NodeMemset, nil
+		return gpu.NodeMemset
 	case cu.GraphNodeGraph:
-		return gpu.NodeChildGraph, nil
+		return gpu.NodeChildGraph
 	case cu.GraphNodeEmpty:
-		return gpu.NodeEmpty, nil
+		return gpu.NodeEmpty
 	case cu.GraphNodeBatchMemOp:
-		return gpu.NodeMemWriteValue, nil
+		return gpu.NodeMemWriteValue
 	}
-	return gpu.NodeOther, nil
+	return gpu.NodeOther
 }
 
 // GraphNodeDeps implements gpu.Graphs.
@@ -806,29 +812,78 @@ func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
 		b.mu.Lock()
 		node := b.mu.nodeByCU[info.ErrorNode]
 		b.mu.Unlock()
-		return &gpu.UpdateError{Op: "cuGraphExecUpdate_v2", Result: updateResult(info.Result), Node: node,
-			Detail: fmt.Sprintf("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (910), CUgraphExecUpdateResult %d", info.Result)}
+		res := updateResult(info.Result)
+		if res == gpu.UpdateSuccess { // a failure must give a reason
+			res = gpu.UpdateFailed
+		}
+		return &gpu.UpdateError{Op: "cuGraphExecUpdate_v2", Result: res, Node: node,
+			Code: int(r), CodeName: r.Name(), Detail: fmt.Sprintf("CUgraphExecUpdateResult %d", info.Result)}
 	}
 	return b.check("cuGraphExecUpdate_v2", r)
 }
 
-// GraphExecKernelNodeSetParams implements gpu.Graphs. The function must be
-// the node's (CUDA refuses other changes of function); arguments are checked
-// as for launches.
+// GraphExecKernelNodeSetParams implements gpu.Graphs. Arguments are checked
+// as for launches. A function of another device is refused (an
+// *gpu.UpdateError, UpdateFunctionChanged) before the driver is asked; a
+// change of function the driver refuses (CUDA_ERROR_INVALID_VALUE: dynamic
+// parallelism, device-side launch or update) is one too, while the driver
+// refusing the node's own function is bad input (a launch configuration
+// out of range), gpu.ErrInvalidValue.
 func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
 	const op = "GraphExecKernelNodeSetParams"
 	xi, cn, fi, err := b.execNode(op, x, n, gpu.NodeKernel, p.Func)
 	if err != nil {
 		return err
 	}
+	if fi != nil && fi.dev != xi.dev {
+		return &gpu.UpdateError{Op: op, Result: gpu.UpdateFunctionChanged, Node: n,
+			Detail: fmt.Sprintf("kernel %#x is on device %d, the node on device %d: an exec update cannot change the context of a kernel node's function", uint64(p.Func), fi.dev, xi.dev)}
+	}
 	fr := getFrame()
 	defer fr.release()
 	if err := b.kernelParams(op, xi.dev, fi, p, fr); err != nil {
 		return err
 	}
-	return b.callFrame(fr, xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
+	err = b.callFrame(fr, xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
 		return b.d.GraphExecKernelNodeSetParams(xi.x, cn, &fr.kp)
 	})
+	if err == nil || !isInvalidValue(err, "cuGraphExecKernelNodeSetParams_v2") {
+		return err
+	}
+	// Refused: a change of function, or bad parameters? Ask the node.
+	var kp cu.KernelNodeParams
+	if b.onDevice(xi.dev, func() error {
+		if r := b.d.GraphKernelNodeGetParams(cn, &kp); r != cu.Success {
+			return b.check("cuGraphKernelNodeGetParams_v2", r)
+		}
+		if kp.Func == 0 && kp.Kern != 0 {
+			return b.check("cuKernelGetFunction", b.d.KernelGetFunction(&kp.Func, kp.Kern))
+		}
+		return nil
+	}) != nil || kp.Func == fi.f {
+		return err
+	}
+	return refused(op, gpu.UpdateFunctionChanged, n, err,
+		"the driver refused to change the node's function (CUDA allows no change of context, nor to a function using dynamic parallelism, device-side graph launch or device-side update)")
+}
+
+// isInvalidValue reports whether err is CUDA_ERROR_INVALID_VALUE from the
+// driver call cop (not from the context switch before it), which the
+// per-node exec updates return when they refuse a change.
+func isInvalidValue(err error, cop string) bool {
+	var ge *gpu.Error
+	return errors.As(err, &ge) && ge.Op == cop && ge.Code == int(cu.ErrorInvalidValue)
+}
+
+// refused turns the driver's refusal err of a per-node update of n into an
+// *gpu.UpdateError, keeping its CUresult.
+func refused(op string, r gpu.UpdateResult, n gpu.GraphNode, err error, format string, args ...any) error {
+	ue := &gpu.UpdateError{Op: op, Result: r, Node: n, Detail: fmt.Sprintf(format, args...)}
+	var ge *gpu.Error
+	if errors.As(err, &ge) {
+		ue.Code, ue.CodeName = ge.Code, ge.CodeName
+	}
+	return ue
 }
 
 // GraphExecMemcpyNodeSetParams implements gpu.Graphs.
@@ -844,9 +899,16 @@ func (b *Backend) GraphExecMemcpyNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 	fr := getFrame()
 	defer fr.release()
 	fr.cp = memcpyParams(p)
-	return b.callFrame(fr, xi.dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
+	err = b.callFrame(fr, xi.dev, "cuGraphExecMemcpyNodeSetParams", func() cu.Result {
 		return b.d.GraphExecMemcpyNodeSetParams(xi.x, cn, &fr.cp, b.devs[xi.dev].ctx)
 	})
+	if err != nil && isInvalidValue(err, "cuGraphExecMemcpyNodeSetParams") {
+		// The arguments were checked: what is left is the update rule.
+		return refused(op, gpu.UpdateParametersChanged, n, err,
+			"the driver refused the operands dst %#x, src %#x: an exec update keeps a memcpy node's memory allocated, on the same device and of the same kind (device or host)",
+			uint64(p.Dst), uint64(p.Src))
+	}
+	return err
 }
 
 // GraphExecMemsetNodeSetParams implements gpu.Graphs.
@@ -863,13 +925,22 @@ func (b *Backend) GraphExecMemsetNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 	fr := getFrame()
 	defer fr.release()
 	fr.mp = mp
-	return b.callFrame(fr, xi.dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
+	err = b.callFrame(fr, xi.dev, "cuGraphExecMemsetNodeSetParams", func() cu.Result {
 		return b.d.GraphExecMemsetNodeSetParams(xi.x, cn, &fr.mp, b.devs[xi.dev].ctx)
 	})
+	if err != nil && isInvalidValue(err, "cuGraphExecMemsetNodeSetParams") {
+		return refused(op, gpu.UpdateParametersChanged, n, err,
+			"the driver refused destination %#x with %d-byte elements: an exec update keeps a memset node's memory allocated, on the same device and of the same kind (device or host), and may refuse another element size or count",
+			uint64(m.Dst), m.ElemSize)
+	}
+	return err
 }
 
-// GraphExecChildGraphNodeSetParams implements gpu.Graphs. A child of another
-// topology is refused by the driver (ErrInvalidValue).
+// GraphExecChildGraphNodeSetParams implements gpu.Graphs. The driver refuses
+// a child of another topology, or one whose nodes change in a way an exec
+// update cannot take, with CUDA_ERROR_INVALID_VALUE and no reason; the
+// backend then compares the two graphs to say which (childRefusal), and
+// returns an *gpu.UpdateError naming n.
 func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
 	const op = "GraphExecChildGraphNodeSetParams"
 	xi, err := b.exec(op, x)
@@ -884,7 +955,11 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphN
 	if err != nil {
 		return err
 	}
-	return b.call(xi.dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
+	err = b.call(xi.dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
 		return b.d.GraphExecChildGraphNodeSetParams(xi.x, cn, ci.g)
 	})
+	if err != nil && isInvalidValue(err, "cuGraphExecChildGraphNodeSetParams") {
+		return b.childRefusal(op, xi.dev, n, cn, ci.g, err)
+	}
+	return err
 }

@@ -166,15 +166,15 @@ func TestStubDriverErrors(t *testing.T) {
 		for _, failing := range []string{c.cname, "cuCtxGetCurrent"} {
 			e.sd.fail = func(name string) cu.Result {
 				if name == failing {
-					return cu.ErrorInvalidValue
+					return cu.ErrorInvalidHandle
 				}
 				return cu.Success
 			}
 			err := c.call()
 			e.sd.fail = nil
 			var ge *gpu.Error
-			if !errors.Is(err, gpu.ErrInvalidValue) || !errors.As(err, &ge) || ge.Op != failing ||
-				ge.CodeName != "CUDA_ERROR_INVALID_VALUE" || ge.Code != int(cu.ErrorInvalidValue) {
+			if !errors.Is(err, gpu.ErrInvalidHandle) || !errors.As(err, &ge) || ge.Op != failing ||
+				ge.CodeName != "CUDA_ERROR_INVALID_HANDLE" || ge.Code != int(cu.ErrorInvalidHandle) {
 				t.Errorf("%s failing under %s: %v", failing, c.cname, err)
 			}
 		}

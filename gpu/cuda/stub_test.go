@@ -30,6 +30,14 @@ type stubDriver struct {
 	nodeTypes map[uintptr]cu.GraphNodeType
 	hostMem   map[uintptr][]byte
 	ranges    map[uintptr]stubRange // device allocations, by base
+
+	// Graph structure, for the backend's comparison of refused child
+	// graphs: nodes of each graph in insertion order, each node's
+	// dependencies, child-graph nodes' graphs, kernel nodes' functions.
+	graphNodes map[uintptr][]uintptr
+	nodeDeps   map[uintptr][]uintptr
+	childOf    map[uintptr]uintptr
+	kernelFunc map[uintptr]uintptr
 }
 
 // stubRange is an allocation cuMemGetAddressRange_v2 reports: one made by
@@ -63,7 +71,9 @@ const stubCtx = 0xc0_0000 // the primary context of device 0; device d gets stub
 
 func newStubDriver() *stubDriver {
 	return &stubDriver{capturing: map[uintptr]bool{}, nodeTypes: map[uintptr]cu.GraphNodeType{},
-		hostMem: map[uintptr][]byte{}, calls: map[string]int{}, ranges: map[uintptr]stubRange{}}
+		hostMem: map[uintptr][]byte{}, calls: map[string]int{}, ranges: map[uintptr]stubRange{},
+		graphNodes: map[uintptr][]uintptr{}, nodeDeps: map[uintptr][]uintptr{}, childOf: map[uintptr]uintptr{},
+		kernelFunc: map[uintptr]uintptr{}}
 }
 
 // newStubBackend opens a backend over a fresh stub driver with one device,
@@ -186,19 +196,44 @@ func (sd *stubDriver) call(name string, a cu.StubArgs) cu.Result {
 	case "cuMemAddressReserve":
 		*out[uintptr](&a, 0) = sd.handle() << 20
 	case "cuGraphAddKernelNode_v2", "cuGraphAddMemcpyNode", "cuGraphAddMemsetNode", "cuGraphAddChildGraphNode", "cuGraphAddEmptyNode":
+		// (node, graph, deps, ndeps, params or child...)
 		n := sd.handle()
 		*out[uintptr](&a, 0) = n
+		var deps []uintptr
+		if a.A[3] > 0 {
+			deps = append(deps, unsafe.Slice(out[uintptr](&a, 2), a.A[3])...)
+		}
 		sd.mu.Lock()
 		sd.nodeTypes[n] = stubNodeTypes[name]
+		sd.graphNodes[a.A[1]] = append(sd.graphNodes[a.A[1]], n)
+		sd.nodeDeps[n] = deps
+		switch name {
+		case "cuGraphAddChildGraphNode":
+			sd.childOf[n] = a.A[4] // the driver embeds a copy; the stub, the graph itself
+		case "cuGraphAddKernelNode_v2":
+			sd.kernelFunc[n] = uintptr(out[cu.KernelNodeParams](&a, 4).Func)
+		}
 		sd.mu.Unlock()
 	case "cuGraphNodeGetType":
 		sd.mu.Lock()
 		*out[cu.GraphNodeType](&a, 1) = sd.nodeTypes[a.A[0]]
 		sd.mu.Unlock()
-	case "cuGraphGetNodes": // (graph, nodes, count): no nodes
-		*out[uint64](&a, 2) = 0
-	case "cuGraphNodeGetDependencies_v2": // (node, deps, edges, count): none
-		*out[uint64](&a, 3) = 0
+	case "cuGraphGetNodes": // (graph, nodes, count)
+		sd.mu.Lock()
+		sd.list(sd.graphNodes[a.A[0]], out[uintptr](&a, 1), out[uint64](&a, 2))
+		sd.mu.Unlock()
+	case "cuGraphNodeGetDependencies_v2": // (node, deps, edges, count)
+		sd.mu.Lock()
+		sd.list(sd.nodeDeps[a.A[0]], out[uintptr](&a, 1), out[uint64](&a, 3))
+		sd.mu.Unlock()
+	case "cuGraphChildGraphNodeGetGraph": // (node, graph)
+		sd.mu.Lock()
+		*out[uintptr](&a, 1) = sd.childOf[a.A[0]]
+		sd.mu.Unlock()
+	case "cuGraphKernelNodeGetParams_v2": // (node, params): the function only
+		sd.mu.Lock()
+		out[cu.KernelNodeParams](&a, 1).Func = cu.Function(sd.kernelFunc[a.A[0]])
+		sd.mu.Unlock()
 	case "cuFuncGetParamInfo":
 		// The layout of a (ptr, f32, i32) kernel such as fill.
 		layout := [][2]uint64{{0, 8}, {8, 4}, {12, 4}}
@@ -238,6 +273,15 @@ func (sd *stubDriver) call(name string, a cu.StubArgs) cu.Result {
 		sd.mu.Unlock()
 	}
 	return cu.Success
+}
+
+// list answers a driver call that lists nodes: C's (array, *count)
+// convention, with a nil array to count only.
+func (sd *stubDriver) list(nodes []uintptr, array *uintptr, count *uint64) {
+	if array != nil {
+		copy(unsafe.Slice(array, min(int(*count), len(nodes))), nodes)
+	}
+	*count = uint64(len(nodes))
 }
 
 var stubNodeTypes = map[string]cu.GraphNodeType{"cuGraphAddKernelNode_v2": cu.GraphNodeKernel, "cuGraphAddMemcpyNode": cu.GraphNodeMemcpy,

@@ -92,7 +92,7 @@ var coverage = map[string][]string{
 	"GraphExecUpdate":        {"ExecUpdate/WholeGraph", "ExecUpdate/WholeGraphFromCapture", "ExecUpdate/Refused"},
 
 	"GraphExecKernelNodeSetParams":     {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors"},
-	"GraphExecMemcpyNodeSetParams":     {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors"},
-	"GraphExecMemsetNodeSetParams":     {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors"},
-	"GraphExecChildGraphNodeSetParams": {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors"},
+	"GraphExecMemcpyNodeSetParams":     {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors", "ExecUpdate/NodeRefused"},
+	"GraphExecMemsetNodeSetParams":     {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors", "ExecUpdate/NodeRefused"},
+	"GraphExecChildGraphNodeSetParams": {"ExecUpdate/NodeSetParams", "ExecUpdate/NodeSetParamsErrors", "ExecUpdate/NodeRefused"},
 }

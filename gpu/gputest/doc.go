@@ -66,6 +66,10 @@
 //	Exec updates  GraphExecUpdate, *NodeSetParams    ExecUpdate/*
 //	Backend       Name Close                         Devices/Count, Lifecycle/*
 //
+// The Extents group tests the optional gpu.AddressRanger (and
+// gpu.CheckBinding) and skips on backends without it; being no method of
+// gpu.Backend, it is not in the table.
+//
 // # Contract points the suite pins down
 //
 // Where the gpu docs leave room, the suite follows CUDA: an event never
@@ -74,8 +78,12 @@
 // pending work return at once and the work completes; a chunk released while
 // mapped lives until its last mapping goes; a whole-graph update with other
 // edges or node count is UpdateTopologyChanged and with another node type
-// UpdateNodeTypeChanged; the zero value and destroyed values of every handle
-// are ErrInvalidHandle.
+// UpdateNodeTypeChanged; a per-node update CUDA documents as one an
+// instantiated graph cannot take (a child graph of another topology or node
+// types, memset or memcpy operands moved to host, freed or another device's
+// memory, a kernel of another device) is an *UpdateError naming the node
+// and never ErrInvalidValue (ExecUpdate/NodeRefused); the zero value and
+// destroyed values of every handle are ErrInvalidHandle.
 package gputest
 
 //go:generate go run gen_recorder.go

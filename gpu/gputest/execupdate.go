@@ -3,6 +3,7 @@ package gputest
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
 )
@@ -13,6 +14,7 @@ var execUpdateTests = []test{
 	{name: "Refused", run: testExecUpdateRefused},
 	{name: "NodeSetParams", run: testExecNodeSetParams},
 	{name: "NodeSetParamsErrors", run: testExecNodeSetParamsErrors},
+	{name: "NodeRefused", run: testExecNodeRefused},
 }
 
 // chain is the graph the update tests build: memset A = 1, then kernel
@@ -101,19 +103,33 @@ func testExecUpdateCaptured(h *h) {
 	h.wantChain("after the update: old buffers", old, false, -1)
 }
 
-// wantRefused checks err is an *UpdateError with result want.
-func (h *h) wantRefused(what string, err error, want gpu.UpdateResult) {
+// wantRefused checks err is an *UpdateError with result want, and a
+// refusal only: not also bad input, which a caller would not retry.
+func (h *h) wantRefused(what string, err error, want gpu.UpdateResult) *gpu.UpdateError {
 	h.Helper()
 	if !h.wantErr(what, err, gpu.ErrGraphUpdate) {
-		return
+		return nil
+	}
+	if errors.Is(err, gpu.ErrInvalidValue) {
+		h.Errorf("%s: the refusal %v also wraps gpu.ErrInvalidValue", what, err)
 	}
 	var ue *gpu.UpdateError
 	if !errors.As(err, &ue) {
 		h.Errorf("%s: error %v is not an *gpu.UpdateError", what, err)
-		return
+		return nil
 	}
 	if ue.Result != want {
 		h.Errorf("%s: UpdateError.Result = %v, want %v (%v)", what, ue.Result, want, err)
+	}
+	return ue
+}
+
+// wantNodeRefused checks a per-node update of node n was refused for
+// reason want, naming n.
+func (h *h) wantNodeRefused(what string, err error, n gpu.GraphNode, want gpu.UpdateResult) {
+	h.Helper()
+	if ue := h.wantRefused(what, err, want); ue != nil && ue.Node != n {
+		h.Errorf("%s: UpdateError.Node = %#x, want the node updated, %#x (%v)", what, uint64(ue.Node), uint64(n), err)
 	}
 }
 
@@ -139,6 +155,13 @@ func testExecUpdateRefused(h *h) {
 	K := h.addKernel(retyped, deps(C), h.axpbParams(0, upd.B, upd.A, upd.a, 1, chainN))
 	h.addMemcpy(retyped, deps(K), gpu.MemcpyParams{Dst: upd.C, Src: upd.B, Size: 4 * chainN})
 	h.wantRefused("GraphExecUpdate with a node of another type", h.b.GraphExecUpdate(x, retyped), gpu.UpdateNodeTypeChanged)
+
+	// Same shape, but the memset writes another device's memory.
+	if h.b.DeviceCount() >= 2 {
+		moved := h.chainBufs(5)
+		moved.A = h.bufsF32(1, 1, chainN)[0]
+		h.wantRefused("GraphExecUpdate with a memset into another device's memory", h.b.GraphExecUpdate(x, h.buildChain(moved)), gpu.UpdateParametersChanged)
+	}
 
 	h.wantErr("GraphExecUpdate(exec 0)", h.b.GraphExecUpdate(0, extra), gpu.ErrInvalidHandle)
 	h.wantErr("GraphExecUpdate(graph 0)", h.b.GraphExecUpdate(x, 0), gpu.ErrInvalidHandle)
@@ -246,8 +269,8 @@ func testExecNodeSetParamsErrors(h *h) {
 		h.b.GraphExecMemcpyNodeSetParams(0, Cp, gpu.MemcpyParams{Dst: ns.C, Src: ns.A, Size: 4}), gpu.ErrInvalidHandle)
 	bigger := h.childFill(ns.E, 4)
 	h.addEmpty(bigger, nil)
-	h.wantErr("GraphExecChildGraphNodeSetParams with a child of another topology",
-		h.b.GraphExecChildGraphNodeSetParams(x, G, bigger), gpu.ErrGraphUpdate, gpu.ErrInvalidValue)
+	h.wantNodeRefused("GraphExecChildGraphNodeSetParams with a child of another topology",
+		h.b.GraphExecChildGraphNodeSetParams(x, G, bigger), G, gpu.UpdateTopologyChanged)
 	h.wantErr("GraphExecChildGraphNodeSetParams of a kernel node",
 		h.b.GraphExecChildGraphNodeSetParams(x, K, h.childFill(ns.E, 4)), gpu.ErrInvalidValue)
 	h.wantErr("GraphExecChildGraphNodeSetParams with graph 0", h.b.GraphExecChildGraphNodeSetParams(x, G, 0), gpu.ErrInvalidHandle)
@@ -258,4 +281,73 @@ func testExecNodeSetParamsErrors(h *h) {
 	h.setNodeSet(ns, -1)
 	h.launchGraph(x, h.stream(0))
 	h.wantNodeSet("launch after refused per-node updates", ns, 1, 2, 3)
+}
+
+// testExecNodeRefused: per-node updates that CUDA documents as changes an
+// instantiated graph cannot take are refused alike by every backend, as an
+// *gpu.UpdateError naming the node and the reason (never as bad input),
+// and leave the exec graph as it was.
+func testExecNodeRefused(h *h) {
+	ns := h.nodeSetBufs()
+	g := h.graph(0)
+	K := h.addKernel(g, nil, h.fillParams(0, ns.A, 1, nodeN))
+	Cp := h.addMemcpy(g, deps(K), gpu.MemcpyParams{Dst: ns.C, Src: ns.A, Size: 4 * nodeN})
+	M := h.addMemset(g, nil, f32Memset(ns.D, 2, nodeN))
+	G := h.addChild(g, nil, h.childFill(ns.E, 3))
+	x := h.instantiate(g)
+	s := h.stream(0)
+
+	// Child graphs must keep the topology and node types of the node's.
+	bigger := h.childFill(ns.E, 4)
+	h.addEmpty(bigger, nil)
+	h.wantNodeRefused("child graph with an extra node", h.b.GraphExecChildGraphNodeSetParams(x, G, bigger), G, gpu.UpdateTopologyChanged)
+	retyped := h.graph(0)
+	h.addMemset(retyped, nil, f32Memset(ns.E, 4, nodeN))
+	h.wantNodeRefused("child graph whose node is a memset, not a kernel", h.b.GraphExecChildGraphNodeSetParams(x, G, retyped), G, gpu.UpdateNodeTypeChanged)
+
+	// Memory operands may move only within memory of the same device and
+	// kind: not to host memory, nor to memory no longer allocated.
+	if hm, err := h.b.HostAlloc(4 * nodeN); err == nil {
+		h.track(hostKey(hm.Handle), 0, func() error { return h.b.HostFree(hm.Handle) })
+		h.wantNodeRefused("memset into host memory", h.b.GraphExecMemsetNodeSetParams(x, M, f32Memset(hm.Ptr, 5, nodeN)), M, gpu.UpdateParametersChanged)
+		h.wantNodeRefused("memcpy into host memory",
+			h.b.GraphExecMemcpyNodeSetParams(x, Cp, gpu.MemcpyParams{Dst: hm.Ptr, Src: ns.A, Size: 4 * nodeN}), Cp, gpu.UpdateParametersChanged)
+	} else if !errors.Is(err, gpu.ErrNotSupported) {
+		h.ok("HostAlloc", err)
+	}
+	freed, err := h.b.MemAlloc(0, 4*nodeN)
+	h.ok("MemAlloc", err)
+	h.ok("MemFree", h.b.MemFree(freed))
+	h.wantNodeRefused("memcpy from freed memory",
+		h.b.GraphExecMemcpyNodeSetParams(x, Cp, gpu.MemcpyParams{Dst: ns.C, Src: freed, Size: 4 * nodeN}), Cp, gpu.UpdateParametersChanged)
+	h.wantNodeRefused("memset into freed memory", h.b.GraphExecMemsetNodeSetParams(x, M, f32Memset(freed, 5, nodeN)), M, gpu.UpdateParametersChanged)
+
+	// Memory and kernels of another device (two devices only).
+	if h.b.DeviceCount() >= 2 {
+		other := h.bufsF32(1, 1, nodeN)[0]
+		h.wantNodeRefused("kernel of another device", h.b.GraphExecKernelNodeSetParams(x, K, h.fillParams(1, other, 5, nodeN)), K, gpu.UpdateFunctionChanged)
+		h.wantNodeRefused("memset into another device's memory", h.b.GraphExecMemsetNodeSetParams(x, M, f32Memset(other, 5, nodeN)), M, gpu.UpdateParametersChanged)
+		h.wantNodeRefused("memcpy from another device's memory",
+			h.b.GraphExecMemcpyNodeSetParams(x, Cp, gpu.MemcpyParams{Dst: ns.C, Src: other, Size: 4 * nodeN}), Cp, gpu.UpdateParametersChanged)
+	} else {
+		h.Logf("one device: updates to another device's kernels and memory not checked")
+	}
+
+	// Refused updates changed nothing.
+	h.setNodeSet(ns, -1)
+	h.launchGraph(x, s)
+	h.wantNodeSet("launch after refused per-node updates", ns, 1, 2, 3)
+
+	// A memset's element size: CUDA may take the change ("opportunistically")
+	// or refuse it; a refusal must be one. sim always refuses.
+	x2 := h.instantiate(g)
+	half := gpu.Memset{Dst: ns.D, Value: 0x3f80, ElemSize: 2, Count: 2 * nodeN}
+	if err := h.b.GraphExecMemsetNodeSetParams(x2, M, half); err != nil {
+		h.wantNodeRefused("memset of another element size", err, M, gpu.UpdateParametersChanged)
+	} else {
+		h.Logf("%s took a memset node update to another element size", h.raw.Name())
+		h.setNodeSet(ns, -1)
+		h.launchGraph(x2, s)
+		h.wantAllF32("memset of 2-byte elements 0x3f80", h.downloadF32(ns.D, nodeN), math.Float32frombits(0x3f803f80))
+	}
 }

@@ -1,6 +1,7 @@
 package gputest
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -87,6 +88,19 @@ func (m gemmTransBIgnored) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module
 	return m.Backend.ModuleLoad(dev, img)
 }
 
+// refusalAsInvalid reports a refused child-graph update as bad input, as
+// the CUDA backend did before refusals were mapped: callers then fail the
+// step instead of re-recording.
+type refusalAsInvalid struct{ gpu.Backend }
+
+func (m refusalAsInvalid) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, c gpu.Graph) error {
+	err := m.Backend.GraphExecChildGraphNodeSetParams(x, n, c)
+	if errors.Is(err, gpu.ErrGraphUpdate) {
+		return gpu.Errorf("cuGraphExecChildGraphNodeSetParams", gpu.ErrInvalidValue, "CUDA_ERROR_INVALID_VALUE")
+	}
+	return err
+}
+
 // extentRounded reports allocations rounded up to 512 bytes, as a driver
 // that rounds them would, so that small overruns pass.
 type extentRounded struct{ *sim.Backend }
@@ -131,6 +145,8 @@ var mutants = []mutant{
 		func(b *sim.Backend) gpu.Backend { return nodeSetIgnored{b} }},
 	{"kernel-params-untyped", []string{"Graphs/BuildInspectLaunch", "Capture/KernelMemcpyMemset"},
 		func(b *sim.Backend) gpu.Backend { return paramsUntyped{b} }},
+	{"node-refusal-as-invalid-value", []string{"ExecUpdate/NodeSetParamsErrors", "ExecUpdate/NodeRefused"},
+		func(b *sim.Backend) gpu.Backend { return refusalAsInvalid{b} }},
 	{"extent-rounded", []string{"Extents/Alloc", "Extents/CheckBinding"},
 		func(b *sim.Backend) gpu.Backend { return extentRounded{b} }},
 	{"extent-stale", []string{"Extents/Freed", "Extents/VirtualMemory"},

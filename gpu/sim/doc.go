@@ -106,11 +106,23 @@
 // dependencies must be earlier nodes of the same graph. A child-graph node
 // owns a deep copy of the graph it was given. GraphInstantiate snapshots the
 // graph; GraphLaunch queues the exec graph's parameters as they are at that
-// moment. GraphExecUpdate and the per-node updates follow CUDA's rules (same
-// node count, edges and types; kernels on the same device; memsets of the
-// same element size), change only the exec graph, leave it unchanged when
-// refused, and affect later launches only. Updates copy an exec's node list
-// at most once per launch, so patching n nodes costs O(n) plus one copy.
+// moment. GraphExecUpdate and the per-node updates follow CUDA's documented
+// rules (same node count, edges and node types, child graphs recursively;
+// kernels on the same device; memsets of the same element size; memcpy and
+// memset operands in live memory of the same device and kind, device or
+// host, as when the node was instantiated or last updated), change only the
+// exec graph, leave it unchanged when refused, and affect later launches
+// only. A refusal is a *gpu.UpdateError saying why, as the cuda backend
+// reports the same situations; a per-node one names the node updated. Bad
+// arguments (a wrong node type, argument kinds, a 3-byte memset) are
+// gpu.ErrInvalidValue instead. Updates copy an exec's node list at most
+// once per launch, so patching n nodes costs O(n) plus one copy.
+//
+// # Allocation extents
+//
+// *Backend implements gpu.AddressRanger (extent.go): it sees every
+// allocation, so AddressRange always answers, from the address space under
+// its read lock.
 //
 // # Collectives
 //
@@ -145,6 +157,8 @@
 //     would corrupt memory silently (a MemAlloc overrun faults).
 //   - Launch limits are those of compute 9.0 with the shared-memory opt-in
 //     already made (227 KiB).
+//   - An exec update never changes a memset's element size (CUDA may take
+//     such a change "opportunistically", or refuse it).
 //
 // # Concurrency
 //

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -28,6 +29,7 @@ type enode struct {
 	deps  []int // sorted indexes of dependencies, for topology checks
 	p     params
 	child *plan
+	homes homes // memcpy and memset nodes: where their operands lived when set
 }
 
 type exec struct {
@@ -55,7 +57,7 @@ func depIndexes(deps []*node) []int {
 func (b *Backend) planLocked(op string, g *graph, epoch uint64) (*plan, error) {
 	p := &plan{dev: g.dev, nodes: make([]*enode, len(g.nodes)), epoch: epoch}
 	for i, n := range g.nodes {
-		e := &enode{typ: n.typ, deps: depIndexes(n.deps), p: n.p}
+		e := &enode{typ: n.typ, deps: depIndexes(n.deps), p: n.p, homes: b.mu.as.operandHomes(n.typ, n.p)}
 		if n.typ == gpu.NodeKernel && n.p.kern.fn.unloaded.Load() {
 			return nil, gpu.Errorf(op, gpu.ErrInvalidHandle, "node %#x: the module of kernel %s was unloaded", uint64(n.handle), n.p.kern.fn.spec.Name)
 		}
@@ -204,8 +206,9 @@ func updateErr(op string, r gpu.UpdateResult, n gpu.GraphNode, format string, ar
 // matchLocked checks that g can update p, with the rules CUDA enforces:
 // same node count and edges (node i against node i, deps by index), same
 // node types, kernels on the same device, memsets of the same element
-// size; child graphs recursively.
-func matchLocked(op string, p *plan, g *graph) error {
+// size, memcpy and memset operands in memory of the same device or kind
+// (operandsLocked); child graphs recursively.
+func (b *Backend) matchLocked(op string, p *plan, g *graph) error {
 	if len(p.nodes) != len(g.nodes) {
 		return updateErr(op, gpu.UpdateTopologyChanged, 0, "graph %#x has %d nodes, the exec graph %d", uint64(g.handle), len(g.nodes), len(p.nodes))
 	}
@@ -229,9 +232,12 @@ func matchLocked(op string, p *plan, g *graph) error {
 				return updateErr(op, gpu.UpdateParametersChanged, n.handle, "node %d: memset element size %d, in the exec graph %d", i, ne, ee)
 			}
 		case gpu.NodeChildGraph:
-			if err := matchLocked(op, e.child, n.child); err != nil {
+			if err := b.matchLocked(op, e.child, n.child); err != nil {
 				return err
 			}
+		}
+		if _, err := b.operandsLocked(op, n.handle, e, n.p); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -255,7 +261,7 @@ func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	if err != nil {
 		return err
 	}
-	if err := matchLocked(op, x.plan, g); err != nil {
+	if err := b.matchLocked(op, x.plan, g); err != nil {
 		return err
 	}
 	p, err := b.planLocked(op, g, x.epoch)
@@ -338,6 +344,9 @@ func (b *Backend) GraphExecKernelNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 	return nil
 }
 
+// GraphExecMemcpyNodeSetParams sets a memcpy node's parameters in x. New
+// operands in memory of another device or kind than the node's are refused
+// (operandsLocked).
 func (b *Backend) GraphExecMemcpyNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
 	const op = "GraphExecMemcpyNodeSetParams"
 	if err := b.enter(op); err != nil {
@@ -351,12 +360,17 @@ func (b *Backend) GraphExecMemcpyNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 	}
 	ne := *e
 	ne.p.cp = p
+	if ne.homes, err = b.operandsLocked(op, n, e, ne.p); err != nil {
+		return err
+	}
 	x.setLocked(path, &ne)
 	return nil
 }
 
-// GraphExecMemsetNodeSetParams sets a memset node's parameters in x; the
-// element size cannot change (gpu.ErrInvalidValue).
+// GraphExecMemsetNodeSetParams sets a memset node's parameters in x. A
+// change of element size is refused (an *gpu.UpdateError: CUDA allows it
+// only "opportunistically"; sim never), as is a destination in memory of
+// another device or kind (operandsLocked).
 func (b *Backend) GraphExecMemsetNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.Memset) error {
 	const op = "GraphExecMemsetNodeSetParams"
 	if err := b.enter(op); err != nil {
@@ -372,17 +386,21 @@ func (b *Backend) GraphExecMemsetNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 		return err
 	}
 	if p.ElemSize != e.p.ms.ElemSize {
-		return gpu.Errorf(op, gpu.ErrInvalidValue, "memset element size cannot change from %d to %d", e.p.ms.ElemSize, p.ElemSize)
+		return updateErr(op, gpu.UpdateParametersChanged, n, "memset element size cannot change from %d to %d in an instantiated graph", e.p.ms.ElemSize, p.ElemSize)
 	}
 	ne := *e
 	ne.p.ms = p
+	if ne.homes, err = b.operandsLocked(op, n, e, ne.p); err != nil {
+		return err
+	}
 	x.setLocked(path, &ne)
 	return nil
 }
 
 // GraphExecChildGraphNodeSetParams applies child's parameters to the child
-// graph of node n in x; child must have the same topology (else an
-// *gpu.UpdateError).
+// graph of node n in x; child must have the same topology and obey the
+// update rules of GraphExecUpdate, recursively (else an *gpu.UpdateError
+// naming n, with the child's offending node in its detail).
 func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
 	const op = "GraphExecChildGraphNodeSetParams"
 	if err := b.enter(op); err != nil {
@@ -398,7 +416,16 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.Graph
 	if err != nil {
 		return err
 	}
-	if err := matchLocked(op, e.child, g); err != nil {
+	if err := b.matchLocked(op, e.child, g); err != nil {
+		// The refusal names the node updated; the child's own node
+		// goes into the detail.
+		var ue *gpu.UpdateError
+		if errors.As(err, &ue) {
+			if ue.Node != 0 {
+				ue.Detail = fmt.Sprintf("in the child graph, node %#x: %s", uint64(ue.Node), ue.Detail)
+			}
+			ue.Node = n
+		}
 		return err
 	}
 	cp, err := b.planLocked(op, g, x.epoch)
@@ -409,4 +436,90 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.Graph
 	ne.child = cp
 	x.setLocked(path, &ne)
 	return nil
+}
+
+// ---- operand homes ----
+
+// home is where an operand's memory lives, for CUDA's update rule "the
+// device(s) to which the operand(s) was allocated/mapped cannot change" and
+// "the new pointer must be to the same kind of allocation": a device
+// ordinal, homeHost, or homeNone.
+type home int16
+
+const (
+	homeNone home = -2 // in no live allocation
+	homeHost home = -1 // HostAlloc memory
+)
+
+func (h home) String() string {
+	switch h {
+	case homeNone:
+		return "no live allocation"
+	case homeHost:
+		return "host memory"
+	}
+	return fmt.Sprintf("memory of device %d", int(h))
+}
+
+// homes are a memcpy node's destination and source, or a memset node's
+// destination; the others are homeNone.
+type homes [2]home
+
+var operandNames = [2]string{"destination", "source"}
+
+// homeOf returns where the memory at a lives.
+func (as *addrSpace) homeOf(a uint64) home {
+	r := as.regionAt(a)
+	switch {
+	case r == nil || r.freed:
+		return homeNone
+	case r.kind == regAlloc:
+		return home(r.dev)
+	case r.kind == regHost:
+		return homeHost
+	}
+	if i := mappingIndex(r, a); i < len(r.maps) && r.maps[i].start <= a {
+		return home(r.maps[i].chunk.dev)
+	}
+	return homeNone
+}
+
+// operandHomes returns where the operands of a node of type typ live.
+func (as *addrSpace) operandHomes(typ gpu.NodeType, p params) homes {
+	hs := homes{homeNone, homeNone}
+	switch typ {
+	case gpu.NodeMemcpy:
+		hs[0], hs[1] = as.homeOf(uint64(p.cp.Dst)), as.homeOf(uint64(p.cp.Src))
+	case gpu.NodeMemset:
+		hs[0] = as.homeOf(uint64(p.ms.Dst))
+	}
+	return hs
+}
+
+// operandsLocked checks the new parameters p of memcpy or memset node n
+// (e in the plan) as CUDA does an exec update of them, and returns where
+// their operands live: an operand must be in live memory, and in memory of
+// the same device and kind as the node's operand was when it was
+// instantiated or last updated (an operand that was in no live memory then
+// may move anywhere). Other nodes pass.
+func (b *Backend) operandsLocked(op string, n gpu.GraphNode, e *enode, p params) (homes, error) {
+	if e.typ != gpu.NodeMemcpy && e.typ != gpu.NodeMemset {
+		return e.homes, nil
+	}
+	hs := b.mu.as.operandHomes(e.typ, p)
+	ptrs := [2]gpu.DevicePtr{p.cp.Dst, p.cp.Src}
+	count := 2
+	if e.typ == gpu.NodeMemset {
+		ptrs[0], count = p.ms.Dst, 1
+	}
+	for i := range count {
+		switch {
+		case hs[i] == homeNone:
+			return hs, updateErr(op, gpu.UpdateParametersChanged, n, "%s %s %#x is in no live allocation", e.typ, operandNames[i], uint64(ptrs[i]))
+		case e.homes[i] != homeNone && hs[i] != e.homes[i]:
+			return hs, updateErr(op, gpu.UpdateParametersChanged, n,
+				"%s %s %#x is in %s; the instantiated node's is in %s, which an exec update cannot change", e.typ, operandNames[i], uint64(ptrs[i]), hs[i], e.homes[i])
+		}
+	}
+	return hs, nil
 }

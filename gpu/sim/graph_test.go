@@ -500,7 +500,7 @@ func TestPerNodeUpdatesTakeEffectAtNextLaunch(t *testing.T) {
 
 	// Refusals.
 	wantErr(t, b.GraphExecMemsetNodeSetParams(f.exec, f.nodes[0], gpu.Memset{Dst: f.y, ElemSize: 4, Count: 1}), gpu.ErrInvalidValue)
-	wantErr(t, b.GraphExecMemsetNodeSetParams(f.exec, f.nodes[1], gpu.Memset{Dst: f.y, ElemSize: 2, Count: 1}), gpu.ErrInvalidValue)
+	wantUpdate(t, b.GraphExecMemsetNodeSetParams(f.exec, f.nodes[1], gpu.Memset{Dst: f.y, ElemSize: 2, Count: 1}), gpu.UpdateParametersChanged)
 	wantErr(t, b.GraphExecMemcpyNodeSetParams(f.exec, f.nodes[1], gpu.MemcpyParams{}), gpu.ErrInvalidValue)
 	wantErr(t, b.GraphExecKernelNodeSetParams(f.exec, f.nodes[0], gpu.KernelParams{Func: f.k.fn(t, kernels.Fill), Config: kernels.Elementwise(1)}), gpu.ErrInvalidValue)
 	other := newGraph(t, b, 0)
