@@ -155,6 +155,39 @@ func TestNodeRefusalGPU(t *testing.T) {
 		C, gpu.UpdateParametersChanged)
 	run("launch after the refusals", 1, 2, 3, 3)
 
+	// Unknown from the docs: is the backend's virtual memory "the same kind
+	// of allocation" as cuMemAlloc memory? sim says yes. Either answer is
+	// recorded; a refusal must still be one.
+	if gran := b.devs[0].props.Granularity; b.devs[0].props.VMM && gran > 0 {
+		c, err := b.MemCreate(0, gran)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.MemRelease(c)
+		va, err := b.MemAddressReserve(gran, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.MemAddressFree(va, gran)
+		if err := b.MemMap(va, gran, 0, c); err != nil {
+			t.Fatal(err)
+		}
+		defer b.MemUnmap(va, gran)
+		if err := b.MemSetAccess(va, gran, []int{0}); err != nil {
+			t.Fatal(err)
+		}
+		x2, err := b.GraphInstantiate(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.GraphExecDestroy(x2)
+		err = b.GraphExecMemsetNodeSetParams(x2, M, gpu.Memset{Dst: va, ElemSize: 4, Count: n})
+		t.Logf("CUDA-REFUSAL probe: memset node moved from cuMemAlloc memory to a VMM mapping: %v", err)
+		if err != nil {
+			refusal("memset moved into virtual memory", err, M, gpu.UpdateParametersChanged)
+		}
+	}
+
 	if err := b.GraphExecChildGraphNodeSetParams(x, G, graphOf(kernel(bufs[1], 7))); err != nil {
 		t.Fatalf("child graph of the same topology: %v", err)
 	}
