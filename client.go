@@ -12,6 +12,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/retire"
 	"github.com/stablegraph/stablegraph/streamcache"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // ErrClientClosed is returned by every Client method called after Close has
@@ -141,9 +142,9 @@ type clientDevice struct {
 	// join event is recorded and waited on as a pair and points reach
 	// stream 0 in order.
 	mu   sync.Mutex
-	tl   *retire.StreamTimeline // nil until first needed; guarded by mu
-	q    *retire.Queue          // with tl; set once under mu, then read-only
-	join gpu.Event              // event joining stream i into stream 0; guarded by mu
+	tl   *vmm.Timeline // nil until first needed, then bound to stream 0; guarded by mu
+	q    *retire.Queue // with tl; set once under mu, then read-only
+	join gpu.Event     // event joining stream i into stream 0; guarded by mu
 
 	evMu   sync.Mutex  // guards events
 	events []gpu.Event // idle events for After
@@ -298,9 +299,15 @@ func (c *Client) ensureTimelineLocked(d *clientDevice) error {
 	if d.tl != nil {
 		return nil
 	}
-	tl, err := retire.NewStreamTimeline(c.b, d.ordinal)
+	tl, err := vmm.NewTimeline(c.b, d.ordinal)
 	if err != nil {
 		return fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err)
+	}
+	// Only stream 0 signals (Submitted joins the others into it first):
+	// bound, the timeline enforces that, and its waits end at a fault of
+	// stream 0 instead of waiting for a point it will never write.
+	if err := tl.Bind(d.streams[0].s); err != nil {
+		return errors.Join(fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err), tl.Close())
 	}
 	d.tl = tl
 	d.q = retire.NewQueue(tl, c.opts.Retire)
@@ -308,7 +315,7 @@ func (c *Client) ensureTimelineLocked(d *clientDevice) error {
 }
 
 // queue returns d's retirement queue, making it if needed.
-func (c *Client) queue(d *clientDevice) (*retire.Queue, *retire.StreamTimeline, error) {
+func (c *Client) queue(d *clientDevice) (*retire.Queue, *vmm.Timeline, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := c.ensureTimelineLocked(d); err != nil {
