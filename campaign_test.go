@@ -9,6 +9,7 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 )
 
 // heldCopyModule is a kernel (y = x, n floats) that, while *hold holds a
@@ -63,7 +64,7 @@ func TestFailedStepEventStillOrdersLaterWork(t *testing.T) {
 			}()
 			xs := []gpu.DevicePtr{mustAlloc(t, b, 4*n), mustAlloc(t, b, 4*n)}
 			ys := []gpu.DevicePtr{mustAlloc(t, b, 4*n), mustAlloc(t, b, 4*n)}
-			vals := [][]float32{ramp(n), randF32(newRand(3), n, 1)}
+			vals := [][]float32{simtest.Ramp(n, 0.5), randF32(newRand(3), n, 1)}
 			for i := range 2 {
 				if err := b.MemcpyHtoD(xs[i], f32Bytes(vals[i])); err != nil {
 					t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/client"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/retire"
@@ -97,9 +98,9 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 			t.Errorf("purge: %v", err)
 		}
 	}()
-	var clients [2]*stablegraph.Client
+	var clients [2]*client.Client
 	for i := range clients {
-		c, err := stablegraph.OpenClient(b, stablegraph.ClientOptions{StreamsPerDevice: 2, StreamCache: cache})
+		c, err := client.Open(b, client.Options{StreamsPerDevice: 2, StreamCache: cache})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +113,7 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 	// step runs step i of exe on stream si of the client's device dev with
 	// the caller's buffers, submits, retires a scratch buffer and checks
 	// the outputs.
-	step := func(cl *stablegraph.Client, dev, si int, exe *stablegraph.Executable, wl *ccWorkload, caller *workload.Caller, i int) error {
+	step := func(cl *client.Client, dev, si int, exe *stablegraph.Executable, wl *ccWorkload, caller *workload.Caller, i int) error {
 		s, err := cl.Stream(dev, si)
 		if err != nil {
 			return err

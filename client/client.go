@@ -1,4 +1,4 @@
-package stablegraph
+package client
 
 import (
 	"context"
@@ -15,13 +15,13 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// ErrClientClosed is returned by every Client method called after Close has
+// ErrClosed is returned by every Client method called after Close has
 // begun. Nothing happened; the caller should open a new client.
-var ErrClientClosed = errors.New("stablegraph: client closed")
+var ErrClosed = errors.New("stablegraph: client closed")
 
-// ClientOptions configure OpenClient. The zero value is valid: every zero
+// Options configure Open. The zero value is valid: every zero
 // field takes its documented default, applied in one place (withDefaults).
-type ClientOptions struct {
+type Options struct {
 	// Devices lists the device ordinals the client opens. Default: every
 	// device of the backend.
 	Devices []int
@@ -45,10 +45,10 @@ type ClientOptions struct {
 	Logger *slog.Logger
 }
 
-// DefaultStreamsPerDevice is the default of ClientOptions.StreamsPerDevice.
+// DefaultStreamsPerDevice is the default of Options.StreamsPerDevice.
 const DefaultStreamsPerDevice = 1
 
-func (o ClientOptions) withDefaults(b gpu.Backend) ClientOptions {
+func (o Options) withDefaults(b gpu.Backend) Options {
 	if len(o.Devices) == 0 {
 		o.Devices = make([]int, b.DeviceCount())
 		for i := range o.Devices {
@@ -91,7 +91,7 @@ func (o ClientOptions) withDefaults(b gpu.Backend) ClientOptions {
 //
 // # Lifetime
 //
-// OpenClient is cheap: it takes streams from the cache and starts nothing
+// Open is cheap: it takes streams from the cache and starts nothing
 // else; a device's timeline is made at its first Submitted or Retire, the
 // helper goroutine at the first After. Close waits for the streams, drains
 // the helper (every callback runs before the events and streams it touches
@@ -108,12 +108,12 @@ func (o ClientOptions) withDefaults(b gpu.Backend) ClientOptions {
 // # Concurrency
 //
 // A Client is safe for concurrent use. Close waits for calls in progress,
-// and every call that starts after Close began returns ErrClientClosed.
+// and every call that starts after Close began returns ErrClosed.
 // Callbacks passed to After run on the helper goroutine, one at a time; they
 // may call Client methods but must not call Close, which waits for them.
 type Client struct {
 	b     gpu.Backend
-	opts  ClientOptions
+	opts  Options
 	cache *streamcache.Cache
 	key   streamcache.Key // flags and priority of every stream; Device varies
 	devs  map[int]*clientDevice
@@ -177,10 +177,10 @@ func (st *clientStream) failure() error {
 	return st.err
 }
 
-// OpenClient opens a client on the devices opts names, taking
+// Open opens a client on the devices opts names, taking
 // opts.StreamsPerDevice streams per device from the stream cache. On error
 // every stream already taken goes back.
-func OpenClient(b gpu.Backend, opts ClientOptions) (*Client, error) {
+func Open(b gpu.Backend, opts Options) (*Client, error) {
 	if b == nil {
 		return nil, fmt.Errorf("stablegraph: open client: nil backend: %w", gpu.ErrInvalidValue)
 	}
@@ -238,7 +238,7 @@ func (c *Client) enter() (func(), error) {
 	c.life.RLock()
 	if c.life.closed {
 		c.life.RUnlock()
-		return nil, ErrClientClosed
+		return nil, ErrClosed
 	}
 	return c.life.RUnlock, nil
 }
@@ -379,9 +379,9 @@ func (c *Client) Submitted(dev, i int) (uint64, error) {
 // It polls the queue and, when the queue is full, waits for its oldest
 // batch (package retire).
 //
-// Ownership: when Retire fails before reaching the queue (ErrClientClosed,
+// Ownership: when Retire fails before reaching the queue (ErrClosed,
 // an unknown device, a point never signalled, no timeline) b is not taken
-// and the caller still owns it; those errors wrap ErrClientClosed,
+// and the caller still owns it; those errors wrap ErrClosed,
 // gpu.ErrInvalidValue or the timeline's error. Once queued, b belongs to the
 // queue even when Retire returns an error (a failed wait or release). A
 // closed client does not free b itself: a Retire racing with Close may come

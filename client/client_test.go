@@ -1,4 +1,4 @@
-package stablegraph_test
+package client_test
 
 import (
 	"context"
@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/client"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/retire"
 	"github.com/stablegraph/stablegraph/streamcache"
@@ -77,10 +78,10 @@ func (e *clientEnv) alloc(dev int, size uint64) gpu.DevicePtr {
 	return p
 }
 
-func (e *clientEnv) open(opts stablegraph.ClientOptions) *stablegraph.Client {
+func (e *clientEnv) open(opts client.Options) *client.Client {
 	e.t.Helper()
 	opts.StreamCache = e.cache
-	c, err := stablegraph.OpenClient(e.b, opts)
+	c, err := client.Open(e.b, opts)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -144,18 +145,10 @@ func waitIdle(t testing.TB, b gpu.Backend, s gpu.Stream) {
 	}
 }
 
-func ramp(n int) []float32 {
-	v := make([]float32, n)
-	for i := range v {
-		v[i] = float32(i) + 0.5
-	}
-	return v
-}
-
 func TestClientOpenCloseReusesStreams(t *testing.T) {
 	e := newClientEnv(t, 2, streamcache.Options{})
 	defer e.finish()
-	opts := stablegraph.ClientOptions{StreamsPerDevice: 4}
+	opts := client.Options{StreamsPerDevice: 4}
 	c := e.open(opts)
 	var first []gpu.Stream
 	for _, dev := range c.Devices() {
@@ -173,7 +166,7 @@ func TestClientOpenCloseReusesStreams(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	if _, err := c.Stream(0, 0); !errors.Is(err, stablegraph.ErrClientClosed) {
+	if _, err := c.Stream(0, 0); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("Stream after Close: %v", err)
 	}
 	if st := e.cache.Stats(); st.Misses != 8 || st.Hits != 0 || st.Idle != 8 || st.Discards != 0 {
@@ -206,17 +199,17 @@ func TestClientOpenCloseReusesStreams(t *testing.T) {
 func TestClientOptionsErrors(t *testing.T) {
 	e := newClientEnv(t, 1, streamcache.Options{})
 	defer e.finish()
-	for _, opts := range []stablegraph.ClientOptions{
+	for _, opts := range []client.Options{
 		{Devices: []int{1}},
 		{Devices: []int{0, 0}},
 		{Devices: []int{-1}},
 	} {
 		opts.StreamCache = e.cache
-		if _, err := stablegraph.OpenClient(e.b, opts); !errors.Is(err, gpu.ErrInvalidValue) {
+		if _, err := client.Open(e.b, opts); !errors.Is(err, gpu.ErrInvalidValue) {
 			t.Errorf("OpenClient(%v) = %v, want ErrInvalidValue", opts.Devices, err)
 		}
 	}
-	if _, err := stablegraph.OpenClient(nil, stablegraph.ClientOptions{}); !errors.Is(err, gpu.ErrInvalidValue) {
+	if _, err := client.Open(nil, client.Options{}); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("OpenClient(nil) = %v", err)
 	}
 }
@@ -233,7 +226,7 @@ func TestClientNoPrematureFree(t *testing.T) {
 			defer e.finish()
 			gate := make(chan struct{})
 			e.load(0, gateModule(gate))
-			c := e.open(stablegraph.ClientOptions{StreamsPerDevice: 2})
+			c := e.open(client.Options{StreamsPerDevice: 2})
 			defer func() {
 				if err := c.Close(); err != nil {
 					t.Error(err)
@@ -242,7 +235,7 @@ func TestClientNoPrematureFree(t *testing.T) {
 			const n = 1024
 			x, y := e.alloc(0, 4*n), e.alloc(0, 4*n)
 			defer e.b.MemFree(y)
-			if err := e.b.MemcpyHtoD(x, gpu.F32ToBytes(ramp(n))); err != nil {
+			if err := e.b.MemcpyHtoD(x, gpu.F32ToBytes(simtest.Ramp(n, 0.5))); err != nil {
 				t.Fatal(err)
 			}
 			s, _ := c.Stream(0, idx)
@@ -289,7 +282,7 @@ func TestClientNoPrematureFree(t *testing.T) {
 			if err := c.Readback(context.Background(), 0, got, y); err != nil {
 				t.Fatalf("readback (a fault would show here): %v", err)
 			}
-			if !slices.Equal(gpu.BytesToF32(got), ramp(n)) {
+			if !slices.Equal(gpu.BytesToF32(got), simtest.Ramp(n, 0.5)) {
 				t.Fatal("the in-flight kernel read wrong data")
 			}
 		})
@@ -306,7 +299,7 @@ func TestClientEarlyFreeWouldFault(t *testing.T) {
 	defer e.finish()
 	gate := make(chan struct{})
 	e.load(0, gateModule(gate))
-	c := e.open(stablegraph.ClientOptions{})
+	c := e.open(client.Options{})
 	const n = 256
 	x, y, z := e.alloc(0, 4*n), e.alloc(0, 4*n), e.alloc(0, 4*n)
 	s, _ := c.Stream(0, 0)
@@ -343,7 +336,7 @@ func TestClientEarlyFreeWouldFault(t *testing.T) {
 	if err := e.b.ResetDevice(0); err != nil {
 		t.Fatal(err)
 	}
-	c2 := e.open(stablegraph.ClientOptions{})
+	c2 := e.open(client.Options{})
 	s2, _ := c2.Stream(0, 0)
 	if s2 == s {
 		t.Fatal("the stream that failed was handed out again")
@@ -356,7 +349,7 @@ func TestClientEarlyFreeWouldFault(t *testing.T) {
 func TestClientFailedQueryStreamNotReused(t *testing.T) {
 	e := newClientEnv(t, 1, streamcache.Options{})
 	defer e.finish()
-	c := e.open(stablegraph.ClientOptions{StreamsPerDevice: 2})
+	c := e.open(client.Options{StreamsPerDevice: 2})
 	s0, _ := c.Stream(0, 0)
 	s1, _ := c.Stream(0, 1)
 	e.b.InjectFault("StreamQuery", 0, nil)
@@ -366,7 +359,7 @@ func TestClientFailedQueryStreamNotReused(t *testing.T) {
 	if st := e.cache.Stats(); st.Idle != 1 || st.DiscardedFailed != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	c = e.open(stablegraph.ClientOptions{StreamsPerDevice: 2})
+	c = e.open(client.Options{StreamsPerDevice: 2})
 	a, _ := c.Stream(0, 0)
 	b, _ := c.Stream(0, 1)
 	if a == s0 || b == s0 {
@@ -383,7 +376,7 @@ func TestClientFailedQueryStreamNotReused(t *testing.T) {
 func TestClientReportedStreamErrorNotReused(t *testing.T) {
 	e := newClientEnv(t, 1, streamcache.Options{})
 	defer e.finish()
-	c := e.open(stablegraph.ClientOptions{})
+	c := e.open(client.Options{})
 	s, _ := c.Stream(0, 0)
 	if err := c.ReportStreamError(0, 0, errors.New("capture failed")); err != nil {
 		t.Fatal(err)
@@ -391,7 +384,7 @@ func TestClientReportedStreamErrorNotReused(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c = e.open(stablegraph.ClientOptions{})
+	c = e.open(client.Options{})
 	if s2, _ := c.Stream(0, 0); s2 == s {
 		t.Fatal("a stream reported failed was handed out again")
 	}
@@ -407,7 +400,7 @@ func TestClientReportedStreamErrorNotReused(t *testing.T) {
 func TestClientTenThousandSubmissions(t *testing.T) {
 	e := newClientEnv(t, 1, streamcache.Options{})
 	defer e.finish()
-	c := e.open(stablegraph.ClientOptions{})
+	c := e.open(client.Options{})
 	st, res := retireLoop(t, e, c, 10000)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -440,7 +433,7 @@ const (
 // retires the temporary. It then reads the accumulator back (an explicit
 // drain) and returns the retirement stats after the readback and the value
 // read.
-func retireLoop(t testing.TB, e *clientEnv, c *stablegraph.Client, n int) (retire.Stats, float32) {
+func retireLoop(t testing.TB, e *clientEnv, c *client.Client, n int) (retire.Stats, float32) {
 	ctx := context.Background()
 	s, _ := c.Stream(0, 0)
 	acc := e.alloc(0, loopBatchBytes)
@@ -480,7 +473,7 @@ func TestClientCallbacksDrainedBeforeRelease(t *testing.T) {
 	defer e.finish()
 	gate := make(chan struct{})
 	e.load(0, gateModule(gate))
-	c := e.open(stablegraph.ClientOptions{StreamsPerDevice: 2})
+	c := e.open(client.Options{StreamsPerDevice: 2})
 	const n = 64
 	x, y := e.alloc(0, 4*n), e.alloc(0, 4*n)
 	defer e.b.MemFree(x)
@@ -532,7 +525,7 @@ func TestClientCallbacksDrainedBeforeRelease(t *testing.T) {
 	if live := e.b.LiveHandles(); live.Events != 0 {
 		t.Fatalf("events left: %v", live)
 	}
-	if err := c.After(0, 0, func(error) {}); !errors.Is(err, stablegraph.ErrClientClosed) {
+	if err := c.After(0, 0, func(error) {}); !errors.Is(err, client.ErrClosed) {
 		t.Fatalf("After on a closed client: %v", err)
 	}
 }
@@ -544,7 +537,7 @@ func TestClientCallbacksDrainedBeforeRelease(t *testing.T) {
 func TestClientStalledTimeline(t *testing.T) {
 	e := newClientEnv(t, 1, streamcache.Options{})
 	defer e.finish()
-	c := e.open(stablegraph.ClientOptions{Retire: retire.Options{MaxPending: 1, WaitDeadline: 20 * time.Millisecond}})
+	c := e.open(client.Options{Retire: retire.Options{MaxPending: 1, WaitDeadline: 20 * time.Millisecond}})
 	e.b.StallTimeline(true)
 	var released atomic.Int32
 	item := func() retire.Batch {
@@ -636,7 +629,7 @@ func clientScenario(t *testing.T, op string, nth int, mayLeak bool) (bool, error
 	xOwned := true // the test still owns x (not handed to a queue)
 	xfree := func() error { return e.b.MemFree(x) }
 	run := func() {
-		c, err := stablegraph.OpenClient(e.b, stablegraph.ClientOptions{StreamsPerDevice: 2, StreamCache: e.cache})
+		c, err := client.Open(e.b, client.Options{StreamsPerDevice: 2, StreamCache: e.cache})
 		if err != nil {
 			note(err)
 			return
@@ -655,7 +648,7 @@ func clientScenario(t *testing.T, op string, nth int, mayLeak bool) (bool, error
 			return // not on the timeline: freed after Close synchronized
 		}
 		err = c.Retire(ctx, 0, retire.Batch{{Bytes: 4 * n, Release: xfree}}, p)
-		if !errors.Is(err, stablegraph.ErrClientClosed) && !errors.Is(err, gpu.ErrInvalidValue) {
+		if !errors.Is(err, client.ErrClosed) && !errors.Is(err, gpu.ErrInvalidValue) {
 			xOwned = false // taken, even with an error
 		}
 		note(err)
@@ -683,7 +676,7 @@ func clientScenario(t *testing.T, op string, nth int, mayLeak bool) (bool, error
 func TestClientConcurrentUse(t *testing.T) {
 	e := newClientEnv(t, 2, streamcache.Options{})
 	defer e.finish()
-	c := e.open(stablegraph.ClientOptions{StreamsPerDevice: 3})
+	c := e.open(client.Options{StreamsPerDevice: 3})
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	var callbacks atomic.Int32
@@ -753,10 +746,10 @@ func BenchmarkClientOpenClose(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			e := newClientEnv(b, 2, bc.opts)
 			defer e.finish()
-			opts := stablegraph.ClientOptions{StreamsPerDevice: 16, StreamCache: e.cache}
+			opts := client.Options{StreamsPerDevice: 16, StreamCache: e.cache}
 			b.ReportAllocs()
 			for b.Loop() {
-				c, err := stablegraph.OpenClient(e.b, opts)
+				c, err := client.Open(e.b, opts)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -783,7 +776,7 @@ func BenchmarkClientRetireLoop(b *testing.B) {
 	iters := 0
 	for b.Loop() {
 		iters++
-		c := e.open(stablegraph.ClientOptions{})
+		c := e.open(client.Options{})
 		st, _ := retireLoop(b, e, c, n)
 		if err := c.Close(); err != nil {
 			b.Fatal(err)
