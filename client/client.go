@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/retire"
@@ -17,7 +16,7 @@ import (
 
 // ErrClosed is returned by every Client method called after Close has
 // begun. Nothing happened; the caller should open a new client.
-var ErrClosed = errors.New("stablegraph: client closed")
+var ErrClosed = errors.New("client: closed")
 
 // Options configure Open. The zero value is valid: every zero
 // field takes its documented default, applied in one place (withDefaults).
@@ -76,36 +75,9 @@ func (o Options) withDefaults(b gpu.Backend) Options {
 }
 
 // Client holds what a program needs on its devices for its lifetime:
-// streams (taken from a stream cache), a timeline and a retirement queue per
-// device, and a helper goroutine for completion callbacks.
-//
-// # Timelines and retirement
-//
-// Each device has one timeline, bound to its stream 0. After submitting
-// work, the caller calls Submitted with the stream it used; work on another
-// stream is first joined into stream 0 (an event), so that one ordered
-// timeline covers every stream. Buffers freed after that submission are
-// handed to Retire with the point Submitted returned; they are released
-// once the device passes it (package retire). Synchronize, Readback and
-// Close are explicit drains: they release every pending batch.
-//
-// # Lifetime
-//
-// Open is cheap: it takes streams from the cache and starts nothing
-// else; a device's timeline is made at its first Submitted or Retire, the
-// helper goroutine at the first After. Close waits for the streams, drains
-// the helper (every callback runs before the events and streams it touches
-// are released), drains the retirement queues, frees the timelines and
-// events, and gives the streams back to the cache, which keeps only the
-// idle and healthy ones. The Client does not own the backend: close the
-// client, purge the cache for the backend (streamcache.Cache.Purge), then
-// close the backend.
-//
-// Driver calls are made from whichever goroutine calls a method, and from
-// the helper goroutine; the backend makes the right device context current
-// for each (see package gpu).
-//
-// # Concurrency
+// streams from a stream cache, a timeline and a retirement queue per
+// device, and a helper goroutine for completion callbacks (see the package
+// doc).
 //
 // A Client is safe for concurrent use. Close waits for calls in progress,
 // and every call that starts after Close began returns ErrClosed.
@@ -182,11 +154,11 @@ func (st *clientStream) failure() error {
 // every stream already taken goes back.
 func Open(b gpu.Backend, opts Options) (*Client, error) {
 	if b == nil {
-		return nil, fmt.Errorf("stablegraph: open client: nil backend: %w", gpu.ErrInvalidValue)
+		return nil, fmt.Errorf("client: open client: nil backend: %w", gpu.ErrInvalidValue)
 	}
 	opts = opts.withDefaults(b)
 	if len(opts.Devices) == 0 {
-		return nil, fmt.Errorf("stablegraph: open client on %s: no devices: %w", b.Name(), gpu.ErrUnavailable)
+		return nil, fmt.Errorf("client: open client on %s: no devices: %w", b.Name(), gpu.ErrUnavailable)
 	}
 	c := &Client{
 		b:     b,
@@ -198,10 +170,10 @@ func Open(b gpu.Backend, opts Options) (*Client, error) {
 	n := b.DeviceCount()
 	for _, dev := range opts.Devices {
 		if dev < 0 || dev >= n {
-			return nil, fmt.Errorf("stablegraph: open client: device %d of %d: %w", dev, n, gpu.ErrInvalidValue)
+			return nil, fmt.Errorf("client: open client: device %d of %d: %w", dev, n, gpu.ErrInvalidValue)
 		}
 		if c.devs[dev] != nil {
-			return nil, fmt.Errorf("stablegraph: open client: device %d listed twice: %w", dev, gpu.ErrInvalidValue)
+			return nil, fmt.Errorf("client: open client: device %d listed twice: %w", dev, gpu.ErrInvalidValue)
 		}
 		d := &clientDevice{ordinal: dev, streams: make([]*clientStream, 0, opts.StreamsPerDevice)}
 		c.devs[dev] = d
@@ -212,7 +184,7 @@ func Open(b gpu.Backend, opts Options) (*Client, error) {
 			s, err := c.cache.Get(b, c.keyFor(d))
 			if err != nil {
 				return nil, errors.Join(
-					fmt.Errorf("stablegraph: open client: device %d stream %d: %w", d.ordinal, i, err),
+					fmt.Errorf("client: open client: device %d stream %d: %w", d.ordinal, i, err),
 					c.returnStreams())
 			}
 			d.streams = append(d.streams, &clientStream{s: s, idx: i})
@@ -246,7 +218,7 @@ func (c *Client) enter() (func(), error) {
 func (c *Client) device(dev int) (*clientDevice, error) {
 	d := c.devs[dev]
 	if d == nil {
-		return nil, fmt.Errorf("stablegraph: device %d is not open in this client (open: %v): %w", dev, c.opts.Devices, gpu.ErrInvalidValue)
+		return nil, fmt.Errorf("client: device %d is not open in this client (open: %v): %w", dev, c.opts.Devices, gpu.ErrInvalidValue)
 	}
 	return d, nil
 }
@@ -257,7 +229,7 @@ func (c *Client) stream(dev, i int) (*clientDevice, *clientStream, error) {
 		return nil, nil, err
 	}
 	if i < 0 || i >= len(d.streams) {
-		return nil, nil, fmt.Errorf("stablegraph: device %d has no stream %d (it has %d): %w", dev, i, len(d.streams), gpu.ErrInvalidValue)
+		return nil, nil, fmt.Errorf("client: device %d has no stream %d (it has %d): %w", dev, i, len(d.streams), gpu.ErrInvalidValue)
 	}
 	return d, d.streams[i], nil
 }
@@ -301,13 +273,13 @@ func (c *Client) ensureTimelineLocked(d *clientDevice) error {
 	}
 	tl, err := vmm.NewTimeline(c.b, d.ordinal)
 	if err != nil {
-		return fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err)
+		return fmt.Errorf("client: device %d: %w", d.ordinal, err)
 	}
 	// Only stream 0 signals (Submitted joins the others into it first):
 	// bound, the timeline enforces that, and its waits end at a fault of
 	// stream 0 instead of waiting for a point it will never write.
 	if err := tl.Bind(d.streams[0].s); err != nil {
-		return errors.Join(fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err), tl.Close())
+		return errors.Join(fmt.Errorf("client: device %d: %w", d.ordinal, err), tl.Close())
 	}
 	d.tl = tl
 	d.q = retire.NewQueue(tl, c.opts.Retire)
@@ -350,26 +322,26 @@ func (c *Client) Submitted(dev, i int) (uint64, error) {
 		if d.join == 0 {
 			ev, err := c.b.EventCreate(d.ordinal, gpu.EventDisableTiming)
 			if err != nil {
-				return 0, fmt.Errorf("stablegraph: device %d: join event: %w", d.ordinal, err)
+				return 0, fmt.Errorf("client: device %d: join event: %w", d.ordinal, err)
 			}
 			d.join = ev
 		}
 		if err := c.b.EventRecord(d.join, st.s); err != nil {
 			st.fail(err)
-			return 0, fmt.Errorf("stablegraph: device %d: join stream %d into stream 0: %w", d.ordinal, i, err)
+			return 0, fmt.Errorf("client: device %d: join stream %d into stream 0: %w", d.ordinal, i, err)
 		}
 		if err := c.b.StreamWaitEvent(s0.s, d.join); err != nil {
 			s0.fail(err)
-			return 0, fmt.Errorf("stablegraph: device %d: join stream %d into stream 0: %w", d.ordinal, i, err)
+			return 0, fmt.Errorf("client: device %d: join stream %d into stream 0: %w", d.ordinal, i, err)
 		}
 	}
 	p, err := d.tl.Signal(s0.s)
 	if err != nil {
 		s0.fail(err)
-		return 0, fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err)
+		return 0, fmt.Errorf("client: device %d: %w", d.ordinal, err)
 	}
 	if err := d.q.Poll(); err != nil {
-		return p, fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err)
+		return p, fmt.Errorf("client: device %d: %w", d.ordinal, err)
 	}
 	return p, nil
 }
@@ -398,14 +370,14 @@ func (c *Client) Retire(ctx context.Context, dev int, b retire.Batch, point uint
 	}
 	q, tl, err := c.queue(d)
 	if err != nil {
-		return fmt.Errorf("stablegraph: retire %d bytes on device %d: %w", b.Bytes(), dev, err)
+		return fmt.Errorf("client: retire %d bytes on device %d: %w", b.Bytes(), dev, err)
 	}
 	if last := tl.Signalled(); point > last {
-		return fmt.Errorf("stablegraph: retire %d bytes on device %d at point %d, beyond the last signalled point %d: %w",
+		return fmt.Errorf("client: retire %d bytes on device %d at point %d, beyond the last signalled point %d: %w",
 			b.Bytes(), dev, point, last, gpu.ErrInvalidValue)
 	}
 	if err := q.Retire(ctx, b, point); err != nil {
-		return fmt.Errorf("stablegraph: device %d: %w", dev, err)
+		return fmt.Errorf("client: device %d: %w", dev, err)
 	}
 	return nil
 }
@@ -426,7 +398,7 @@ func (c *Client) Poll() error {
 		d.mu.Unlock()
 		if q != nil {
 			if err := q.Poll(); err != nil {
-				errs = append(errs, fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err))
+				errs = append(errs, fmt.Errorf("client: device %d: %w", d.ordinal, err))
 			}
 		}
 	}
@@ -489,7 +461,7 @@ func (c *Client) syncDevice(ctx context.Context, d *clientDevice) error {
 		err := c.b.StreamSynchronize(st.s)
 		if err != nil {
 			st.fail(err)
-			errs = append(errs, fmt.Errorf("stablegraph: synchronize device %d stream %d: %w", d.ordinal, st.idx, err))
+			errs = append(errs, fmt.Errorf("client: synchronize device %d stream %d: %w", d.ordinal, st.idx, err))
 		}
 		if st.idx == 0 {
 			sync0 = err
@@ -517,11 +489,11 @@ func (c *Client) drainAfterSync(ctx context.Context, d *clientDevice, upTo uint6
 			// The synchronize covered the writes, yet the word does not
 			// show them: the timeline cannot be trusted (a stalled or
 			// broken timeline), which the caller must hear about.
-			lost = fmt.Errorf("stablegraph: device %d: timeline reads point %d after its stream synchronized through point %d: %w",
+			lost = fmt.Errorf("client: device %d: timeline reads point %d after its stream synchronized through point %d: %w",
 				d.ordinal, got, upTo, gpu.ErrIllegalState)
 		}
 		if err := q.DrainThrough(upTo); err != nil {
-			return errors.Join(lost, fmt.Errorf("stablegraph: device %d: %w", d.ordinal, err))
+			return errors.Join(lost, fmt.Errorf("client: device %d: %w", d.ordinal, err))
 		}
 		return lost
 	case errors.Is(sync0, gpu.ErrIllegalAddress) || errors.Is(sync0, gpu.ErrDeviceLost):
@@ -529,7 +501,7 @@ func (c *Client) drainAfterSync(ctx context.Context, d *clientDevice, upTo uint6
 		// sticky), and the points after the fault will never be written.
 		// Every pending buffer is safe to free.
 		if err := q.ReleaseAll(); err != nil {
-			return fmt.Errorf("stablegraph: device %d: release after fault: %w", d.ordinal, err)
+			return fmt.Errorf("client: device %d: release after fault: %w", d.ordinal, err)
 		}
 		return nil
 	default:
@@ -537,7 +509,7 @@ func (c *Client) drainAfterSync(ctx context.Context, d *clientDevice, upTo uint6
 		// only the timeline can say what is safe.
 		if err := q.Drain(ctx); err != nil {
 			st := q.Stats()
-			return fmt.Errorf("stablegraph: device %d: %d batches (%d bytes) stay pending: %w",
+			return fmt.Errorf("client: device %d: %d batches (%d bytes) stay pending: %w",
 				d.ordinal, st.PendingBatches, st.PendingBytes, err)
 		}
 		return nil
@@ -562,78 +534,14 @@ func (c *Client) Readback(ctx context.Context, dev int, dst []byte, src gpu.Devi
 	upTo := d.signalled()
 	if err := c.b.MemcpyDtoHAsync(dst, src, s0.s); err != nil {
 		s0.fail(err)
-		return fmt.Errorf("stablegraph: readback of %d bytes at %#x on device %d: %w", len(dst), uint64(src), dev, err)
+		return fmt.Errorf("client: readback of %d bytes at %#x on device %d: %w", len(dst), uint64(src), dev, err)
 	}
 	serr := c.b.StreamSynchronize(s0.s)
 	if serr != nil {
 		s0.fail(serr)
-		serr = fmt.Errorf("stablegraph: readback of %d bytes at %#x on device %d: %w", len(dst), uint64(src), dev, serr)
+		serr = fmt.Errorf("client: readback of %d bytes at %#x on device %d: %w", len(dst), uint64(src), dev, serr)
 	}
 	return errors.Join(serr, c.drainAfterSync(ctx, d, upTo, serr))
-}
-
-// After arranges for fn to run on the client's helper goroutine once all
-// work submitted to stream i of device dev so far has completed. fn gets
-// the error that work reported (a fault), or an error wrapping
-// gpu.ErrTimeout when Close gave up waiting for it. Callbacks of one
-// stream run in order. Every callback registered before Close runs before
-// Close returns.
-func (c *Client) After(dev, i int, fn func(error)) error {
-	if fn == nil {
-		return fmt.Errorf("stablegraph: After with a nil callback: %w", gpu.ErrInvalidValue)
-	}
-	done, err := c.enter()
-	if err != nil {
-		return err
-	}
-	defer done()
-	d, st, err := c.stream(dev, i)
-	if err != nil {
-		return err
-	}
-	ev, err := c.takeEvent(d)
-	if err != nil {
-		return err
-	}
-	if err := c.b.EventRecord(ev, st.s); err != nil {
-		st.fail(err)
-		c.putEvent(d, ev)
-		return fmt.Errorf("stablegraph: After on device %d stream %d: record event: %w", dev, i, err)
-	}
-	c.startHelper().add(&clientCallback{dev: d, st: st, ev: ev, fn: fn})
-	return nil
-}
-
-func (c *Client) takeEvent(d *clientDevice) (gpu.Event, error) {
-	d.evMu.Lock()
-	if n := len(d.events); n > 0 {
-		ev := d.events[n-1]
-		d.events = d.events[:n-1]
-		d.evMu.Unlock()
-		return ev, nil
-	}
-	d.evMu.Unlock()
-	ev, err := c.b.EventCreate(d.ordinal, gpu.EventDisableTiming)
-	if err != nil {
-		return 0, fmt.Errorf("stablegraph: device %d: create event: %w", d.ordinal, err)
-	}
-	return ev, nil
-}
-
-func (c *Client) putEvent(d *clientDevice, ev gpu.Event) {
-	d.evMu.Lock()
-	d.events = append(d.events, ev)
-	d.evMu.Unlock()
-}
-
-func (c *Client) startHelper() *clientHelper {
-	c.helperMu.Lock()
-	defer c.helperMu.Unlock()
-	if c.helper == nil {
-		c.helper = &clientHelper{c: c, wake: make(chan struct{}, 1), done: make(chan struct{})}
-		go c.helper.run()
-	}
-	return c.helper
 }
 
 // Close releases the client: it waits for every stream, runs every pending
@@ -668,7 +576,7 @@ func (c *Client) Close() error {
 		d.mu.Lock()
 		if d.q != nil {
 			if st := d.q.Stats(); st.PendingBatches > 0 {
-				errs = append(errs, fmt.Errorf("stablegraph: close: device %d: %d retired batches (%d bytes) could not be released safely and are leaked",
+				errs = append(errs, fmt.Errorf("client: close: device %d: %d retired batches (%d bytes) could not be released safely and are leaked",
 					d.ordinal, st.PendingBatches, st.PendingBytes))
 			}
 		}
@@ -690,7 +598,7 @@ func (c *Client) Close() error {
 	// 4. Streams back to the cache.
 	errs = append(errs, c.returnStreams())
 	err := errors.Join(errs...)
-	c.opts.Logger.Debug("stablegraph: client closed", "backend", c.b.Name(), "devices", c.opts.Devices,
+	c.opts.Logger.Debug("client: client closed", "backend", c.b.Name(), "devices", c.opts.Devices,
 		"streams_per_device", c.opts.StreamsPerDevice, "err", err)
 	return err
 }
@@ -699,7 +607,7 @@ func wrapDev(d *clientDevice, what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("stablegraph: close: device %d: %s: %w", d.ordinal, what, err)
+	return fmt.Errorf("client: close: device %d: %s: %w", d.ordinal, what, err)
 }
 
 // returnStreams gives every stream back to the cache with the first error
@@ -709,170 +617,10 @@ func (c *Client) returnStreams() error {
 	for _, d := range c.order {
 		for _, st := range d.streams {
 			if err := c.cache.Put(c.b, c.keyFor(d), st.s, st.failure()); err != nil {
-				errs = append(errs, fmt.Errorf("stablegraph: close: device %d stream %d: %w", d.ordinal, st.idx, err))
+				errs = append(errs, fmt.Errorf("client: close: device %d stream %d: %w", d.ordinal, st.idx, err))
 			}
 		}
 		d.streams = nil
 	}
 	return errors.Join(errs...)
-}
-
-// clientCallback is one After registration: fn runs once ev, recorded on
-// st, has completed.
-type clientCallback struct {
-	dev *clientDevice
-	st  *clientStream
-	ev  gpu.Event
-	fn  func(error)
-	err error // set when it completes
-}
-
-// clientHelper polls the events of pending callbacks and runs the callbacks,
-// on one goroutine. It sleeps on wake when nothing is pending and backs off
-// exponentially while events are outstanding, so it never spins.
-type clientHelper struct {
-	c    *Client
-	wake chan struct{} // capacity 1: a pending wake-up is enough
-	done chan struct{} // closed when run returns
-
-	mu struct {
-		sync.Mutex
-		pending  []*clientCallback // registration order
-		closing  bool
-		deadline time.Time // when closing: give up on events after this
-	}
-	// errs collects event destruction errors; written by run only, read by
-	// stop after run returned.
-	errs []error
-}
-
-// Back-off of the helper's event polling: see package retire for the
-// reasoning (short first sleeps, a cap of a millisecond).
-const (
-	helperMinBackoff = time.Microsecond
-	helperMaxBackoff = time.Millisecond
-)
-
-func (h *clientHelper) add(cb *clientCallback) {
-	h.mu.Lock()
-	h.mu.pending = append(h.mu.pending, cb)
-	h.mu.Unlock()
-	h.notify()
-}
-
-func (h *clientHelper) notify() {
-	select {
-	case h.wake <- struct{}{}:
-	default:
-	}
-}
-
-// stop makes run finish every pending callback (giving up on events after
-// deadline) and waits for it to return.
-func (h *clientHelper) stop(deadline time.Duration) error {
-	h.mu.Lock()
-	h.mu.closing = true
-	h.mu.deadline = time.Now().Add(deadline)
-	h.mu.Unlock()
-	h.notify()
-	<-h.done
-	return errors.Join(h.errs...)
-}
-
-func (h *clientHelper) run() {
-	defer close(h.done)
-	backoff := helperMinBackoff
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	for {
-		h.mu.Lock()
-		pending := slices.Clone(h.mu.pending)
-		closing, deadline := h.mu.closing, h.mu.deadline
-		h.mu.Unlock()
-		if len(pending) == 0 {
-			if closing {
-				return
-			}
-			<-h.wake
-			continue
-		}
-		ready := h.poll(pending)
-		if len(ready) == 0 && closing && time.Now().After(deadline) {
-			// A hung device: fail what is left rather than wait forever.
-			// The streams are marked failed so the cache destroys them.
-			for _, cb := range pending {
-				cb.err = fmt.Errorf("stablegraph: device %d stream %d: callback abandoned at close: %w",
-					cb.dev.ordinal, cb.st.idx, gpu.ErrTimeout)
-				cb.st.fail(cb.err)
-			}
-			ready = pending
-		}
-		if len(ready) > 0 {
-			h.finish(ready)
-			backoff = helperMinBackoff
-			continue
-		}
-		timer.Reset(backoff)
-		select {
-		case <-timer.C:
-		case <-h.wake:
-			// Since Go 1.23 a stopped timer delivers no stale tick, so
-			// Stop needs no drain.
-			timer.Stop()
-		}
-		backoff = min(2*backoff, helperMaxBackoff)
-	}
-}
-
-// poll queries the events of pending callbacks and returns those that
-// completed, in registration order. Once a stream's event is found
-// outstanding, later callbacks of that stream wait for the next round, so
-// one stream's callbacks never run out of order.
-func (h *clientHelper) poll(pending []*clientCallback) []*clientCallback {
-	var ready []*clientCallback
-	blocked := map[*clientStream]bool{}
-	for _, cb := range pending {
-		if blocked[cb.st] {
-			continue
-		}
-		done, err := h.c.b.EventQuery(cb.ev)
-		if errors.Is(err, gpu.ErrNotReady) {
-			done, err = false, nil
-		}
-		if err == nil && !done {
-			blocked[cb.st] = true
-			continue
-		}
-		if err != nil {
-			cb.err = fmt.Errorf("stablegraph: device %d stream %d: %w", cb.dev.ordinal, cb.st.idx, err)
-			cb.st.fail(err)
-		}
-		ready = append(ready, cb)
-	}
-	return ready
-}
-
-// finish removes ready callbacks from the pending list, recycles their
-// events, and runs them.
-func (h *clientHelper) finish(ready []*clientCallback) {
-	gone := make(map[*clientCallback]bool, len(ready))
-	for _, cb := range ready {
-		gone[cb] = true
-	}
-	h.mu.Lock()
-	h.mu.pending = slices.DeleteFunc(h.mu.pending, func(cb *clientCallback) bool { return gone[cb] })
-	h.mu.Unlock()
-	for _, cb := range ready {
-		if cb.err == nil {
-			h.c.putEvent(cb.dev, cb.ev)
-		} else if err := h.c.b.EventDestroy(cb.ev); err != nil {
-			// An event that failed is not reused; its destruction is
-			// reported by Close.
-			h.errs = append(h.errs, fmt.Errorf("stablegraph: device %d: destroy failed event: %w", cb.dev.ordinal, err))
-		}
-	}
-	for _, cb := range ready {
-		cb.fn(cb.err)
-	}
 }

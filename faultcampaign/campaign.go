@@ -790,7 +790,7 @@ func (t *trial) body(ctx context.Context) {
 	t.lg = slog.New(slog.NewTextHandler(&t.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var (
 		caller *workload.Caller
-		cl *client.Client
+		cl     *client.Client
 		exe    *sg.Executable
 		cache  = streamcache.New(streamcache.Options{})
 	)
