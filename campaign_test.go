@@ -10,6 +10,7 @@ import (
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 )
 
 // heldCopyModule is a kernel (y = x, n floats) that, while *hold holds a
@@ -41,8 +42,8 @@ func heldCopyModule(hold *atomic.Pointer[chan struct{}]) *gpu.ModuleImage {
 func TestFailedStepEventStillOrdersLaterWork(t *testing.T) {
 	for _, st := range []stablegraph.Strategy{stablegraph.StrategyEager, stablegraph.StrategyPatch, stablegraph.StrategyPool} {
 		t.Run(string(st), func(t *testing.T) {
-			b := newSim(t)
-			s := newStream(t, b)
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
 			var hold atomic.Pointer[chan struct{}]
 			const n = 16
 			p := stablegraph.NewProgram("held")
@@ -62,11 +63,11 @@ func TestFailedStepEventStillOrdersLaterWork(t *testing.T) {
 					t.Error(err)
 				}
 			}()
-			xs := []gpu.DevicePtr{mustAlloc(t, b, 4*n), mustAlloc(t, b, 4*n)}
-			ys := []gpu.DevicePtr{mustAlloc(t, b, 4*n), mustAlloc(t, b, 4*n)}
-			vals := [][]float32{simtest.Ramp(n, 0.5), randF32(newRand(3), n, 1)}
+			xs := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 4*n), simtest.Alloc(t, b, 0, 4*n)}
+			ys := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 4*n), simtest.Alloc(t, b, 0, 4*n)}
+			vals := [][]float32{simtest.Ramp(n, 0.5), steptest.RandF32(steptest.NewRand(3), n, 1)}
 			for i := range 2 {
-				if err := b.MemcpyHtoD(xs[i], f32Bytes(vals[i])); err != nil {
+				if err := b.MemcpyHtoD(xs[i], gpu.F32ToBytes(vals[i])); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -74,7 +75,7 @@ func TestFailedStepEventStillOrdersLaterWork(t *testing.T) {
 			if _, err := exe.Run(ctx, s, stablegraph.Bindings{x: xs[0], y: ys[0]}); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := exe.ReadBuffer(ctx, acc); err != nil || string(got) != string(f32Bytes(vals[0])) {
+			if got, err := exe.ReadBuffer(ctx, acc); err != nil || string(got) != string(gpu.F32ToBytes(vals[0])) {
 				t.Fatalf("step 0: %v", err)
 			}
 			// Step 1 is held on the device for a while, and the event that
@@ -93,7 +94,7 @@ func TestFailedStepEventStillOrdersLaterWork(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if string(got) != string(f32Bytes(vals[1])) {
+			if string(got) != string(gpu.F32ToBytes(vals[1])) {
 				t.Fatalf("ReadBuffer after the step whose event failed returned before that step ran (stale state)")
 			}
 		})

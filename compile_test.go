@@ -8,6 +8,8 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -98,7 +100,7 @@ func TestCompileErrors(t *testing.T) {
 		}, []string{"command 0 (launch sg_copy)", "zero dimension"}},
 		{"no commands", func(p *stablegraph.Program, x, y stablegraph.Buffer) {}, []string{"no commands"}},
 	}
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := stablegraph.NewProgram("bad")
@@ -146,13 +148,13 @@ func TestCompileFaults(t *testing.T) {
 }
 
 func compileFaults(t *testing.T, opts stablegraph.Options) {
-	b := newSim(t)
-	w := newMLP(2, 8, 2, 10, 2)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 2, 10, 2)
 	for _, op := range []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"} {
 		for nth := 0; ; nth++ {
 			before := b.Calls(op)
 			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, w.p, opts)
+			exe, err := stablegraph.Compile(context.Background(), b, w.P, opts)
 			fired := b.Calls(op)-before > nth
 			if err == nil {
 				if fired {
@@ -206,30 +208,28 @@ func TestRunFaults(t *testing.T) {
 	}
 	for name, opts := range variants {
 		t.Run(name, func(t *testing.T) {
-			b := newSim(t)
-			w := newMLP(2, 8, 2, 10, 3)
-			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, steps)
+			b := simtest.New(t, 1)
+			w := steptest.NewMLP(2, 8, 2, 10, 3)
+			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, steps)
 			ctx := context.Background()
-			s := newStream(t, b)
-			a := newArena(t, b, 16<<20)
+			s := simtest.Stream(t, b, 0)
+			a := steptest.NewArena(t, b, 16<<20)
 			firedOps := map[string]bool{}
 			defer func() { t.Logf("faults injected into: %v", firedOps) }()
 			for _, op := range ops {
 				for _, at := range []int{0, 1, 2} {
 					for _, nth := range []int{0, 1, 3} {
 						base := b.LiveHandles()
-						exe, err := stablegraph.Compile(ctx, b, w.p, opts)
+						exe, err := stablegraph.Compile(ctx, b, w.P, opts)
 						if err != nil {
 							t.Fatal(err)
 						}
-						w.initStates(t, exe)
-						ad := newAddresser(t, a, pingpong, append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...))
+						w.InitStates(t, exe)
+						ad := steptest.NewAddresser(t, b, a, steptest.PingPong, append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...), w)
 						for i := range steps {
-							bind := ad.next(i)
-							for buf, data := range w.inputs(i) {
-								if err := b.MemcpyHtoD(bind[buf], data); err != nil {
-									t.Fatal(err)
-								}
+							bind, err := ad.Bind(i)
+							if err != nil {
+								t.Fatal(err)
 							}
 							calls := b.Calls(op)
 							if i == at {
@@ -254,16 +254,16 @@ func TestRunFaults(t *testing.T) {
 								t.Fatalf("%s call %d at step %d failed, but the step succeeded", op, nth, at)
 							}
 							for _, k := range compared {
-								got, err := exe.ReadOutput(ctx, outs, w.outputs[k])
+								got, err := exe.ReadOutput(ctx, outs, w.Outputs[k])
 								if err != nil {
 									t.Fatal(err)
 								}
-								if string(got) != string(want[i].outs[k]) {
-									t.Fatalf("%s call %d at step %d: step %d output %s differs from eager", op, nth, at, i, w.outputs[k].Name())
+								if string(got) != string(want[i].Outs[k]) {
+									t.Fatalf("%s call %d at step %d: step %d output %s differs from eager", op, nth, at, i, w.Outputs[k].Name())
 								}
 							}
 						}
-						ad.close()
+						ad.Close()
 						if err := exe.Close(); err != nil {
 							t.Fatal(err)
 						}

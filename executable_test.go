@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"testing"
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -15,10 +18,10 @@ import (
 // address sets have been seen, a step re-records nothing, captures nothing,
 // misses no trace, and only patches nodes.
 func TestPatchSteadyStatePingPong(t *testing.T) {
-	b := newSim(t)
-	w := newMLP(4, 16, 3, 64, 8)
-	res, _ := runMLP(t, b, w, stablegraph.StrategyPatch, pingpong, 20)
-	warm, final := res[1].stats, res[len(res)-1].stats
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(4, 16, 3, 64, 8)
+	res, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 20)
+	warm, final := res[1].Stats, res[len(res)-1].Stats
 	d := final.Counters.Sub(warm.Counters)
 	if d.Records != 0 || d.Rerecords != 0 || d.GraphUpdates != 0 || d.TracesCaptured != 0 ||
 		d.TracesSynthesized != 0 || d.TraceCacheMisses != 0 || d.UpdateFallbacks != 0 {
@@ -37,55 +40,55 @@ func TestPatchSteadyStatePingPong(t *testing.T) {
 	}
 }
 
-func mustTraces(t *testing.T, b gpu.Backend, w *mlp) []stablegraph.TraceInfo {
+func mustTraces(t *testing.T, b gpu.Backend, w *steptest.MLP) []stablegraph.TraceInfo {
 	t.Helper()
 	ctx := context.Background()
-	exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{})
+	exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer exe.Close()
-	s := newStream(t, b)
+	s := simtest.Stream(t, b, 0)
 	bind := stablegraph.Bindings{}
-	for _, buf := range append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...) {
-		bind[buf] = mustAlloc(t, b, uint64(buf.Size()))
+	for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
+		bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
 	}
 	if _, err := exe.Run(ctx, s, bind); err != nil {
 		t.Fatal(err)
 	}
 	infos := exe.Traces()
-	if len(infos) != w.layers {
-		t.Fatalf("%d traced commands, want %d GEMMs", len(infos), w.layers)
+	if len(infos) != w.Layers {
+		t.Fatalf("%d traced commands, want %d GEMMs", len(infos), w.Layers)
 	}
 	return infos
 }
 
 func TestBindingErrors(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
-	s := newStream(t, b)
-	w := newMLP(2, 8, 1, 8, 2)
-	exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{})
+	b := simtest.New(t, 1)
+	s := simtest.Stream(t, b, 0)
+	w := steptest.NewMLP(2, 8, 1, 8, 2)
+	exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer exe.Close()
 	good := stablegraph.Bindings{}
-	for _, buf := range append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...) {
-		good[buf] = mustAlloc(t, b, uint64(buf.Size()))
+	for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
+		good[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
 	}
 	alien := stablegraph.NewProgram("other").Param("x", 4)
-	late := w.p.Param("declared-after-compile", 4)
+	late := w.P.Param("declared-after-compile", 4)
 	for name, mutate := range map[string]func(stablegraph.Bindings){
-		"missing param":   func(bb stablegraph.Bindings) { delete(bb, w.x) },
-		"missing output":  func(bb stablegraph.Bindings) { delete(bb, w.z) },
-		"null address":    func(bb stablegraph.Bindings) { bb[w.x2] = 0 },
-		"state bound":     func(bb stablegraph.Bindings) { bb[w.acc] = good[w.x] },
-		"other program":   func(bb stablegraph.Bindings) { bb[alien] = good[w.x] },
-		"zero buffer key": func(bb stablegraph.Bindings) { bb[stablegraph.Buffer{}] = good[w.x] },
-		"late buffer":     func(bb stablegraph.Bindings) { bb[late] = good[w.x] },
+		"missing param":   func(bb stablegraph.Bindings) { delete(bb, w.X) },
+		"missing output":  func(bb stablegraph.Bindings) { delete(bb, w.Z) },
+		"null address":    func(bb stablegraph.Bindings) { bb[w.X2] = 0 },
+		"state bound":     func(bb stablegraph.Bindings) { bb[w.Acc] = good[w.X] },
+		"other program":   func(bb stablegraph.Bindings) { bb[alien] = good[w.X] },
+		"zero buffer key": func(bb stablegraph.Bindings) { bb[stablegraph.Buffer{}] = good[w.X] },
+		"late buffer":     func(bb stablegraph.Bindings) { bb[late] = good[w.X] },
 	} {
-		bb := maps(good)
+		bb := maps.Clone(good)
 		mutate(bb)
 		if _, err := exe.Run(ctx, s, bb); !errors.Is(err, stablegraph.ErrInvalidBinding) {
 			t.Errorf("%s: err = %v", name, err)
@@ -97,13 +100,13 @@ func TestBindingErrors(t *testing.T) {
 	if _, err := exe.Run(ctx, s, good); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := exe.ReadBuffer(ctx, w.x); !errors.Is(err, stablegraph.ErrInvalidBinding) {
+	if _, err := exe.ReadBuffer(ctx, w.X); !errors.Is(err, stablegraph.ErrInvalidBinding) {
 		t.Errorf("ReadBuffer of a param: %v", err)
 	}
-	if err := exe.WriteBuffer(ctx, w.acc, []byte{1}); !errors.Is(err, stablegraph.ErrInvalidBinding) {
+	if err := exe.WriteBuffer(ctx, w.Acc, []byte{1}); !errors.Is(err, stablegraph.ErrInvalidBinding) {
 		t.Errorf("WriteBuffer of the wrong size: %v", err)
 	}
-	if _, err := exe.ReadOutput(ctx, stablegraph.Outputs{}, w.y); !errors.Is(err, stablegraph.ErrInvalidBinding) {
+	if _, err := exe.ReadOutput(ctx, stablegraph.Outputs{}, w.Y); !errors.Is(err, stablegraph.ErrInvalidBinding) {
 		t.Errorf("ReadOutput of an output not given: %v", err)
 	}
 	canceled, cancel := context.WithCancel(ctx)
@@ -120,7 +123,7 @@ func TestBindingErrors(t *testing.T) {
 	if _, err := exe.Run(ctx, s, good); !errors.Is(err, stablegraph.ErrClosed) {
 		t.Errorf("Run after Close: %v", err)
 	}
-	if _, err := exe.ReadBuffer(ctx, w.acc); !errors.Is(err, stablegraph.ErrClosed) {
+	if _, err := exe.ReadBuffer(ctx, w.Acc); !errors.Is(err, stablegraph.ErrClosed) {
 		t.Errorf("ReadBuffer after Close: %v", err)
 	}
 }
@@ -131,8 +134,8 @@ func TestBindState(t *testing.T) {
 	ctx := context.Background()
 	const n = 16
 	run := func(st stablegraph.Strategy) []float32 {
-		b := newSim(t)
-		s := newStream(t, b)
+		b := simtest.New(t, 1)
+		s := simtest.Stream(t, b, 0)
 		p := stablegraph.NewProgram("bind-state")
 		x := p.Param("x", 4*n)
 		acc := p.State("acc", 4*n)
@@ -144,23 +147,23 @@ func TestBindState(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer exe.Close()
-		xp, yp := mustAlloc(t, b, 4*n), mustAlloc(t, b, 4*n)
+		xp, yp := simtest.Alloc(t, b, 0, 4*n), simtest.Alloc(t, b, 0, 4*n)
 		ones := make([]float32, n)
 		for i := range ones {
 			ones[i] = 1
 		}
-		if err := b.MemcpyHtoD(xp, f32Bytes(ones)); err != nil {
+		if err := b.MemcpyHtoD(xp, gpu.F32ToBytes(ones)); err != nil {
 			t.Fatal(err)
 		}
 		for step := range 4 {
 			if step == 2 {
 				// The caller's state memory starts at 10.
-				mine := mustAlloc(t, b, 4*n)
+				mine := simtest.Alloc(t, b, 0, 4*n)
 				ten := make([]float32, n)
 				for i := range ten {
 					ten[i] = 10
 				}
-				if err := b.MemcpyHtoD(mine, f32Bytes(ten)); err != nil {
+				if err := b.MemcpyHtoD(mine, gpu.F32ToBytes(ten)); err != nil {
 					t.Fatal(err)
 				}
 				if err := exe.BindState(ctx, acc, mine); err != nil {
@@ -189,14 +192,14 @@ func TestBindState(t *testing.T) {
 
 func TestTempSharing(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
-	w := newMLP(4, 16, 3, 64, 8)
-	shared, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{})
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(4, 16, 3, 64, 8)
+	shared, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer shared.Close()
-	alone, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{NoTempSharing: true})
+	alone, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{NoTempSharing: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,17 +225,17 @@ func TestOptions(t *testing.T) {
 	if _, err := stablegraph.ParseStrategy("stable-ish"); err == nil {
 		t.Error("ParseStrategy accepted an unknown name")
 	}
-	b := newSim(t)
-	w := newMLP(2, 8, 1, 8, 2)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 1, 8, 2)
 	for _, o := range []stablegraph.Options{
 		{Strategy: "nope"}, {Alignment: 24}, {TraceCacheSize: -1}, {Device: 3},
 	} {
-		if exe, err := stablegraph.Compile(context.Background(), b, w.p, o); err == nil {
+		if exe, err := stablegraph.Compile(context.Background(), b, w.P, o); err == nil {
 			exe.Close()
 			t.Errorf("Compile accepted %+v", o)
 		}
 	}
-	exe, err := stablegraph.Compile(context.Background(), b, w.p, stablegraph.Options{})
+	exe, err := stablegraph.Compile(context.Background(), b, w.P, stablegraph.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,10 +252,10 @@ func BenchmarkStep(b *testing.B) {
 	for _, st := range stablegraph.Strategies() {
 		b.Run(fmt.Sprint(st), func(b *testing.B) {
 			ctx := context.Background()
-			be := newSim(b)
-			s := newStream(b, be)
-			w := newMLP(8, 64, 4, 256, 16)
-			exe, err := stablegraph.Compile(ctx, be, w.p, stablegraph.Options{Strategy: st})
+			be := simtest.New(b, 1)
+			s := simtest.Stream(b, be, 0)
+			w := steptest.NewMLP(8, 64, 4, 256, 16)
+			exe, err := stablegraph.Compile(ctx, be, w.P, stablegraph.Options{Strategy: st})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -260,8 +263,8 @@ func BenchmarkStep(b *testing.B) {
 			var sets [2]stablegraph.Bindings
 			for i := range sets {
 				sets[i] = stablegraph.Bindings{}
-				for _, buf := range append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...) {
-					sets[i][buf] = mustAlloc(b, be, uint64(buf.Size()))
+				for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
+					sets[i][buf] = simtest.Alloc(b, be, 0, uint64(buf.Size()))
 				}
 			}
 			for i := 0; b.Loop(); i++ {

@@ -5,41 +5,34 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Class says who owns a buffer's memory and whether its address moves
-// between steps (ARCHITECTURE.md, "Buffer classes").
-type Class uint8
+// between steps (docs/ARCHITECTURE.md, "Buffer classes"); strategies see
+// it too (package replay).
+type Class = replay.Class
 
 const (
 	// Param buffers belong to the caller, who binds a (possibly new)
 	// address every step.
-	Param Class = iota + 1
+	Param = replay.Param
 	// State buffers (weights, optimizer state) belong to the executable,
 	// live across steps and are updated in place. Their address is fixed
 	// unless the caller rebinds them with Executable.BindState.
-	State
+	State = replay.State
 	// Temp buffers are the executable's scratch within one step. Temps
 	// whose lifetimes do not overlap share memory.
-	Temp
+	Temp = replay.Temp
 	// Output buffers belong to the caller, who binds them every step like
 	// params; every output must be written by some command.
-	Output
+	Output = replay.Output
 	// Constant buffers belong to the executable and are written once, at
 	// Compile, from the data given to Program.Constant. No command may
 	// write them.
-	Constant
+	Constant = replay.Constant
 )
-
-var classNames = [...]string{"invalid", "param", "state", "temp", "output", "constant"}
-
-func (c Class) String() string {
-	if int(c) < len(classNames) {
-		return classNames[c]
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
 
 // Program is a step of GPU work declared once and compiled into an
 // Executable: buffers of each class and an ordered list of commands over

@@ -1,11 +1,9 @@
 package stablegraph
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/kernels"
@@ -206,69 +204,4 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 			ck.add(i, op, a.slice.buf.Name(), "argument %d: slice %s is not %d-byte aligned", j, a.slice, ptrAlign)
 		}
 	}
-}
-
-// tempPlan places the temps in one arena. Each temp lives from the first
-// to the last command that uses it; a temp goes at the lowest aligned
-// offset that overlaps no placed temp whose lifetime overlaps its own,
-// largest temps first (the greedy-by-size heuristic of TFLite's arena
-// planner). Unused temps get no memory.
-type tempPlan struct {
-	off      map[int]uint64 // buffer id → offset in the arena
-	size     uint64         // arena bytes
-	unshared uint64         // arena bytes if no temp shared
-}
-
-func planTemps(bufs []bufDecl, cmds []cmdDecl, align uint64, share bool) tempPlan {
-	type life struct {
-		id          int
-		size        uint64
-		first, last int
-		off         uint64
-	}
-	lives := map[int]*life{}
-	for i := range cmds {
-		for _, a := range cmds[i].args {
-			if !a.IsSlice() || bufs[a.slice.buf.id].class != Temp {
-				continue
-			}
-			id := a.slice.buf.id
-			if l, ok := lives[id]; ok {
-				l.last = i
-			} else {
-				lives[id] = &life{id: id, size: gpu.RoundUp(uint64(bufs[id].size), align), first: i, last: i}
-			}
-		}
-	}
-	order := make([]*life, 0, len(lives))
-	for _, l := range lives {
-		order = append(order, l)
-	}
-	slices.SortFunc(order, func(a, b *life) int {
-		if c := cmp.Compare(b.size, a.size); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.id, b.id)
-	})
-	plan := tempPlan{off: map[int]uint64{}}
-	var placed []*life // sorted by offset
-	for _, l := range order {
-		plan.unshared += l.size
-		var off uint64
-		for _, q := range placed {
-			if share && (q.last < l.first || l.last < q.first) {
-				continue // lifetimes disjoint: may share
-			}
-			if off+l.size <= q.off {
-				break // fits in the gap before q
-			}
-			off = max(off, q.off+q.size)
-		}
-		l.off = off
-		plan.off[l.id] = off
-		plan.size = max(plan.size, off+l.size)
-		k, _ := slices.BinarySearchFunc(placed, off, func(q *life, off uint64) int { return cmp.Compare(q.off, off) })
-		placed = slices.Insert(placed, k, l)
-	}
-	return plan
 }

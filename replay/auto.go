@@ -1,90 +1,22 @@
-package stablegraph
+package replay
 
 import (
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// Costs are the per-operation costs, in microseconds of step time, that
-// StrategyAuto weighs. The defaults (DefaultCosts) are the H100 figures of
-// GPU-MACHINE.md; zero fields of Options.Costs take them.
-type Costs struct {
-	// NodeUpdateUS is the cost of updating one kernel, memcpy or memset
-	// node of an executable graph in place
-	// (cuGraphExecKernelNodeSetParams: 0.33).
-	NodeUpdateUS float64
-	// TracedUpdateUS is the cost of moving one traced node (a GEMM or
-	// other library call): building its child graph from the template and
-	// setting it on the exec graph. Not measured; estimated at 5 from a
-	// capture-sized graph build plus a node update.
-	TracedUpdateUS float64
-	// CopyLatencyUS and CopyBytesPerUS model one device-to-device copy as
-	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: the line through
-	// the two H100 measurements, 1 MiB in 6.8 and 64 MiB in 51.5 (small
-	// copies are latency-bound). Defaults 6.09 and 1.478e6.
-	CopyLatencyUS, CopyBytesPerUS float64
-	// TimelineWriteUS is the cost of the timeline write that releases a
-	// pool slot (cuStreamWriteValue64 enqueue: 1.0).
-	TimelineWriteUS float64
-	// PoolMemoryFraction is the largest fraction of the device's free
-	// memory that the pool's slots may take for auto to consider pool.
-	// Default 0.25.
-	PoolMemoryFraction float64
-}
-
-// DefaultCosts returns the H100 costs (see Costs).
-func DefaultCosts() Costs {
-	return Costs{
-		NodeUpdateUS:       0.33,
-		TracedUpdateUS:     5,
-		CopyLatencyUS:      6.09,
-		CopyBytesPerUS:     1.478e6,
-		TimelineWriteUS:    1.0,
-		PoolMemoryFraction: 0.25,
-	}
-}
-
-func (c Costs) withDefaults() (Costs, error) {
-	d := DefaultCosts()
-	for _, f := range []struct {
-		v   *float64
-		def float64
-		max float64
-	}{
-		{&c.NodeUpdateUS, d.NodeUpdateUS, math.Inf(1)},
-		{&c.TracedUpdateUS, d.TracedUpdateUS, math.Inf(1)},
-		{&c.CopyLatencyUS, d.CopyLatencyUS, math.Inf(1)},
-		{&c.CopyBytesPerUS, d.CopyBytesPerUS, math.Inf(1)},
-		{&c.TimelineWriteUS, d.TimelineWriteUS, math.Inf(1)},
-		{&c.PoolMemoryFraction, d.PoolMemoryFraction, 1},
-	} {
-		switch {
-		case *f.v == 0:
-			*f.v = f.def
-		case *f.v < 0 || *f.v > f.max || math.IsNaN(*f.v):
-			return c, fmt.Errorf("stablegraph: cost %g out of range in %+v", *f.v, c)
-		}
-	}
-	return c, nil
-}
-
-// copyUS is the modelled GPU time of one copy of size bytes.
-func (c Costs) copyUS(size uint64) float64 {
-	return c.CopyLatencyUS + float64(size)/c.CopyBytesPerUS
-}
-
-// Choice says which strategy an executable runs and why.
+// Choice says which strategy an executable runs and why. The root
+// package's Choice is this type.
 type Choice struct {
 	// Requested is the strategy Options asked for.
-	Requested Strategy
+	Requested Name
 	// Strategy is the one that runs; it differs from Requested only for
-	// StrategyAuto.
-	Strategy Strategy
+	// auto.
+	Strategy Name
 	// Reason says why, in words: "requested", or auto's comparison (the
 	// measured and modelled costs) and any fallback.
 	Reason string
@@ -92,7 +24,7 @@ type Choice struct {
 	// others from cheapest (measured, then modelled) to not usable; nil
 	// for a strategy asked for by name.
 	Candidates []Candidate
-	// Probing is true while StrategyAuto is still measuring its candidates
+	// Probing is true while auto is still measuring its candidates
 	// (see Options.AutoProbeSteps): steps run each candidate in turn, and
 	// Strategy is the model's choice, which runs once the probes are
 	// enqueued until their times can be read. It turns false when auto
@@ -100,9 +32,10 @@ type Choice struct {
 	Probing bool
 }
 
-// Candidate is one strategy auto weighed.
+// Candidate is one strategy auto weighed. The root package's Candidate is
+// this type.
 type Candidate struct {
-	Strategy Strategy
+	Strategy Name
 	// StepUS is the modelled cost the strategy adds to a step in which
 	// every param and output moves, in microseconds (Costs).
 	StepUS float64
@@ -134,34 +67,29 @@ func (c Candidate) String() string {
 	return fmt.Sprintf("%s: %.1f us/step (%s)", c.Strategy, c.StepUS, c.Note)
 }
 
-// candidates models patch, stable and pool for e, cheapest first (ties go
-// to the one holding less memory: patch, stable, pool). Nothing is
-// allocated.
-func candidates(e *Executable) []Candidate {
-	c := e.opts.Costs
-	nodes, traced := e.cb.Users(e.bound)
-	cands := []Candidate{{
-		Strategy: StrategyPatch, Usable: true,
-		StepUS: float64(nodes-traced)*c.NodeUpdateUS + float64(traced)*c.TracedUpdateUS,
-		Note:   fmt.Sprintf("%d nodes to patch, %d of them traced", nodes, traced),
-	}}
-	copyCost := func(pl *copyPlan) (float64, string) {
-		var us float64
-		for _, cs := range slices.Concat(pl.in, pl.out) {
-			us += c.copyUS(cs.size)
+// auto chooses among the strategies that price themselves (the registry
+// entries with a model: patch, stable, pool) for the program and device,
+// from measured costs. The cost model (Options.Costs) rules out what the
+// device cannot run and orders the rest; newAuto builds them through the
+// registry, cheapest first (falling back past one that runs out of memory
+// or lacks a capability), and the first steps run each in turn, timing
+// them (probe.go). Auto keeps the fastest and releases the others; all
+// compute the same bits over the same states, so the switches are
+// invisible. Without probing (Options.AutoProbeSteps < 0, zero-copy
+// outputs, collectives) the model decides, and only its choice is built.
+// Its Choice says what it chose and why, with the measured and modelled
+// figures.
+
+// candidates models every strategy of the registry that has a model,
+// cheapest first (ties keep the registry's order: the ones holding less
+// memory first). Nothing is allocated.
+func candidates(spec Spec) []Candidate {
+	var cands []Candidate
+	for _, e := range registry {
+		if e.model != nil {
+			cands = append(cands, e.model(spec))
 		}
-		if pl.inGraph {
-			us += float64(pl.copies()) * c.NodeUpdateUS
-		}
-		return us, fmt.Sprintf("%d copies of %d bytes in all", pl.copies(), pl.bytes)
 	}
-	if pl, err := newCopyPlan(e, false, !e.opts.StreamCopies); err != nil {
-		cands = append(cands, Candidate{Strategy: StrategyStable, Note: err.Error()})
-	} else {
-		us, note := copyCost(pl)
-		cands = append(cands, Candidate{Strategy: StrategyStable, Usable: true, StepUS: us, Note: note})
-	}
-	cands = append(cands, poolCandidate(e, copyCost))
 	slices.SortStableFunc(cands, func(a, b Candidate) int {
 		switch {
 		case a.Usable != b.Usable:
@@ -179,55 +107,17 @@ func candidates(e *Executable) []Candidate {
 	return cands
 }
 
-// poolCandidate models pool, or says why the device cannot run it.
-func poolCandidate(e *Executable, copyCost func(*copyPlan) (float64, string)) Candidate {
-	cand := Candidate{Strategy: StrategyPool}
-	_, gran, err := gpu.VirtualMemoryOf(e.b, e.dev)
-	if err != nil {
-		cand.Note = err.Error()
-		return cand
-	}
-	if _, err := gpu.StreamMemOpsOf(e.b, e.dev); err != nil {
-		cand.Note = err.Error()
-		return cand
-	}
-	pl, err := newCopyPlan(e, e.opts.ZeroCopyOutputs, !e.opts.StreamCopies)
-	if err != nil {
-		cand.Note = err.Error()
-		return cand
-	}
-	_, size := pl.layout(e.bufs, e.opts.Alignment)
-	slots := uint64(e.opts.PoolSlots) * gpu.RoundUp(max(size, 1), gran)
-	free, _, err := e.b.MemGetInfo(e.dev)
-	if err != nil {
-		cand.Note = fmt.Sprintf("free device memory unknown: %v", err)
-		return cand
-	}
-	if budget := e.opts.Costs.PoolMemoryFraction * float64(free); float64(slots) > budget {
-		cand.Note = fmt.Sprintf("%d slots would take %d bytes, more than %.0f%% of the %d bytes free",
-			e.opts.PoolSlots, slots, 100*e.opts.Costs.PoolMemoryFraction, free)
-		return cand
-	}
-	us, note := copyCost(pl)
-	cand.Usable, cand.StepUS = true, us+e.opts.Costs.TimelineWriteUS
-	cand.Note = fmt.Sprintf("%s, a timeline write, %d bytes of slots", note, slots)
-	if e.opts.ZeroCopyOutputs {
-		cand.Note += ", outputs leased"
-	}
-	return cand
-}
-
-// chooseStrategy is StrategyAuto. It models the candidates (candidates)
-// and builds the usable ones, cheapest first; when building one fails
-// because the device lacks memory or a capability it records why and moves
-// on. Other failures are returned, after releasing what was built. Unless
+// newAuto models the candidates (candidates) and builds the usable ones
+// through the registry, cheapest first; when building one fails because
+// the device lacks memory or a capability it records why and moves on.
+// Other failures are returned, after releasing what was built. Unless
 // probing is skipped (probeSkipped) and when two or more candidates were
-// built, it returns an autoProbe that measures them over the first steps
-// (autoprobe.go); otherwise the cheapest modelled candidate that could be
-// built, and only that one is built.
-func chooseStrategy(e *Executable) (strategy, Choice, error) {
-	ch := Choice{Requested: StrategyAuto, Candidates: candidates(e)}
-	skip := probeSkipped(e)
+// built, the autoProbe it returns measures them over the first steps
+// (probe.go); otherwise it runs the cheapest modelled candidate that could
+// be built, and only that one is built.
+func newAuto(spec Spec) (Strategy, error) {
+	ch := Choice{Requested: Auto, Candidates: candidates(spec)}
+	skip := probeSkipped(spec)
 	var (
 		built     []*probe
 		fallbacks []string
@@ -236,7 +126,7 @@ func chooseStrategy(e *Executable) (strategy, Choice, error) {
 	closeBuilt := func() error {
 		var cerrs []error
 		for _, pr := range built {
-			cerrs = append(cerrs, pr.st.close())
+			cerrs = append(cerrs, pr.st.Close())
 		}
 		return errors.Join(cerrs...)
 	}
@@ -245,27 +135,25 @@ func chooseStrategy(e *Executable) (strategy, Choice, error) {
 		if !c.Usable {
 			continue
 		}
-		before := e.mem
-		st, err := buildStrategy(e, c.Strategy)
+		e, _ := lookup(c.Strategy)
+		st, err := e.build(spec)
 		if err != nil {
 			if !errors.Is(err, gpu.ErrOutOfMemory) && !errors.Is(err, gpu.ErrNotSupported) {
-				return nil, Choice{}, errors.Join(fmt.Errorf("auto: %s: %w", c.Strategy, err), closeBuilt())
+				return nil, errors.Join(fmt.Errorf("auto: %s: %w", c.Strategy, err), closeBuilt())
 			}
 			errs = append(errs, err)
 			c.Usable, c.Note = false, "failed to build: "+err.Error()
 			fallbacks = append(fallbacks, fmt.Sprintf("%s failed to build (%v)", c.Strategy, err))
-			e.log.Debug("auto: candidate failed; falling back", "candidate", c.Strategy, "err", err)
+			spec.Logger.Debug("auto: candidate failed; falling back", "candidate", c.Strategy, "err", err)
 			continue
 		}
-		built = append(built, &probe{strategy: c.Strategy, st: st, cand: i,
-			persistent: e.mem.Persistent - before.Persistent, slots: e.mem.Slots - before.Slots,
-			slotCount: e.mem.SlotCount - before.SlotCount})
+		built = append(built, &probe{strategy: c.Strategy, st: st, cand: i, mem: MemoryOf(st)})
 		if skip != "" {
 			break
 		}
 	}
 	if len(built) == 0 {
-		return nil, Choice{}, fmt.Errorf("auto: no candidate could be built: %w", errors.Join(errs...))
+		return nil, fmt.Errorf("auto: no candidate could be built: %w", errors.Join(errs...))
 	}
 	fellBack := ""
 	if len(fallbacks) > 0 {
@@ -275,38 +163,29 @@ func chooseStrategy(e *Executable) (strategy, Choice, error) {
 		skip = "no other candidate could be built"
 	}
 	if skip != "" {
-		pr := built[0]
-		ch.Strategy = pr.strategy
-		ch.Candidates = modelOrder(ch.Candidates, pr.cand)
-		ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
-		e.log.Debug("auto chose a strategy", "strategy", pr.strategy, "reason", ch.Reason)
-		return pr.st, ch, nil
+		return decided(spec, ch, built[0], fellBack, skip), nil
 	}
-	a, err := newAutoProbe(e, ch, built, fellBack)
+	a, err := newAutoProbe(spec, ch, built, fellBack)
 	if err != nil {
-		return nil, Choice{}, errors.Join(fmt.Errorf("auto: %w", err), closeBuilt())
+		return nil, errors.Join(fmt.Errorf("auto: %w", err), closeBuilt())
 	}
-	e.auto = a
-	return a, a.choice(), nil
+	return a, nil
 }
 
 // probeSkipped says why auto decides by the model alone, "" when it
 // measures.
-func probeSkipped(e *Executable) string {
+func probeSkipped(spec Spec) string {
 	switch {
-	case e.opts.AutoProbeSteps < 0:
+	case spec.Options.AutoProbeSteps < 0:
 		return "probing disabled (Options.AutoProbeSteps < 0)"
-	case e.opts.ZeroCopyOutputs:
+	case spec.Options.ZeroCopyOutputs:
 		// Only pool leases its outputs: the candidates would not agree on
 		// whether the caller must bind them.
 		return "zero-copy outputs (only pool leases its outputs)"
-	}
-	for i := range e.prog.cmds {
-		if e.prog.cmds[i].coll != nil {
-			// A rank's step waits for its peers: its probe would measure
-			// them, and the ranks would each decide from noise.
-			return "the program holds collectives, whose step time is set by the peers"
-		}
+	case spec.Collectives:
+		// A rank's step waits for its peers: its probe would measure
+		// them, and the ranks would each decide from noise.
+		return "the program holds collectives, whose step time is set by the peers"
 	}
 	return ""
 }

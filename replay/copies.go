@@ -1,4 +1,4 @@
-package stablegraph
+package replay
 
 import (
 	"errors"
@@ -52,39 +52,40 @@ type copyPlan struct {
 	inGraph bool
 }
 
-// newCopyPlan plans e's copies. leaseOutputs leaves the outputs in the
-// persistent copies (zero-copy pool), which needs every output written in
-// full before the step reads it: there are no caller contents to copy in.
-func newCopyPlan(e *Executable, leaseOutputs, inGraph bool) (*copyPlan, error) {
-	pl := &copyPlan{nbufs: len(e.bufs), inGraph: inGraph}
-	for id := range e.bufs {
-		d := &e.bufs[id]
-		if d.class != Param && d.class != Output {
+// newCopyPlan plans the copies of spec's step. leaseOutputs leaves the
+// outputs in the persistent copies (zero-copy pool), which needs every
+// output written in full before the step reads it: there are no caller
+// contents to copy in.
+func newCopyPlan(spec *Spec, leaseOutputs, inGraph bool) (*copyPlan, error) {
+	pl := &copyPlan{nbufs: len(spec.Buffers), inGraph: inGraph}
+	for id := range spec.Buffers {
+		d := &spec.Buffers[id]
+		if !d.Class.Bound() {
 			continue
 		}
 		pl.persistent = append(pl.persistent, id)
-		f := e.flow[id]
-		if d.class == Output && leaseOutputs {
-			if f.needsCopyIn(true) {
-				return nil, &CompileError{Program: e.name, Command: -1, Buffer: d.name,
+		f := d.Flow
+		if d.Class == Output && leaseOutputs {
+			if f.NeedsCopyIn(true) {
+				return nil, &ProgramError{Buffer: d.Name,
 					Msg: "zero-copy outputs must be written in full by the step before it reads them; this one is read first or written in part"}
 			}
 			continue
 		}
 		ext := pl.nbufs + len(pl.callers)
 		pl.callers = append(pl.callers, id)
-		size := uint64(d.size)
-		copyOut := d.class == Output || f.written
-		if f.needsCopyIn(copyOut) {
-			pl.in = append(pl.in, copySpec{name: fmt.Sprintf("copy in %q", d.name), dst: id, src: ext, size: size})
-			pl.bytes += d.size
+		size := uint64(d.Size)
+		copyOut := d.Class == Output || f.Written
+		if f.NeedsCopyIn(copyOut) {
+			pl.in = append(pl.in, copySpec{name: fmt.Sprintf("copy in %q", d.Name), dst: id, src: ext, size: size})
+			pl.bytes += d.Size
 		}
 		if copyOut {
-			pl.out = append(pl.out, copySpec{name: fmt.Sprintf("copy out %q", d.name), dst: ext, src: id, size: size})
-			pl.bytes += d.size
+			pl.out = append(pl.out, copySpec{name: fmt.Sprintf("copy out %q", d.Name), dst: ext, src: id, size: size})
+			pl.bytes += d.Size
 		}
 	}
-	pl.cb = e.cb
+	pl.cb = spec.Commands
 	if inGraph {
 		cmds := func(cs []copySpec) []graph.Command {
 			out := make([]graph.Command, len(cs))
@@ -95,7 +96,7 @@ func newCopyPlan(e *Executable, leaseOutputs, inGraph bool) (*copyPlan, error) {
 			return out
 		}
 		var err error
-		if pl.cb, err = e.cb.Extend(pl.nbufs+len(pl.callers), cmds(pl.in), cmds(pl.out)); err != nil {
+		if pl.cb, err = spec.Commands.Extend(pl.nbufs+len(pl.callers), cmds(pl.in), cmds(pl.out)); err != nil {
 			return nil, fmt.Errorf("copy graph: %w", err)
 		}
 	}
@@ -107,11 +108,11 @@ func (pl *copyPlan) copies() int { return len(pl.in) + len(pl.out) }
 
 // layout places the persistent copies one after another, each aligned, and
 // returns their offsets (parallel to persistent) and the bytes they span.
-func (pl *copyPlan) layout(bufs []bufDecl, align uint64) (offs []uint64, size uint64) {
+func (pl *copyPlan) layout(bufs []Buffer, align uint64) (offs []uint64, size uint64) {
 	for _, id := range pl.persistent {
 		off := gpu.RoundUp(size, align)
 		offs = append(offs, off)
-		size = off + uint64(bufs[id].size)
+		size = off + uint64(bufs[id].Size)
 	}
 	return offs, size
 }
@@ -134,7 +135,7 @@ func (pl *copyPlan) newSlot(persist []gpu.DevicePtr) *slotGraph {
 // after), then launches it with the copies. launched reports whether any of
 // the step's work was enqueued, failed or not: the caller of a pool must
 // then still mark the slot busy.
-func (pl *copyPlan) step(env *strategyEnv, sg *slotGraph, s gpu.Stream, addrs []gpu.DevicePtr) (launched bool, err error) {
+func (pl *copyPlan) step(st *base, sg *slotGraph, s gpu.Stream, addrs []gpu.DevicePtr) (launched bool, err error) {
 	ext := sg.ext
 	copy(ext, addrs[:pl.nbufs])
 	for i, id := range pl.persistent {
@@ -143,32 +144,32 @@ func (pl *copyPlan) step(env *strategyEnv, sg *slotGraph, s gpu.Stream, addrs []
 	for j, id := range pl.callers {
 		ext[pl.nbufs+j] = addrs[id]
 	}
-	if err := pl.update(env, sg); err != nil {
+	if err := pl.update(st, sg); err != nil {
 		return false, err
 	}
 	if !pl.inGraph {
 		for _, c := range pl.in {
-			if err := env.b.MemcpyDtoDAsync(ext[c.dst], ext[c.src], c.size, s); err != nil {
+			if err := st.b.MemcpyDtoDAsync(ext[c.dst], ext[c.src], c.size, s); err != nil {
 				return launched, fmt.Errorf("%s: %w", c.name, err)
 			}
 			launched = true
-			env.stats.Launches++
+			st.c.Launches++
 		}
 	}
-	if err := sg.x.Launch(env.b, s); err != nil {
+	if err := sg.x.Launch(st.b, s); err != nil {
 		return launched, err
 	}
 	launched = true
-	env.stats.GraphLaunches++
+	st.c.GraphLaunches++
 	if !pl.inGraph {
 		for _, c := range pl.out {
-			if err := env.b.MemcpyDtoDAsync(ext[c.dst], ext[c.src], c.size, s); err != nil {
+			if err := st.b.MemcpyDtoDAsync(ext[c.dst], ext[c.src], c.size, s); err != nil {
 				return launched, fmt.Errorf("%s: %w", c.name, err)
 			}
-			env.stats.Launches++
+			st.c.Launches++
 		}
 	}
-	env.stats.BytesCopied += pl.bytes
+	st.c.BytesCopied += pl.bytes
 	return launched, nil
 }
 
@@ -176,57 +177,72 @@ func (pl *copyPlan) step(env *strategyEnv, sg *slotGraph, s gpu.Stream, addrs []
 // buffer of the body moved (a state rebound with BindState), and otherwise
 // updates the copy nodes of the caller's buffers that moved. A refused node
 // update is replaced by a record, as in patch.
-func (pl *copyPlan) update(env *strategyEnv, sg *slotGraph) error {
+func (pl *copyPlan) update(st *base, sg *slotGraph) error {
 	if sg.x == nil {
-		return pl.record(env, sg)
+		return pl.record(st, sg)
 	}
 	prev := sg.x.Addrs()
 	if !slices.Equal(prev[:pl.nbufs], sg.ext[:pl.nbufs]) {
-		return pl.record(env, sg)
+		return pl.record(st, sg)
 	}
 	if !pl.inGraph || slices.Equal(prev[pl.nbufs:], sg.ext[pl.nbufs:]) {
 		return nil
 	}
 	// Only caller addresses moved, and only copy nodes reference them:
 	// every node Patch updates is a copy node.
-	n, err := pl.cb.Patch(env.b, sg.x, sg.ext)
+	n, err := pl.cb.Patch(st.b, sg.x, sg.ext)
 	if err == nil {
-		env.stats.CopyNodeUpdates += int64(n)
+		st.c.CopyNodeUpdates += int64(n)
 		return nil
 	}
-	derr := pl.dropExec(env, sg)
+	derr := pl.dropExec(st, sg)
 	if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
 		return errors.Join(err, derr)
 	}
-	env.stats.UpdateFallbacks++
-	env.log.Debug("copy node update refused; re-recording", "reason", err)
-	return pl.record(env, sg)
+	st.c.UpdateFallbacks++
+	st.log.Debug("copy node update refused; re-recording", "reason", err)
+	return pl.record(st, sg)
 }
 
 // record records and instantiates sg's graph at sg.ext, replacing the old
 // one only once the new one exists. Traced commands are captured, not
 // traced for patching: the body's addresses do not move.
-func (pl *copyPlan) record(env *strategyEnv, sg *slotGraph) error {
-	x, err := pl.cb.Instantiate(env.b, sg.ext, false)
+func (pl *copyPlan) record(st *base, sg *slotGraph) error {
+	x, err := pl.cb.Instantiate(st.b, sg.ext, false)
 	if err != nil {
 		return err
 	}
 	if sg.recorded {
-		env.stats.Rerecords++
-		env.log.Debug("re-recorded a persistent-address graph")
+		st.c.Rerecords++
+		st.log.Debug("re-recorded a persistent-address graph")
 	}
 	sg.recorded = true
-	env.stats.Records++
-	err = pl.dropExec(env, sg)
+	st.c.Records++
+	err = pl.dropExec(st, sg)
 	sg.x = x
 	return err
 }
 
-func (pl *copyPlan) dropExec(env *strategyEnv, sg *slotGraph) error {
+func (pl *copyPlan) dropExec(st *base, sg *slotGraph) error {
 	if sg.x == nil {
 		return nil
 	}
-	err := sg.x.Destroy(env.b)
+	err := sg.x.Destroy(st.b)
 	sg.x = nil
 	return err
+}
+
+// model prices the plan's copies under c: each copy's GPU time, and in a
+// graph one copy node update per copy when the caller's buffers move.
+func (pl *copyPlan) model(c Costs) (us float64, note string) {
+	for _, cs := range pl.in {
+		us += c.copyUS(cs.size)
+	}
+	for _, cs := range pl.out {
+		us += c.copyUS(cs.size)
+	}
+	if pl.inGraph {
+		us += float64(pl.copies()) * c.NodeUpdateUS
+	}
+	return us, fmt.Sprintf("%d copies of %d bytes in all", pl.copies(), pl.bytes)
 }

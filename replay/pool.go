@@ -1,4 +1,4 @@
-package stablegraph
+package replay
 
 import (
 	"context"
@@ -10,12 +10,14 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// pool is StrategyPool: Options.PoolSlots slots, each one VMM allocation
-// holding a copy of every param and output, mapped at Compile and kept
-// mapped until Close, each with its own graph recorded at its first use and
-// replayed forever after (see persist.go for the copies). States, constants
-// and temps are the executable's own, shared by all slots: steps are
-// ordered on the device anyway, because they share the states.
+// pool keeps Options.PoolSlots slots, each one VMM allocation holding a
+// copy of every param and output, mapped by New and kept mapped until
+// Close, each with its own graph recorded at its first use and replayed
+// forever after (see copies.go for the copies). States, constants and
+// temps are the executable's own, shared by all slots: steps are ordered
+// on the device anyway, because they share the states. It needs VMM and
+// stream memory operations; New fails with an error wrapping
+// gpu.ErrNotSupported without them.
 //
 // # Slots and the timeline
 //
@@ -23,15 +25,15 @@ import (
 // after its last step; a slot is ready when the timeline has reached that
 // point (the device is done with it) and no lease holds it. A step:
 //
-//  1. acquire (under the executable's lock) picks the least recently used
+//  1. Acquire (under the executable's lock) picks the least recently used
 //     slot not leased; when it is not ready, the executable drops its lock
 //     and waits, on the timeline (yielding briefly, then backing off, up
-//     to Options.SlotWait; see Options.SlotPoll) or for a lease to be
-//     released, then tries again;
-//  2. run brings the slot's graph to the caller's addresses (only copy
+//     to the executable's slot wait; see Options.SlotPoll) or for a lease
+//     to be released, then tries again;
+//  2. Run brings the slot's graph to the caller's addresses (only copy
 //     nodes change), launches it, and enqueues the timeline write that
 //     releases the slot right after, before anything that synchronises
-//     (ARCHITECTURE.md rule 4);
+//     (docs/ARCHITECTURE.md, rule 4);
 //  3. the outputs handed back are the slot's that ran (rule 5): copied into
 //     the caller's buffers by the graph, or, with zero-copy outputs, the
 //     slot's own addresses under a lease.
@@ -39,18 +41,19 @@ import (
 // # Leases
 //
 // With Options.ZeroCopyOutputs a successful step leases its slot to the
-// caller until Outputs.Release. acquire never picks a leased slot; when all
-// are leased, Run waits up to Options.SlotWait for a release and then fails
-// with ErrSlotWait. Release may be called from any goroutine, without the
-// executable's lock: the lease state has its own mutex (lock order: the
-// executable's, then leases).
+// caller until the lease is released. Acquire never picks a leased slot;
+// when all are leased, the executable waits up to its slot wait for a
+// release and then fails with ErrSlotWait. Release may be called from any
+// goroutine, without the executable's lock: the lease state has its own
+// mutex (lock order: the executable's, then leases).
 type pool struct {
-	strategyEnv
+	base
 	plan     *copyPlan
 	tl       *vmm.Timeline
 	slots    []*poolSlot
 	zeroCopy bool
 	outIdx   []int // per output of the executable, its index in plan.persistent
+	mem      Memory
 
 	// Guarded by the executable's lock.
 	next *poolSlot // the slot acquire chose for the next run
@@ -76,29 +79,29 @@ type poolSlot struct {
 	leased bool
 }
 
-// newPool checks the device, maps the slots and creates the timeline, and
-// returns the strategy and the device bytes its slots hold. A device
-// without VMM or stream memory operations fails with an error wrapping
-// gpu.ErrNotSupported before anything is created; a failure at slot k
-// releases slots 0..k-1.
-func newPool(e *Executable, env strategyEnv) (_ *pool, bytes uint64, err error) {
-	if _, _, err := gpu.VirtualMemoryOf(e.b, e.dev); err != nil {
-		return nil, 0, fmt.Errorf("pool: slots need virtual memory management: %w", err)
+// newPool checks the device, maps the slots and creates the timeline. A
+// device without VMM or stream memory operations fails with an error
+// wrapping gpu.ErrNotSupported before anything is created; a failure at
+// slot k releases slots 0..k-1.
+func newPool(spec Spec) (_ Strategy, err error) {
+	b, dev, opts := spec.Backend, spec.Device, spec.Options
+	if _, _, err := gpu.VirtualMemoryOf(b, dev); err != nil {
+		return nil, fmt.Errorf("pool: slots need virtual memory management: %w", err)
 	}
-	if _, err := gpu.StreamMemOpsOf(e.b, e.dev); err != nil {
-		return nil, 0, fmt.Errorf("pool: the slot timeline needs stream memory operations: %w", err)
+	if _, err := gpu.StreamMemOpsOf(b, dev); err != nil {
+		return nil, fmt.Errorf("pool: the slot timeline needs stream memory operations: %w", err)
 	}
-	plan, err := newCopyPlan(e, e.opts.ZeroCopyOutputs, !e.opts.StreamCopies)
+	plan, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !opts.StreamCopies)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	offs, size := plan.layout(e.bufs, e.opts.Alignment)
+	offs, size := plan.layout(spec.Buffers, opts.Alignment)
 	// A program without params and outputs still gets (empty) slots, so
 	// the pool behaves the same; the smallest allocation is one granule.
 	size = max(size, 1)
-	p := &pool{strategyEnv: env, plan: plan, zeroCopy: e.opts.ZeroCopyOutputs}
+	p := &pool{base: newBase(spec), plan: plan, zeroCopy: opts.ZeroCopyOutputs}
 	p.leases.changed = make(chan struct{})
-	for _, id := range e.outputs {
+	for _, id := range spec.outputs() {
 		for k, pid := range plan.persistent {
 			if pid == id {
 				p.outIdx = append(p.outIdx, k)
@@ -107,39 +110,46 @@ func newPool(e *Executable, env strategyEnv) (_ *pool, bytes uint64, err error) 
 	}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, p.close())
+			err = errors.Join(err, p.Close())
 		}
 	}()
-	n := e.opts.PoolSlots
+	n := opts.PoolSlots
 	for k := range n {
-		a, err := vmm.Allocate(e.b, e.dev, size, nil)
+		a, err := vmm.Allocate(b, dev, size, nil)
 		if err != nil {
-			return nil, 0, fmt.Errorf("pool: map slot %d of %d (%d bytes): %w", k, n, size, err)
+			return nil, fmt.Errorf("pool: map slot %d of %d (%d bytes): %w", k, n, size, err)
 		}
 		persist := make([]gpu.DevicePtr, len(offs))
 		for i, off := range offs {
 			persist[i] = a.Ptr().Add(off)
 		}
 		p.slots = append(p.slots, &poolSlot{index: k, mem: a, g: plan.newSlot(persist)})
-		bytes += a.Size()
+		p.mem.Slots += a.Size()
 	}
-	if p.tl, err = vmm.NewTimeline(e.b, e.dev); err != nil {
-		return nil, 0, fmt.Errorf("pool: %w", err)
+	p.mem.SlotCount = len(p.slots)
+	if p.tl, err = vmm.NewTimeline(b, dev); err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
 	}
-	if err := p.tl.SetWaitPolicy(e.opts.SlotPoll); err != nil {
-		return nil, 0, fmt.Errorf("pool: %w", err)
+	if err := p.tl.SetWaitPolicy(opts.SlotPoll); err != nil {
+		return nil, fmt.Errorf("pool: %w", err)
 	}
-	return p, bytes, nil
+	return p, nil
 }
 
-// leasesOutputs reports whether Run hands out slot memory instead of
-// copying into the caller's output buffers.
-func (p *pool) leasesOutputs() bool { return p.zeroCopy }
+// Memory is the slots.
+func (p *pool) Memory() Memory { return p.mem }
 
-// acquire chooses the slot of the next run. It returns nil when that slot
+// WarmUp: pool records each slot's graph at the slot's first use.
+func (p *pool) WarmUp() int { return len(p.slots) }
+
+// LeasesOutputs reports whether Run hands out slot memory instead of
+// copying into the caller's output buffers.
+func (p *pool) LeasesOutputs() bool { return p.zeroCopy }
+
+// Acquire chooses the slot of the next run. It returns nil when that slot
 // is ready, or a function that waits, without the executable's lock, until
 // it may be (ctx carries the deadline).
-func (p *pool) acquire() func(context.Context) error {
+func (p *pool) Acquire() func(context.Context) error {
 	if p.next != nil {
 		return nil
 	}
@@ -189,24 +199,24 @@ func slotWaitErr(what string, err, ctxErr error) error {
 	return fmt.Errorf("%w: %s: %w", ErrSlotWait, what, err)
 }
 
-func (p *pool) run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (stepResult, error) {
-	if p.acquire() != nil {
+func (p *pool) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	if p.Acquire() != nil {
 		// The executable always acquires first; this is a bug guard, not a
 		// path that waits.
-		return stepResult{}, fmt.Errorf("pool: no slot is ready: %w", gpu.ErrIllegalState)
+		return Result{}, fmt.Errorf("pool: no slot is ready: %w", gpu.ErrIllegalState)
 	}
 	slot := p.next
 	p.next = nil
-	p.stats.SlotWaitSleeps = p.tl.WaitStats().Slept
-	launched, err := p.plan.step(&p.strategyEnv, slot.g, s, addrs)
+	p.c.SlotWaitSleeps = p.tl.WaitStats().Slept
+	launched, err := p.plan.step(&p.base, slot.g, s, addrs)
 	if launched {
-		// Rule 4: the write that releases the slot follows the slot's work
+		// Rule 4 (docs/ARCHITECTURE.md): the write that releases the slot follows the slot's work
 		// at once, before the executable records its step event or anyone
 		// synchronises.
 		point, serr := p.tl.Signal(s)
 		if serr == nil {
 			slot.point = point
-			p.stats.TimelineWrites++
+			p.c.TimelineWrites++
 		} else {
 			// The slot's work is in flight with no point to wait for: wait
 			// for it here, so the slot is free when it is next taken.
@@ -219,10 +229,10 @@ func (p *pool) run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (step
 		slot.used = p.uses
 	}
 	if err != nil {
-		return stepResult{}, err
+		return Result{}, err
 	}
 	if !p.zeroCopy {
-		return stepResult{}, nil
+		return Result{}, nil
 	}
 	outs := make([]gpu.DevicePtr, len(p.outIdx))
 	for i, k := range p.outIdx {
@@ -231,14 +241,14 @@ func (p *pool) run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (step
 	p.leases.Lock()
 	slot.leased = true
 	p.leases.Unlock()
-	return stepResult{outs: outs, lease: &lease{p: p, slot: slot}}, nil
+	return Result{Outs: outs, Lease: &lease{p: p, slot: slot}}, nil
 }
 
-// close wakes the runs waiting for a slot, destroys the graphs, closes the
+// Close wakes the runs waiting for a slot, destroys the graphs, closes the
 // timeline and unmaps and releases every slot, reporting every failure.
 // The executable has waited for its last step, so the timeline has no
 // write pending.
-func (p *pool) close() error {
+func (p *pool) Close() error {
 	p.leases.Lock()
 	if !p.leases.closed {
 		p.leases.closed = true
@@ -247,7 +257,7 @@ func (p *pool) close() error {
 	p.leases.Unlock()
 	var errs []error
 	for _, s := range p.slots {
-		errs = append(errs, p.plan.dropExec(&p.strategyEnv, s.g))
+		errs = append(errs, p.plan.dropExec(&p.base, s.g))
 	}
 	if p.tl != nil {
 		if err := p.tl.Close(); err != nil {
@@ -271,9 +281,9 @@ type lease struct {
 	released bool // guarded by p.leases
 }
 
-// release gives the slot back to the pool and wakes the runs waiting for
+// Release gives the slot back to the pool and wakes the runs waiting for
 // one. It is idempotent and safe from any goroutine.
-func (l *lease) release() {
+func (l *lease) Release() {
 	p := l.p
 	p.leases.Lock()
 	defer p.leases.Unlock()
@@ -288,8 +298,51 @@ func (l *lease) release() {
 	}
 }
 
-func (l *lease) isReleased() bool {
+// Released reports whether Release was called.
+func (l *lease) Released() bool {
 	l.p.leases.Lock()
 	defer l.p.leases.Unlock()
 	return l.released
+}
+
+// modelPool prices a pool step (its copies and the timeline write), or
+// says why the device cannot run it: no VMM or stream memory operations,
+// a program it cannot lease, or slots larger than
+// Costs.PoolMemoryFraction of the free memory.
+func modelPool(spec Spec) Candidate {
+	cand := Candidate{Strategy: Pool}
+	opts := spec.Options
+	_, gran, err := gpu.VirtualMemoryOf(spec.Backend, spec.Device)
+	if err != nil {
+		cand.Note = err.Error()
+		return cand
+	}
+	if _, err := gpu.StreamMemOpsOf(spec.Backend, spec.Device); err != nil {
+		cand.Note = err.Error()
+		return cand
+	}
+	pl, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !opts.StreamCopies)
+	if err != nil {
+		cand.Note = err.Error()
+		return cand
+	}
+	_, size := pl.layout(spec.Buffers, opts.Alignment)
+	slots := uint64(opts.PoolSlots) * gpu.RoundUp(max(size, 1), gran)
+	free, _, err := spec.Backend.MemGetInfo(spec.Device)
+	if err != nil {
+		cand.Note = fmt.Sprintf("free device memory unknown: %v", err)
+		return cand
+	}
+	if budget := opts.Costs.PoolMemoryFraction * float64(free); float64(slots) > budget {
+		cand.Note = fmt.Sprintf("%d slots would take %d bytes, more than %.0f%% of the %d bytes free",
+			opts.PoolSlots, slots, 100*opts.Costs.PoolMemoryFraction, free)
+		return cand
+	}
+	us, note := pl.model(opts.Costs)
+	cand.Usable, cand.StepUS = true, us+opts.Costs.TimelineWriteUS
+	cand.Note = fmt.Sprintf("%s, a timeline write, %d bytes of slots", note, slots)
+	if opts.ZeroCopyOutputs {
+		cand.Note += ", outputs leased"
+	}
+	return cand
 }

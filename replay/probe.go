@@ -1,9 +1,10 @@
-package stablegraph
+package replay
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -13,10 +14,10 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// Probing: how StrategyAuto measures its candidates on the caller's own
-// steps before it keeps one.
+// Probing: how auto measures its candidates on the caller's own steps
+// before it keeps one.
 //
-// Compile builds every usable candidate (chooseStrategy). The first steps
+// New builds every usable candidate (newAuto). The first steps
 // then run each in turn, in the model's order: a few warm-up steps that
 // record its graphs (probeWarmup), then Options.AutoProbeSteps measured
 // steps, each timed on the host by the clock around the candidate's run and
@@ -42,21 +43,6 @@ import (
 // decision itself (reading the events, closing a loser) are returned by the
 // next Run before it enqueues anything, so a retry is safe.
 
-// probeWarmup is the number of steps a candidate runs before it is
-// measured: what it takes to record its graphs and reach its steady state.
-// Patch records at its first step and proves its trace templates at the
-// first move (the second step); stable records once; pool records each
-// slot's graph at the slot's first use.
-func probeWarmup(s Strategy, poolSlots int) int {
-	switch s {
-	case StrategyPatch:
-		return 2
-	case StrategyPool:
-		return poolSlots
-	}
-	return 1
-}
-
 // Ties: two measured times closer than probeTieFraction of the smaller, or
 // than probeTieUS, are equal (the next criterion decides: host time, then
 // the model's order).
@@ -71,12 +57,10 @@ const probeQueryRetries = 3
 
 // probe is one built candidate and its measurements.
 type probe struct {
-	strategy Strategy
-	st       strategy
-	cand     int // its index in the model's Candidates
-	// The memory it holds (MemoryStats fields), released when it loses.
-	persistent, slots uint64
-	slotCount         int
+	strategy Name
+	st       Strategy
+	cand     int    // its index in the model's Candidates
+	mem      Memory // the memory it holds, released when it loses
 
 	warm    int
 	samples []probeSample
@@ -94,13 +78,14 @@ type probeSample struct {
 	ok         bool // the step succeeded and both events were recorded
 }
 
-// autoProbe is StrategyAuto while it measures, and after: it then runs the
-// candidate it kept. It is used, like every strategy, under the
-// executable's lock; its Choice and memory, read by Executable.Choice,
-// Memory and Stats without that lock, have their own (lock order: the
+// autoProbe is auto while it measures, and after: it then runs the
+// candidate it kept (from the start when it did not probe). It is used,
+// like every strategy, under the executable's lock; its Choice and
+// memory, read without that lock, have their own (lock order: the
 // executable's, then info).
 type autoProbe struct {
-	strategyEnv
+	b      gpu.Backend
+	log    *slog.Logger
 	probes []*probe // built, in the model's order
 	model  *probe   // the model's choice: runs while the probes' times are pending
 	cur    int      // the probe running; len(probes) once every probe step ran
@@ -118,45 +103,53 @@ type autoProbe struct {
 	losers   []*probe
 	deferred error  // the decision's errors, returned by the next run
 	fellBack string // "; fell back because ..." of Compile, or ""
-	lastRan  Strategy
 
 	info struct {
 		sync.Mutex
-		choice            Choice
-		persistent, slots uint64
-		slotCount         int
+		choice  Choice
+		mem     Memory
+		lastRan Name // the candidate that ran the last step
 	}
+}
+
+// setLastRan records the candidate that runs this step; Status reads it
+// without the executable's lock. Only Run writes it, under the
+// executable's lock, so Run may read it without info's.
+func (a *autoProbe) setLastRan(n Name) {
+	if a.info.lastRan == n {
+		return
+	}
+	a.info.Lock()
+	a.info.lastRan = n
+	a.info.Unlock()
 }
 
 // newAutoProbe creates the events of the probes of built (two or more
 // candidates, in the model's order). On error it has released the events;
 // the caller closes the candidates.
-func newAutoProbe(e *Executable, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{
-		strategyEnv: strategyEnv{b: e.b, cb: e.cb, stats: &e.mu.stats.Counters, log: e.log},
-		probes:      built, model: built[0], fellBack: fellBack,
-	}
+func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
+	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
 		}
 	}()
-	steps := e.opts.AutoProbeSteps
+	steps := spec.Options.AutoProbeSteps
 	for _, pr := range built {
-		pr.warm = probeWarmup(pr.strategy, e.opts.PoolSlots)
+		pr.warm = WarmUpOf(pr.st)
 		pr.samples = make([]probeSample, steps)
 		for i := range pr.samples {
 			for _, ev := range []*gpu.Event{&pr.samples[i].start, &pr.samples[i].end} {
-				if *ev, err = e.b.EventCreate(e.dev, gpu.EventDefault); err != nil {
+				if *ev, err = a.b.EventCreate(spec.Device, gpu.EventDefault); err != nil {
 					return nil, fmt.Errorf("probe events: %w", err)
 				}
 			}
 		}
 	}
-	if a.mark, err = e.b.EventCreate(e.dev, gpu.EventDisableTiming); err != nil {
+	if a.mark, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe marker event: %w", err)
 	}
-	if a.fence, err = e.b.EventCreate(e.dev, gpu.EventDisableTiming); err != nil {
+	if a.fence, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe fence event: %w", err)
 	}
 	a.info.choice = ch
@@ -166,18 +159,29 @@ func newAutoProbe(e *Executable, ch Choice, built []*probe, fellBack string) (_ 
 	var plan []string
 	for _, pr := range built {
 		plan = append(plan, fmt.Sprintf("%s (%d+%d steps)", pr.strategy, pr.warm, steps))
-		a.info.persistent += pr.persistent
-		a.info.slots += pr.slots
-		a.info.slotCount += pr.slotCount
+		a.info.mem = a.info.mem.plus(pr.mem)
 	}
 	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured) before choosing; until then the cheapest modelled step: %s%s",
 		strings.Join(plan, ", "), othersAfter(a.info.choice.Candidates), fellBack)
-	e.log.Debug("auto: probing", "candidates", plan)
+	a.log.Debug("auto: probing", "candidates", plan)
 	return a, nil
 }
 
-// choice returns the current Choice (a copy).
-func (a *autoProbe) choice() Choice {
+// decided is auto when it does not probe: it runs pr, the model's choice,
+// from the first step.
+func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
+	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack}
+	ch.Strategy = pr.strategy
+	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
+	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
+	a.info.choice = ch
+	a.info.mem = pr.mem
+	a.log.Debug("auto chose a strategy", "strategy", pr.strategy, "reason", ch.Reason)
+	return a
+}
+
+// Choice returns the current Choice (a copy).
+func (a *autoProbe) Choice() Choice {
 	a.info.Lock()
 	defer a.info.Unlock()
 	c := a.info.choice
@@ -185,20 +189,33 @@ func (a *autoProbe) choice() Choice {
 	return c
 }
 
-// strategy is the Choice's Strategy.
-func (a *autoProbe) strategy() Strategy {
+// Status says what runs, what ran last and whether auto still probes.
+func (a *autoProbe) Status() Status {
 	a.info.Lock()
 	defer a.info.Unlock()
-	return a.info.choice.Strategy
+	return Status{Running: a.info.choice.Strategy, Ran: a.info.lastRan, Probing: a.info.choice.Probing}
 }
 
-// memory overrides m's strategy memory with what auto holds now: every
-// candidate while probing, the one kept after.
-func (a *autoProbe) memory(m MemoryStats) MemoryStats {
+// Memory is what auto holds now: every candidate while probing, the one
+// kept after.
+func (a *autoProbe) Memory() Memory {
 	a.info.Lock()
 	defer a.info.Unlock()
-	m.Persistent, m.Slots, m.SlotCount = a.info.persistent, a.info.slots, a.info.slotCount
-	return m
+	return a.info.mem
+}
+
+// LeasesOutputs is the model's choice's: auto probes only when no
+// candidate leases (probing is skipped with zero-copy outputs), and
+// otherwise runs the model's choice alone.
+func (a *autoProbe) LeasesOutputs() bool { return LeasesOutputs(a.model.st) }
+
+// Counters sums the candidates' counters, those closed included.
+func (a *autoProbe) Counters() Counters {
+	var c Counters
+	for _, pr := range a.probes {
+		c.add(pr.st.Counters())
+	}
+	return c
 }
 
 // current is the candidate the next run runs.
@@ -212,10 +229,10 @@ func (a *autoProbe) current() *probe {
 	return a.model
 }
 
-// acquire decides, once the probes' times can be read, and closes the
+// Acquire decides, once the probes' times can be read, and closes the
 // candidates not kept once they are idle; then it defers to the candidate
 // the next run runs when that one has a resource to wait for (a pool slot).
-func (a *autoProbe) acquire() func(context.Context) error {
+func (a *autoProbe) Acquire() func(context.Context) error {
 	switch {
 	case a.deferred != nil:
 	case a.final == nil && a.marked:
@@ -223,31 +240,28 @@ func (a *autoProbe) acquire() func(context.Context) error {
 	case a.fenced && len(a.losers) > 0:
 		a.deferred = a.tryCloseLosers()
 	}
-	if aq, ok := a.current().st.(acquirer); ok {
-		return aq.acquire()
-	}
-	return nil
+	return Acquire(a.current().st)
 }
 
-func (a *autoProbe) run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (stepResult, error) {
+func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	if err := a.deferred; err != nil {
 		// Nothing of this step is enqueued: a retry runs it.
 		a.deferred = nil
-		return stepResult{}, err
+		return Result{}, err
 	}
 	if a.final != nil {
 		if len(a.losers) > 0 && !a.fenced {
 			if err := a.b.EventRecord(a.fence, s); err != nil {
-				return stepResult{}, fmt.Errorf("auto: record the fence before closing the candidates not kept: %w", err)
+				return Result{}, fmt.Errorf("auto: record the fence before closing the candidates not kept: %w", err)
 			}
 			a.fenced = true
 		}
-		a.lastRan = a.final.strategy
-		return a.final.st.run(ctx, s, addrs)
+		a.setLastRan(a.final.strategy)
+		return a.final.st.Run(ctx, s, addrs)
 	}
 	if a.cur >= len(a.probes) {
-		a.lastRan = a.model.strategy
-		res, err := a.model.st.run(ctx, s, addrs)
+		a.setLastRan(a.model.strategy)
+		res, err := a.model.st.Run(ctx, s, addrs)
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
@@ -267,12 +281,12 @@ func (a *autoProbe) run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 			if a.ran >= pr.warm+len(pr.samples) {
 				err = errors.Join(err, a.nextProbe(s))
 			}
-			return stepResult{}, err
+			return Result{}, err
 		}
 	}
-	a.lastRan = pr.strategy
+	a.setLastRan(pr.strategy)
 	t0 := time.Now()
-	res, err := pr.st.run(ctx, s, addrs)
+	res, err := pr.st.Run(ctx, s, addrs)
 	host := time.Since(t0)
 	if err != nil {
 		// Its probe ends here; it is kept only if earlier steps measured it.
@@ -397,7 +411,7 @@ func (a *autoProbe) tryCloseLosers() error {
 	}
 	var errs []error
 	for _, pr := range a.losers {
-		if err := pr.st.close(); err != nil {
+		if err := pr.st.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("auto: close %s: %w", pr.strategy, err))
 		}
 		pr.closed = true
@@ -405,7 +419,7 @@ func (a *autoProbe) tryCloseLosers() error {
 	a.losers = nil
 	errs = append(errs, a.destroyEvents())
 	a.info.Lock()
-	a.info.persistent, a.info.slots, a.info.slotCount = a.final.persistent, a.final.slots, a.final.slotCount
+	a.info.mem = a.final.mem
 	a.info.Unlock()
 	return errors.Join(errs...)
 }
@@ -417,7 +431,7 @@ func (a *autoProbe) candidatesNow(kept *probe) []Candidate {
 	a.info.Lock()
 	base := slices.Clone(a.info.choice.Candidates)
 	a.info.Unlock()
-	byStrategy := map[Strategy]*probe{}
+	byStrategy := map[Name]*probe{}
 	for _, pr := range a.probes {
 		byStrategy[pr.strategy] = pr
 	}
@@ -499,13 +513,13 @@ func (a *autoProbe) destroyEvents() error {
 	return errors.Join(errs...)
 }
 
-// close releases every candidate still open and the events. The executable
+// Close releases every candidate still open and the events. The executable
 // has waited for its last step.
-func (a *autoProbe) close() error {
+func (a *autoProbe) Close() error {
 	var errs []error
 	for _, pr := range a.probes {
 		if !pr.closed {
-			if err := pr.st.close(); err != nil {
+			if err := pr.st.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("auto: close %s: %w", pr.strategy, err))
 			}
 			pr.closed = true
@@ -513,12 +527,6 @@ func (a *autoProbe) close() error {
 	}
 	errs = append(errs, a.destroyEvents())
 	return errors.Join(errs...)
-}
-
-func (a *autoProbe) probing() bool {
-	a.info.Lock()
-	defer a.info.Unlock()
-	return a.info.choice.Probing
 }
 
 // probeResult is what the probes measured of one candidate: medians over n

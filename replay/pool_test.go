@@ -1,4 +1,4 @@
-package stablegraph_test
+package replay_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/vmm"
 	"github.com/stablegraph/stablegraph/workload"
@@ -50,7 +52,7 @@ func newPoolProgram() *poolProgram {
 	pp := &poolProgram{p: stablegraph.NewProgram("pool"), n: n, width: width}
 	p := pp.p
 	pp.x = p.Param("x", int64(4*n))
-	w := p.Constant("w", f32Bytes(randF32(newRand(11), width*width, 0.5)))
+	w := p.Constant("w", gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(11), width*width, 0.5)))
 	h := p.Temp("h", int64(4*n))
 	pp.y = p.Output("y", int64(4*n))
 	pp.s = p.Output("s", int64(4*n))
@@ -67,8 +69,8 @@ func (pp *poolProgram) inputs(t testing.TB, b gpu.Backend, steps int) []gpu.Devi
 	t.Helper()
 	xs := make([]gpu.DevicePtr, steps)
 	for i := range xs {
-		xs[i] = mustAlloc(t, b, uint64(pp.x.Size()))
-		if err := b.MemcpyHtoD(xs[i], f32Bytes(randF32(newRand(uint64(100+i)), pp.n, 1))); err != nil {
+		xs[i] = simtest.Alloc(t, b, 0, uint64(pp.x.Size()))
+		if err := b.MemcpyHtoD(xs[i], gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(100+i)), pp.n, 1))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -79,13 +81,13 @@ func (pp *poolProgram) inputs(t testing.TB, b gpu.Backend, steps int) []gpu.Devi
 func (pp *poolProgram) eagerOutputs(t testing.TB, b gpu.Backend, xs []gpu.DevicePtr) [][2][]byte {
 	t.Helper()
 	ctx := context.Background()
-	s := newStream(t, b)
+	s := simtest.Stream(t, b, 0)
 	exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer exe.Close()
-	yp, sp := mustAlloc(t, b, uint64(pp.y.Size())), mustAlloc(t, b, uint64(pp.s.Size()))
+	yp, sp := simtest.Alloc(t, b, 0, uint64(pp.y.Size())), simtest.Alloc(t, b, 0, uint64(pp.s.Size()))
 	var out [][2][]byte
 	for _, x := range xs {
 		outs, err := exe.Run(ctx, s, stablegraph.Bindings{pp.x: x, pp.y: yp, pp.s: sp})
@@ -125,8 +127,8 @@ func TestPoolZeroCopyOutputsFromTheSlotThatRan(t *testing.T) {
 	ctx := context.Background()
 	for n := 1; n <= 3; n++ {
 		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) {
-			b := newSim(t)
-			s := newStream(t, b)
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			steps := n + 2
 			xs := pp.inputs(t, b, steps)
@@ -224,8 +226,8 @@ func TestPoolCopiedOutputsFromTheSlotThatRan(t *testing.T) {
 	ctx := context.Background()
 	for n := 1; n <= 3; n++ {
 		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) {
-			b := newSim(t)
-			s := newStream(t, b)
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			const steps = 7
 			xs := pp.inputs(t, b, steps)
@@ -238,7 +240,7 @@ func TestPoolCopiedOutputsFromTheSlotThatRan(t *testing.T) {
 			var all []stablegraph.Outputs
 			for i := range steps {
 				bind := stablegraph.Bindings{pp.x: xs[i],
-					pp.y: mustAlloc(t, b, uint64(pp.y.Size())), pp.s: mustAlloc(t, b, uint64(pp.s.Size()))}
+					pp.y: simtest.Alloc(t, b, 0, uint64(pp.y.Size())), pp.s: simtest.Alloc(t, b, 0, uint64(pp.s.Size()))}
 				outs, err := exe.Run(ctx, s, bind)
 				if err != nil {
 					t.Fatal(err)
@@ -267,8 +269,8 @@ func TestPoolStalledTimeline(t *testing.T) {
 	ctx := context.Background()
 	for n := 1; n <= 2; n++ {
 		t.Run(fmt.Sprintf("slots=%d", n), func(t *testing.T) {
-			b := newSim(t)
-			s := newStream(t, b)
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			xs := pp.inputs(t, b, 1)
 			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{
@@ -276,7 +278,7 @@ func TestPoolStalledTimeline(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			bind := stablegraph.Bindings{pp.x: xs[0], pp.y: mustAlloc(t, b, uint64(pp.y.Size())), pp.s: mustAlloc(t, b, uint64(pp.s.Size()))}
+			bind := stablegraph.Bindings{pp.x: xs[0], pp.y: simtest.Alloc(t, b, 0, uint64(pp.y.Size())), pp.s: simtest.Alloc(t, b, 0, uint64(pp.s.Size()))}
 			b.StallTimeline(true)
 			defer b.StallTimeline(false)
 			for i := range n {
@@ -320,7 +322,7 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 	const n = 3
 	for k := range n {
 		t.Run(fmt.Sprintf("inject-at-%d", k), func(t *testing.T) {
-			b := newSim(t)
+			b := simtest.New(t, 1)
 			base := b.LiveHandles()
 			b.InjectFault("MemCreate", k, gpu.ErrOutOfMemory)
 			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n})
@@ -374,7 +376,7 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 // pool makes at Compile, and checks that each failure is returned and
 // releases everything.
 func TestPoolCompileFaults(t *testing.T) {
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	pp := newPoolProgram()
 	for _, op := range []string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"} {
 		for nth := 0; ; nth++ {
@@ -413,7 +415,7 @@ func TestPoolNeedsVMM(t *testing.T) {
 	for _, hide := range []noVMM{{hideVMM: true}, {hideMemOps: true}} {
 		name := map[bool]string{true: "no-vmm", false: "no-stream-mem-ops"}[hide.hideVMM]
 		t.Run(name, func(t *testing.T) {
-			sb := newSim(t)
+			sb := simtest.New(t, 1)
 			hide.Backend = sb
 			pp := newPoolProgram()
 			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool})
@@ -457,8 +459,8 @@ func TestPoolNeedsVMM(t *testing.T) {
 // steps run on with eager's results.
 func TestPoolSignalFailure(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
-	s := newStream(t, b)
+	b := simtest.New(t, 1)
+	s := simtest.Stream(t, b, 0)
 	pp := newPoolProgram()
 	const steps = 5
 	xs := pp.inputs(t, b, steps)
@@ -468,7 +470,7 @@ func TestPoolSignalFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer exe.Close()
-	y, sp := mustAlloc(t, b, uint64(pp.y.Size())), mustAlloc(t, b, uint64(pp.s.Size()))
+	y, sp := simtest.Alloc(t, b, 0, uint64(pp.y.Size())), simtest.Alloc(t, b, 0, uint64(pp.s.Size()))
 	for i := range steps {
 		if i == 2 {
 			b.InjectFault("StreamWriteValue64", 0, nil)
@@ -506,13 +508,13 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 	p.Launch(kernels.Copy, kernels.Elementwise(n/2), stablegraph.Out(z.Slice(0, 2*n)), stablegraph.In(x.Slice(0, 2*n)), stablegraph.I32(n/2))
 	// A param the step writes: eager writes the caller's buffer.
 	p.Launch(kernels.Axpy, kernels.Elementwise(n), stablegraph.InOut(xw.All()), stablegraph.In(x.All()), stablegraph.F32(1), stablegraph.I32(n))
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	_, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPool, ZeroCopyOutputs: true})
 	if !errors.Is(err, stablegraph.ErrInvalidProgram) {
 		t.Fatalf("zero-copy pool of an output read first = %v", err)
 	}
 	run := func(opts stablegraph.Options) [][]byte {
-		s := newStream(t, b)
+		s := simtest.Stream(t, b, 0)
 		exe, err := stablegraph.Compile(ctx, b, p, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -522,8 +524,8 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 		for step := range 3 {
 			bind := stablegraph.Bindings{}
 			for _, buf := range []stablegraph.Buffer{x, y, z, xw} {
-				bind[buf] = mustAlloc(t, b, uint64(buf.Size()))
-				if err := b.MemcpyHtoD(bind[buf], f32Bytes(randF32(newRand(uint64(step*10+len(bind))), n, 1))); err != nil {
+				bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
+				if err := b.MemcpyHtoD(bind[buf], gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(step*10+len(bind))), n, 1))); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -569,10 +571,10 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 func TestPersistentConcurrentRuns(t *testing.T) {
 	ctx := context.Background()
 	const workers, steps = 4, 12
-	w := mustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
+	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	for _, v := range persistentVariants() {
 		t.Run(v.name, func(t *testing.T) {
-			b := newSim(t)
+			b := simtest.New(t, 1)
 			x, y := w.Params[0], w.Outputs[0]
 			ref, err := stablegraph.Compile(ctx, b, w.Program, stablegraph.Options{Strategy: stablegraph.StrategyEager})
 			if err != nil {
@@ -596,13 +598,13 @@ func TestPersistentConcurrentRuns(t *testing.T) {
 				xp, yp [2]gpu.DevicePtr
 				want   [2][]byte
 			}
-			rs := newStream(t, b)
+			rs := simtest.Stream(t, b, 0)
 			jobs := make([]*job, workers)
 			for i := range jobs {
-				j := &job{s: newStream(t, b)}
+				j := &job{s: simtest.Stream(t, b, 0)}
 				for k := range 2 {
-					j.xp[k] = mustAlloc(t, b, uint64(x.Size()))
-					j.yp[k] = mustAlloc(t, b, uint64(y.Size()))
+					j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
+					j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
 					if err := b.MemcpyHtoD(j.xp[k], w.Input(10*i+k, 0)); err != nil {
 						t.Fatal(err)
 					}
@@ -661,8 +663,8 @@ func BenchmarkPoolStep(b *testing.B) {
 	for _, zc := range []bool{false, true} {
 		for n := 1; n <= 3; n++ {
 			b.Run(fmt.Sprintf("slots=%d/zero-copy=%v", n, zc), func(b *testing.B) {
-				be := newSim(b)
-				s := newStream(b, be)
+				be := simtest.New(b, 1)
+				s := simtest.Stream(b, be, 0)
 				pp := newPoolProgram()
 				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, ZeroCopyOutputs: zc})
 				if err != nil {
@@ -673,7 +675,7 @@ func BenchmarkPoolStep(b *testing.B) {
 				for i := range sets {
 					sets[i] = stablegraph.Bindings{}
 					for _, buf := range []stablegraph.Buffer{pp.x, pp.y, pp.s} {
-						sets[i][buf] = mustAlloc(b, be, uint64(buf.Size()))
+						sets[i][buf] = simtest.Alloc(b, be, 0, uint64(buf.Size()))
 					}
 				}
 				for i := 0; b.Loop(); i++ {
@@ -712,8 +714,8 @@ func BenchmarkPoolBackToBack(b *testing.B) {
 	}{{"yield-then-sleep", vmm.WaitPolicy{}}, {"sleep-only", vmm.WaitPolicy{Yield: -1, MinSleep: time.Microsecond}}} {
 		for n := 1; n <= 2; n++ {
 			b.Run(fmt.Sprintf("%s/slots=%d", c.name, n), func(b *testing.B) {
-				be := newSim(b)
-				s := newStream(b, be)
+				be := simtest.New(b, 1)
+				s := simtest.Stream(b, be, 0)
 				pp := newPoolProgram()
 				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotPoll: c.poll})
 				if err != nil {
@@ -724,7 +726,7 @@ func BenchmarkPoolBackToBack(b *testing.B) {
 				for i := range sets {
 					sets[i] = stablegraph.Bindings{}
 					for _, buf := range []stablegraph.Buffer{pp.x, pp.y, pp.s} {
-						sets[i][buf] = mustAlloc(b, be, uint64(buf.Size()))
+						sets[i][buf] = simtest.Alloc(b, be, 0, uint64(buf.Size()))
 					}
 				}
 				before := exe.Stats()
@@ -755,14 +757,14 @@ func BenchmarkPoolBackToBack(b *testing.B) {
 func TestPoolCloseReportsFailedRelease(t *testing.T) {
 	for _, op := range []string{"MemUnmap", "MemRelease", "MemAddressFree", "HostFree", "GraphExecDestroy"} {
 		t.Run(op, func(t *testing.T) {
-			// Not newSim: what failed to be released stays live by definition.
+			// Not simtest.New: what failed to be released stays live by definition.
 			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { b.Close() }) // last: after the frees below
 			ctx := context.Background()
-			s := newStream(t, b)
+			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			xs := pp.inputs(t, b, 3)
 			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
@@ -770,7 +772,7 @@ func TestPoolCloseReportsFailedRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, x := range xs {
-				bind := stablegraph.Bindings{pp.x: x, pp.y: mustAlloc(t, b, uint64(pp.y.Size())), pp.s: mustAlloc(t, b, uint64(pp.s.Size()))}
+				bind := stablegraph.Bindings{pp.x: x, pp.y: simtest.Alloc(t, b, 0, uint64(pp.y.Size())), pp.s: simtest.Alloc(t, b, 0, uint64(pp.s.Size()))}
 				if _, err := exe.Run(ctx, s, bind); err != nil {
 					t.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package stablegraph
+package replay
 
 import "testing"
 

@@ -1,8 +1,10 @@
-package stablegraph
+package replay
 
-// Counters count the work an executable's strategy did. Stats holds them
-// summed since Compile and for the last step alone, so a benchmark can
-// report totals and per-step figures.
+// Counters count the work a strategy did. The root package's Counters is
+// this type: its Executable.Stats holds them summed since Compile and for
+// the last step alone, so a benchmark can report totals and per-step
+// figures. The trace counters are the executable's tracer's, and SlotWaits
+// the executable's own; a strategy counts the rest.
 type Counters struct {
 	// Launches counts commands enqueued directly on the stream (eager).
 	Launches int64
@@ -73,24 +75,27 @@ func (c Counters) Sub(d Counters) Counters {
 	}
 }
 
-// Stats is a snapshot of an executable's counters.
-type Stats struct {
-	// Strategy is the strategy that runs: the one StrategyAuto chose, when
-	// it was asked for (see Executable.Choice).
-	Strategy Strategy
-	// Ran is the strategy that ran the last step: Strategy, except while
-	// StrategyAuto probes, when it is the candidate measured ("" before the
-	// first step).
-	Ran Strategy
-	// Probing is true while StrategyAuto is still measuring its
-	// candidates: the last step ran one of them, or the model's choice
-	// while the probes' times are pending, and Strategy is the model's
-	// choice so far.
-	Probing bool
-	// Steps counts successful Runs.
-	Steps int64
-	// Counters are the totals since Compile.
-	Counters
-	// Last are the counters of the most recent Run alone (failed or not).
-	Last Counters
+// add adds d to c, field by field.
+func (c *Counters) add(d Counters) {
+	*c = c.Sub(d.neg())
+}
+
+// neg returns -c, field by field.
+func (c Counters) neg() Counters { return Counters{}.Sub(c) }
+
+// Memory is the device memory a strategy holds of its own (MemoryHolder),
+// beside the executable's states, constants and temps.
+type Memory struct {
+	// Persistent is what stable holds: a persistent copy of every param
+	// and output.
+	Persistent uint64
+	// Slots is what pool holds: SlotCount slots of physical memory, each
+	// with a copy of every param and output, rounded up to the VMM
+	// granularity.
+	Slots     uint64
+	SlotCount int
+}
+
+func (m Memory) plus(o Memory) Memory {
+	return Memory{Persistent: m.Persistent + o.Persistent, Slots: m.Slots + o.Slots, SlotCount: m.SlotCount + o.SlotCount}
 }

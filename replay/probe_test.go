@@ -1,4 +1,4 @@
-package stablegraph_test
+package replay_test
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/workload"
 )
 
@@ -29,8 +31,8 @@ type stepTrace struct {
 func runEveryStep(t *testing.T, b gpu.Backend, w *workload.Workload, opts stablegraph.Options, pattern workload.Pattern, steps int) stepTrace {
 	t.Helper()
 	ctx := context.Background()
-	s := newStream(t, b)
-	exe, caller, done := startWorkload(t, b, w, opts, pattern)
+	s := simtest.Stream(t, b, 0)
+	exe, caller, done := steptest.StartWorkload(t, b, w, opts, pattern)
 	defer done()
 	tr := stepTrace{first: exe.Choice()}
 	for step := range steps {
@@ -75,10 +77,10 @@ func runEveryStep(t *testing.T, b gpu.Backend, w *workload.Workload, opts stable
 func TestAutoProbesAndDecides(t *testing.T) {
 	const steps = 18 // 14 probe steps by default, then the kept one
 	for _, name := range []string{"mlp", "train", "chain"} {
-		w := mustWorkload(t, name, workload.Config{Layers: 3, Width: 16, Batch: 4, K: 12, N: 64})
+		w := steptest.MustWorkload(t, name, workload.Config{Layers: 3, Width: 16, Batch: 4, K: 12, N: 64})
 		for _, pattern := range workload.Patterns() {
 			t.Run(name+"/"+string(pattern), func(t *testing.T) {
-				b := newSim(t)
+				b := simtest.New(t, 1)
 				want := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps)
 				got := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto}, pattern, steps)
 				for i := range want.outs {
@@ -159,8 +161,8 @@ func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
 // schedule as documented; probing disabled, or skipped for zero-copy
 // outputs, leaves the model's choice, and says why.
 func TestAutoProbeOptions(t *testing.T) {
-	w := mustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
-	b := newSim(t)
+	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
+	b := simtest.New(t, 1)
 	want := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 12)
 	got := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 12)
 	for i := range want.outs {
@@ -207,8 +209,8 @@ func TestAutoProbeOptions(t *testing.T) {
 func TestAutoProbeConcurrent(t *testing.T) {
 	ctx := context.Background()
 	const workers, steps = 4, 10
-	w := mustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
-	b := newSim(t)
+	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
+	b := simtest.New(t, 1)
 	x, y := w.Params[0], w.Outputs[0]
 	ref, err := stablegraph.Compile(ctx, b, w.Program, stablegraph.Options{Strategy: stablegraph.StrategyEager})
 	if err != nil {
@@ -220,7 +222,7 @@ func TestAutoProbeConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer exe.Close()
-	rs := newStream(t, b)
+	rs := simtest.Stream(t, b, 0)
 	type job struct {
 		s      gpu.Stream
 		xp, yp [2]gpu.DevicePtr
@@ -228,10 +230,10 @@ func TestAutoProbeConcurrent(t *testing.T) {
 	}
 	jobs := make([]*job, workers)
 	for i := range jobs {
-		j := &job{s: newStream(t, b)}
+		j := &job{s: simtest.Stream(t, b, 0)}
 		for k := range 2 {
-			j.xp[k] = mustAlloc(t, b, uint64(x.Size()))
-			j.yp[k] = mustAlloc(t, b, uint64(y.Size()))
+			j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
+			j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
 			if err := b.MemcpyHtoD(j.xp[k], w.Input(10*i+k, 0)); err != nil {
 				t.Fatal(err)
 			}
@@ -312,29 +314,27 @@ func TestAutoProbeFaults(t *testing.T) {
 		"GraphExecMemcpyNodeSetParams", "GraphExecKernelNodeSetParams", "StreamWriteValue64", "StreamBeginCapture"}
 	const steps = 18
 	compared := []int{0, 1, 3} // outputs that do not depend on the accumulator
-	b := newSim(t)
-	w := newMLP(2, 8, 2, 10, 3)
-	want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, steps)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 2, 10, 3)
+	want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, steps)
 	ctx := context.Background()
-	s := newStream(t, b)
-	a := newArena(t, b, 16<<20)
+	s := simtest.Stream(t, b, 0)
+	a := steptest.NewArena(t, b, 16<<20)
 	fired := map[string]int{}
 	for _, op := range ops {
 		for at := range steps - 2 {
 			for _, nth := range []int{0, 2} {
 				base := b.LiveHandles()
-				exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto})
+				exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto})
 				if err != nil {
 					t.Fatal(err)
 				}
-				w.initStates(t, exe)
-				ad := newAddresser(t, a, pingpong, append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...))
+				w.InitStates(t, exe)
+				ad := steptest.NewAddresser(t, b, a, steptest.PingPong, append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...), w)
 				for i := range steps {
-					bind := ad.next(i)
-					for buf, data := range w.inputs(i) {
-						if err := b.MemcpyHtoD(bind[buf], data); err != nil {
-							t.Fatal(err)
-						}
+					bind, err := ad.Bind(i)
+					if err != nil {
+						t.Fatal(err)
 					}
 					calls := b.Calls(op)
 					if i == at {
@@ -359,20 +359,20 @@ func TestAutoProbeFaults(t *testing.T) {
 						t.Fatalf("%s call %d at step %d failed, but the step succeeded", op, nth, at)
 					}
 					for _, k := range compared {
-						got, err := exe.ReadOutput(ctx, outs, w.outputs[k])
+						got, err := exe.ReadOutput(ctx, outs, w.Outputs[k])
 						if err != nil {
 							t.Fatal(err)
 						}
-						if !bytes.Equal(got, want[i].outs[k]) {
+						if !bytes.Equal(got, want[i].Outs[k]) {
 							t.Fatalf("%s call %d at step %d: step %d (ran %s) output %s differs from eager",
-								op, nth, at, i, exe.Stats().Ran, w.outputs[k].Name())
+								op, nth, at, i, exe.Stats().Ran, w.Outputs[k].Name())
 						}
 					}
 				}
 				if ch := exe.Choice(); ch.Probing {
 					t.Fatalf("%s call %d at step %d: still probing after %d steps: %s", op, nth, at, steps, ch.Reason)
 				}
-				ad.close()
+				ad.Close()
 				if err := exe.Close(); err != nil {
 					t.Fatal(err)
 				}
@@ -404,25 +404,25 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 		{"GraphExecDestroy", gpu.Counters{GraphExecs: 1}},
 	} {
 		t.Run(c.op, func(t *testing.T) {
-			// Not newSim: the handle whose release fails stays live.
+			// Not simtest.New: the handle whose release fails stays live.
 			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			w := newMLP(2, 8, 2, 10, 3)
+			w := steptest.NewMLP(2, 8, 2, 10, 3)
 			s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
 			bufs := map[stablegraph.Buffer]gpu.DevicePtr{}
-			for _, buf := range append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...) {
+			for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
 				if bufs[buf], err = b.MemAlloc(0, uint64(buf.Size())); err != nil {
 					t.Fatal(err)
 				}
 			}
 			base := b.LiveHandles()
-			exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1})
+			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,7 +1,6 @@
-package stablegraph_test
+package replay_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,86 +9,10 @@ import (
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/workload"
 )
-
-// wlResult is what a workload run produced.
-type wlResult struct {
-	outs   [][][]byte // per step, per output (workload order)
-	states [][]byte   // final states (workload order)
-	stats  []stablegraph.Stats
-	choice stablegraph.Choice
-}
-
-// runWorkload runs steps of w with opts, the caller's buffers moving by
-// pattern, reading every output after every step (then releasing it).
-func runWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts stablegraph.Options, pattern workload.Pattern, steps int) wlResult {
-	t.Helper()
-	ctx := context.Background()
-	s := newStream(t, b)
-	exe, caller, done := startWorkload(t, b, w, opts, pattern)
-	defer done()
-	res := wlResult{choice: exe.Choice()}
-	for step := range steps {
-		bind, err := caller.Bind(step)
-		if err != nil {
-			t.Fatal(err)
-		}
-		outs, err := exe.Run(ctx, s, bind)
-		if err != nil {
-			t.Fatalf("%s step %d: %v", exe.Strategy(), step, err)
-		}
-		if opts.ZeroCopyOutputs && exe.Strategy() == stablegraph.StrategyPool != outs.Leased() {
-			t.Fatalf("step %d: leased=%v under %s with zero-copy outputs", step, outs.Leased(), exe.Strategy())
-		}
-		var got [][]byte
-		for _, o := range w.Outputs {
-			data, err := exe.ReadOutput(ctx, outs, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, data)
-		}
-		outs.Release()
-		res.outs = append(res.outs, got)
-		res.stats = append(res.stats, exe.Stats())
-	}
-	for _, st := range w.States {
-		data, err := exe.ReadBuffer(ctx, st.Buffer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.states = append(res.states, data)
-	}
-	return res
-}
-
-func mustWorkload(t testing.TB, name string, cfg workload.Config) *workload.Workload {
-	t.Helper()
-	w, err := workload.New(name, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return w
-}
-
-// sameResults demands every output of every step and every final state
-// equal to want's, bit for bit.
-func sameResults(t *testing.T, got, want wlResult) {
-	t.Helper()
-	for i := range want.outs {
-		for k := range want.outs[i] {
-			if !bytes.Equal(got.outs[i][k], want.outs[i][k]) {
-				t.Fatalf("step %d output %d differs from eager", i, k)
-			}
-		}
-	}
-	for k := range want.states {
-		if !bytes.Equal(got.states[k], want.states[k]) {
-			t.Fatalf("final state %d differs from eager", k)
-		}
-	}
-}
 
 // persistentVariants are the option sets the persistent-address strategies
 // are tested under.
@@ -147,16 +70,21 @@ func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
 	}
 	for _, wc := range workloads {
 		t.Run(wc.name, func(t *testing.T) {
-			w := mustWorkload(t, wc.name, wc.cfg)
+			w := steptest.MustWorkload(t, wc.name, wc.cfg)
 			for _, pattern := range []workload.Pattern{workload.PingPong, workload.Random} {
 				t.Run(string(pattern), func(t *testing.T) {
-					b := newSim(t)
-					want := runWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps)
+					b := simtest.New(t, 1)
+					want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, false)
 					for _, v := range persistentVariants() {
 						t.Run(v.name, func(t *testing.T) {
-							got := runWorkload(t, b, w, v.opts, pattern, steps)
-							sameResults(t, got, want)
+							got := steptest.RunWorkload(t, b, w, v.opts, pattern, steps, false)
+							steptest.SameResults(t, got, want)
 							checkSteadyState(t, got, v.opts)
+							for i, st := range got.Steps {
+								if v.opts.ZeroCopyOutputs && (st.Stats.Strategy == stablegraph.StrategyPool) != st.Leased {
+									t.Fatalf("step %d: leased=%v under %s with zero-copy outputs", i, st.Leased, st.Stats.Strategy)
+								}
+							}
 						})
 					}
 				})
@@ -166,9 +94,13 @@ func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
 }
 
 // checkSteadyState checks what a persistent-address strategy did once warm.
-func checkSteadyState(t *testing.T, r wlResult, opts stablegraph.Options) {
+func checkSteadyState(t *testing.T, r steptest.WorkloadRun, opts stablegraph.Options) {
 	t.Helper()
-	final := r.stats[len(r.stats)-1]
+	stats := make([]stablegraph.Stats, len(r.Steps))
+	for i, st := range r.Steps {
+		stats[i] = st.Stats
+	}
+	final := stats[len(stats)-1]
 	warm := 1
 	if final.Strategy == stablegraph.StrategyPool {
 		warm = opts.PoolSlots
@@ -179,26 +111,26 @@ func checkSteadyState(t *testing.T, r wlResult, opts stablegraph.Options) {
 	if opts.Strategy == stablegraph.StrategyAuto {
 		// Probing warmed every candidate: steady state starts at the step
 		// that runs the one kept.
-		warm = len(r.stats)
-		for i, st := range r.stats {
+		warm = len(stats)
+		for i, st := range stats {
 			if !st.Probing {
 				warm = i
 				break
 			}
 		}
-		if warm == 0 && r.choice.Probing {
+		if warm == 0 && r.First.Probing {
 			t.Errorf("auto decided before the first step")
 		}
-		if warm >= len(r.stats)-1 {
-			t.Errorf("auto still probing after %d steps", len(r.stats))
+		if warm >= len(stats)-1 {
+			t.Errorf("auto still probing after %d steps", len(stats))
 			return
 		}
 		if warm == 0 {
 			warm = 1
 		}
 	}
-	d := final.Counters.Sub(r.stats[warm-1].Counters)
-	n := int64(len(r.stats) - warm)
+	d := final.Counters.Sub(stats[warm-1].Counters)
+	n := int64(len(stats) - warm)
 	if final.Strategy == stablegraph.StrategyPatch {
 		// Auto chose patch (on these small programs the copies cost more
 		// than the few nodes to patch): patching is its steady state, but
@@ -239,15 +171,15 @@ func TestPersistentDefaultShapes(t *testing.T) {
 	const steps = 4
 	for _, name := range []string{"mlp", "train", "chain"} {
 		t.Run(name, func(t *testing.T) {
-			b := newSim(t)
-			w := mustWorkload(t, name, workload.Config{})
-			want := runWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, steps)
+			b := simtest.New(t, 1)
+			w := steptest.MustWorkload(t, name, workload.Config{})
+			want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, steps, false)
 			for _, st := range []stablegraph.Strategy{stablegraph.StrategyStable, stablegraph.StrategyPool, stablegraph.StrategyAuto} {
 				t.Run(string(st), func(t *testing.T) {
-					got := runWorkload(t, b, w, stablegraph.Options{Strategy: st}, workload.Random, steps)
-					sameResults(t, got, want)
+					got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: st}, workload.Random, steps, false)
+					steptest.SameResults(t, got, want)
 					if testing.Verbose() {
-						t.Logf("auto: %s", got.choice.Reason)
+						t.Logf("auto: %s", got.Final.Reason)
 					}
 				})
 			}
@@ -259,8 +191,8 @@ func TestPersistentDefaultShapes(t *testing.T) {
 // (workload.Bench over stablegraph.Strategies()) and expects the new
 // strategies in the report, matching eager, with their memory visible.
 func TestWorkloadBenchIncludesNewStrategies(t *testing.T) {
-	b := newSim(t)
-	w := mustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
+	b := simtest.New(t, 1)
+	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random})
 	if err != nil {
 		t.Fatal(err)
@@ -294,8 +226,8 @@ func TestWorkloadBenchIncludesNewStrategies(t *testing.T) {
 // slots, and Total sums everything.
 func TestMemoryAccounting(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
-	w := newMLP(2, 8, 2, 10, 3)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 2, 10, 3)
 	for _, c := range []struct {
 		opts       stablegraph.Options
 		persistent uint64
@@ -306,7 +238,7 @@ func TestMemoryAccounting(t *testing.T) {
 		{stablegraph.Options{Strategy: stablegraph.StrategyStable}, 6 * 256, 0},
 		{stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, 0, 3 * (2 << 20)},
 	} {
-		exe, err := stablegraph.Compile(ctx, b, w.p, c.opts)
+		exe, err := stablegraph.Compile(ctx, b, w.P, c.opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,14 +259,15 @@ func TestMemoryAccounting(t *testing.T) {
 // not swallowed, and the other frees still happen.
 func TestStableCloseReportsFailedFree(t *testing.T) {
 	ctx := context.Background()
-	// Not newSim: the allocation whose free fails stays live by definition.
+	// Not simtest.New: the allocation whose free fails stays live by
+	// definition.
 	b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	w := newMLP(2, 8, 1, 8, 2)
-	exe, err := stablegraph.Compile(ctx, b, w.p, stablegraph.Options{Strategy: stablegraph.StrategyStable})
+	w := steptest.NewMLP(2, 8, 1, 8, 2)
+	exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyStable})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package stablegraph_test
+package replay_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/vmm"
 )
@@ -35,7 +36,7 @@ func fanOut(k int) *stablegraph.Program {
 // others, and that it says why.
 func TestAutoChoice(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	for _, c := range []struct {
 		name string
 		p    *stablegraph.Program
@@ -103,7 +104,7 @@ func TestAutoChoice(t *testing.T) {
 // other failure is returned. Nothing leaks either way.
 func TestAutoFallsBack(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3}
 	b.InjectFault("MemCreate", 1, gpu.ErrOutOfMemory)
 	exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts)
@@ -132,7 +133,7 @@ func TestAutoFallsBack(t *testing.T) {
 }
 
 func TestPersistentOptions(t *testing.T) {
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	p := fanOut(1)
 	for _, o := range []stablegraph.Options{
 		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},

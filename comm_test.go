@@ -15,6 +15,7 @@ import (
 	"github.com/stablegraph/stablegraph/bfc"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -119,7 +120,7 @@ func newCollProg(c *stablegraph.Comm, n int) *collProg {
 	cp.outs = []stablegraph.Buffer{cp.sum, cp.rs, cp.ag, cp.bc, cp.ag2}
 	cp.accData = make([]float32, w*n)
 	cp.inputsOf = func(step, rank int) []float32 {
-		return randF32(rand.New(rand.NewPCG(uint64(step), uint64(rank))), w*n, 1)
+		return steptest.RandF32(rand.New(rand.NewPCG(uint64(step), uint64(rank))), w*n, 1)
 	}
 	return cp
 }

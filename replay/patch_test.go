@@ -1,4 +1,4 @@
-package stablegraph_test
+package replay_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -35,9 +37,9 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 	for _, st := range stablegraph.Strategies() {
 		t.Run(string(st), func(t *testing.T) {
 			ctx := context.Background()
-			b := newSim(t)
-			s := newStream(t, b)
-			a := newArena(t, b, 1<<20)
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
+			a := steptest.NewArena(t, b, 1<<20)
 			p := stablegraph.NewProgram("rule1")
 			outs := map[string]stablegraph.Buffer{}
 			for _, name := range []string{"kernel", "traced-const", "traced-self", "traced-xor"} {
@@ -93,7 +95,7 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					for i, v := range u64s(data) {
+					for i, v := range steptest.U64s(data) {
 						if v != want[name] {
 							t.Fatalf("step %d: %s[%d] = %#x, want %#x", step, name, i, v, want[name])
 						}
@@ -148,19 +150,19 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams"},
 	} {
 		t.Run(c.op, func(t *testing.T) {
-			b := newSim(t)
-			w := newMLP(2, 16, 2, 50, 3)
-			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, 4)
+			b := simtest.New(t, 1)
+			w := steptest.NewMLP(2, 16, 2, 50, 3)
+			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, 4)
 			b.InjectFault(c.op, 0, refused)
-			got, _ := runMLP(t, b, w, c.st, pingpong, 4)
+			got, _ := steptest.RunMLP(t, b, w, c.st, steptest.PingPong, 4)
 			for i := range got {
-				for k := range got[i].outs {
-					if string(got[i].outs[k]) != string(want[i].outs[k]) {
+				for k := range got[i].Outs {
+					if string(got[i].Outs[k]) != string(want[i].Outs[k]) {
 						t.Fatalf("step %d output %d differs from eager", i, k)
 					}
 				}
 			}
-			final := got[len(got)-1].stats
+			final := got[len(got)-1].Stats
 			if final.UpdateFallbacks != 1 || final.Rerecords != 1 {
 				t.Errorf("fallbacks %d, re-records %d; want 1 and 1", final.UpdateFallbacks, final.Rerecords)
 			}
@@ -172,11 +174,11 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 // own streams and buffers; every result must be the one eager computes.
 func TestConcurrentRuns(t *testing.T) {
 	ctx := context.Background()
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	const batch, width, workers, steps = 2, 8, 4, 25
 	p := stablegraph.NewProgram("concurrent")
 	x := p.Param("x", 4*batch*width)
-	w := p.Constant("w", f32Bytes(randF32(newRand(3), width*width, 0.5)))
+	w := p.Constant("w", gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(3), width*width, 0.5)))
 	h := p.Temp("h", 4*batch*width)
 	y := p.Output("y", 4*batch*width)
 	p.Gemm(h.All(), x.All(), w.All(), stablegraph.GEMM{M: batch, N: width, K: width, Alpha: 1})
@@ -199,13 +201,13 @@ func TestConcurrentRuns(t *testing.T) {
 		want   [2][]byte
 	}
 	jobs := make([]*job, workers)
-	rs := newStream(t, b)
+	rs := simtest.Stream(t, b, 0)
 	for i := range jobs {
-		j := &job{s: newStream(t, b)}
+		j := &job{s: simtest.Stream(t, b, 0)}
 		for k := range 2 {
-			j.xp[k] = mustAlloc(t, b, uint64(x.Size()))
-			j.yp[k] = mustAlloc(t, b, uint64(y.Size()))
-			if err := b.MemcpyHtoD(j.xp[k], f32Bytes(randF32(newRand(uint64(10*i+k)), batch*width, 1))); err != nil {
+			j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
+			j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
+			if err := b.MemcpyHtoD(j.xp[k], gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(10*i+k)), batch*width, 1))); err != nil {
 				t.Fatal(err)
 			}
 			outs, err := ref.Run(ctx, rs, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
@@ -256,13 +258,13 @@ func TestConcurrentRuns(t *testing.T) {
 // shadow operands, the GEMM is not patchable but the steps still run and
 // match, the GEMM being re-traced (through the cache) when it moves.
 func TestShadowOutOfMemory(t *testing.T) {
-	b := newSim(t)
-	w := newMLP(2, 8, 1, 8, 2)
-	want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, 4)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 1, 8, 2)
+	want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, 4)
 	// runMLP allocates its arena, then Compile its memory; the next
 	// MemAlloc is the shadow.
 	before := b.Calls("MemAlloc")
-	exe, err := stablegraph.Compile(context.Background(), b, w.p, stablegraph.Options{})
+	exe, err := stablegraph.Compile(context.Background(), b, w.P, stablegraph.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,16 +273,16 @@ func TestShadowOutOfMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.InjectFault("MemAlloc", 1+compileAllocs, gpu.ErrOutOfMemory)
-	got, _ := runMLP(t, b, w, stablegraph.StrategyPatch, pingpong, 4)
+	got, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 4)
 	b.ClearFaults()
 	for i := range got {
-		for k := range got[i].outs {
-			if string(got[i].outs[k]) != string(want[i].outs[k]) {
+		for k := range got[i].Outs {
+			if string(got[i].Outs[k]) != string(want[i].Outs[k]) {
 				t.Fatalf("step %d output %d differs from eager", i, k)
 			}
 		}
 	}
-	final := got[len(got)-1].stats
+	final := got[len(got)-1].Stats
 	// One capture at step 0, one at the first move; then cache hits.
 	if final.TracesCaptured != 2 || final.TracesSynthesized != 0 || final.Rerecords != 0 {
 		t.Errorf("captured %d, synthesized %d, re-records %d; want 2, 0, 0", final.TracesCaptured, final.TracesSynthesized, final.Rerecords)

@@ -3,6 +3,8 @@ package stablegraph
 import (
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // TestPlanTempsNeverOverlapsLiveTemps checks the temp planner on random
@@ -63,5 +65,51 @@ func TestPlanTempsNeverOverlapsLiveTemps(t *testing.T) {
 		if plan.size > plan.unshared || plan.unshared != used {
 			t.Fatalf("arena %d, unshared %d, sum %d", plan.size, plan.unshared, used)
 		}
+	}
+}
+
+// TestAnalyseFlow checks how the step's use of each buffer is read from
+// its commands: written, read before written, written in full.
+func TestAnalyseFlow(t *testing.T) {
+	p := NewProgram("flow")
+	in := p.Param("in", 64)        // read: copy in
+	wp := p.Param("wp", 64)        // written in full, then read: no copy in, copy out
+	out := p.Output("out", 64)     // written in full
+	rf := p.Output("rf", 64)       // read, then written
+	part := p.Output("part", 64)   // written in two halves: full
+	half := p.Output("half", 64)   // written in one half: not full
+	gap := p.Output("gap", 64)     // half written, then the other half read
+	inout := p.Output("inout", 64) // InOut first: read first
+	p.Memcpy(wp.All(), in.All())
+	p.Memcpy(out.All(), wp.All())
+	p.Memcpy(in.Slice(0, 0), out.Slice(0, 0)) // empty slices count for nothing
+	p.Memcpy(rf.All(), rf.All())
+	p.Memcpy(part.Slice(32, 32), in.Slice(0, 32))
+	p.Memcpy(part.Slice(0, 32), in.Slice(32, 32))
+	p.Memcpy(half.Slice(0, 32), in.Slice(0, 32))
+	p.Memcpy(gap.Slice(0, 32), in.Slice(0, 32))
+	p.Memcpy(out.Slice(0, 32), gap.Slice(32, 32))
+	p.Launch(kernels.Axpy, kernels.Elementwise(16), InOut(inout.All()), In(in.All()), F32(1), I32(16))
+	flow := analyseFlow(p.bufs, p.cmds)
+	for _, c := range []struct {
+		b                      Buffer
+		written, readFirst, ok bool
+	}{
+		{in, false, true, false},
+		{wp, true, false, true},
+		{out, true, false, true},
+		{rf, true, true, true},
+		{part, true, false, true},
+		{half, true, false, false},
+		{gap, true, true, false},
+		{inout, true, true, true},
+	} {
+		f := flow[c.b.id]
+		if f.Written != c.written || f.ReadFirst != c.readFirst || f.Full != c.ok {
+			t.Errorf("%s: %+v; want written=%v readFirst=%v full=%v", c.b.Name(), f, c.written, c.readFirst, c.ok)
+		}
+	}
+	if !flow[half.id].NeedsCopyIn(true) || flow[part.id].NeedsCopyIn(true) || flow[wp.id].NeedsCopyIn(true) || !flow[in.id].NeedsCopyIn(false) {
+		t.Error("NeedsCopyIn is wrong")
 	}
 }
