@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,31 +33,58 @@ func fanOut(k int) *stablegraph.Program {
 	return p
 }
 
-// TestAutoChoice checks what auto chooses, with the default H100 costs and
-// others, and that it says why.
+// autoOptions reads the options column of testdata/auto_choices.txt.
+func autoOptions(t *testing.T, col string) stablegraph.Options {
+	t.Helper()
+	var o stablegraph.Options
+	if col == "-" {
+		return o
+	}
+	for _, kv := range strings.Split(col, ",") {
+		k, v, _ := strings.Cut(strings.TrimSpace(kv), "=")
+		f := func() float64 {
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("option %s: %v", kv, err)
+			}
+			return x
+		}
+		switch k {
+		case "zero-copy":
+			o.ZeroCopyOutputs = true
+		case "pool-memory-fraction":
+			o.Costs.PoolMemoryFraction = f()
+		case "copy-latency-us":
+			o.Costs.CopyLatencyUS = f()
+		case "copy-bytes-per-us":
+			o.Costs.CopyBytesPerUS = f()
+		case "node-update-us":
+			o.Costs.NodeUpdateUS = f()
+		default:
+			t.Fatalf("unknown option %q", k)
+		}
+	}
+	return o
+}
+
+// TestAutoChoice checks what auto chooses on the cases of
+// testdata/auto_choices.txt, with the default H100 costs and others, and
+// that it says why.
 func TestAutoChoice(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
-	for _, c := range []struct {
-		name string
-		p    *stablegraph.Program
-		opts stablegraph.Options
-		want stablegraph.Strategy
-		says string
-	}{
-		// Two copies of 6 us each against two node updates of 0.33 us.
-		{"few-nodes", fanOut(1), stablegraph.Options{}, stablegraph.StrategyPatch, "2 nodes to patch"},
-		// 60 node updates cost more than two copies.
-		{"many-nodes", fanOut(60), stablegraph.Options{}, stablegraph.StrategyStable, "61 nodes to patch"},
-		// Leasing the output saves a copy: pool beats stable.
-		{"zero-copy", fanOut(60), stablegraph.Options{ZeroCopyOutputs: true}, stablegraph.StrategyPool, "outputs leased"},
-		// ... unless its slots would take too much of the device.
-		{"slots-too-big", fanOut(60), stablegraph.Options{ZeroCopyOutputs: true, Costs: stablegraph.Costs{PoolMemoryFraction: 1e-9}},
-			stablegraph.StrategyStable, "pool: not usable"},
-		// Copies made free: stable beats four node updates.
-		{"cheap-copies", fanOut(3), stablegraph.Options{Costs: stablegraph.Costs{CopyLatencyUS: 1e-9, CopyBytesPerUS: 1e12, NodeUpdateUS: 1}},
-			stablegraph.StrategyStable, "stable"},
-	} {
+	for _, row := range simtest.Table(t, "testdata/auto_choices.txt", 5) {
+		k, err := strconv.Atoi(row[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := struct {
+			name string
+			p    *stablegraph.Program
+			opts stablegraph.Options
+			want stablegraph.Strategy
+			says string
+		}{row[0], fanOut(k), autoOptions(t, row[2]), stablegraph.Strategy(row[3]), row[4]}
 		t.Run(c.name, func(t *testing.T) {
 			c.opts.Strategy = stablegraph.StrategyAuto
 			c.opts.AutoProbeSteps = -1 // the model alone

@@ -2,7 +2,6 @@ package replay_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -173,7 +172,6 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 // TestConcurrentRuns runs one executable from several goroutines on their
 // own streams and buffers; every result must be the one eager computes.
 func TestConcurrentRuns(t *testing.T) {
-	ctx := context.Background()
 	b := simtest.New(t, 1)
 	const batch, width, workers, steps = 2, 8, 4, 25
 	p := stablegraph.NewProgram("concurrent")
@@ -183,72 +181,14 @@ func TestConcurrentRuns(t *testing.T) {
 	y := p.Output("y", 4*batch*width)
 	p.Gemm(h.All(), x.All(), w.All(), stablegraph.GEMM{M: batch, N: width, K: width, Alpha: 1})
 	p.Launch(kernels.Tanh, kernels.Elementwise(batch*width), stablegraph.Out(y.All()), stablegraph.In(h.All()), stablegraph.I32(batch*width))
-
-	ref, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
-	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer exe.Close()
-
-	type job struct {
-		s      gpu.Stream
-		xp, yp [2]gpu.DevicePtr
-		want   [2][]byte
-	}
-	jobs := make([]*job, workers)
-	rs := simtest.Stream(t, b, 0)
-	for i := range jobs {
-		j := &job{s: simtest.Stream(t, b, 0)}
-		for k := range 2 {
-			j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
-			j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
-			if err := b.MemcpyHtoD(j.xp[k], gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(10*i+k)), batch*width, 1))); err != nil {
-				t.Fatal(err)
-			}
-			outs, err := ref.Run(ctx, rs, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if j.want[k], err = ref.ReadOutput(ctx, outs, y); err != nil {
-				t.Fatal(err)
-			}
-		}
-		jobs[i] = j
-	}
-	errs := make(chan error, workers)
-	for _, j := range jobs {
-		go func() {
-			for step := range steps {
-				k := step % 2
-				outs, err := exe.Run(ctx, j.s, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-				if err != nil {
-					errs <- err
-					return
-				}
-				got, err := exe.ReadOutput(ctx, outs, y)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if string(got) != string(j.want[k]) {
-					errs <- errors.New("concurrent run differs from eager")
-					return
-				}
-				_ = exe.Stats()
-			}
-			errs <- nil
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	exe := steptest.Workers{
+		Program: p, X: x, Y: y,
+		Input: func(i int) []byte {
+			return gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(i)), batch*width, 1))
+		},
+		Options: stablegraph.Options{Strategy: stablegraph.StrategyPatch},
+		Workers: workers, Steps: steps,
+	}.Run(t, b)
 	if st := exe.Stats(); st.Steps != workers*steps || st.Rerecords != 0 {
 		t.Errorf("steps %d, re-records %d", st.Steps, st.Rerecords)
 	}
@@ -287,4 +227,53 @@ func TestShadowOutOfMemory(t *testing.T) {
 	if final.TracesCaptured != 2 || final.TracesSynthesized != 0 || final.Rerecords != 0 {
 		t.Errorf("captured %d, synthesized %d, re-records %d; want 2, 0, 0", final.TracesCaptured, final.TracesSynthesized, final.Rerecords)
 	}
+}
+
+// TestPatchSteadyStatePingPong is the acceptance check for patch: once both
+// address sets have been seen, a step re-records nothing, captures nothing,
+// misses no trace, and only patches nodes.
+func TestPatchSteadyStatePingPong(t *testing.T) {
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(4, 16, 3, 64, 8)
+	res, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 20)
+	warm, final := res[1].Stats, res[len(res)-1].Stats
+	d := final.Counters.Sub(warm.Counters)
+	if d.Records != 0 || d.Rerecords != 0 || d.GraphUpdates != 0 || d.TracesCaptured != 0 ||
+		d.TracesSynthesized != 0 || d.TraceCacheMisses != 0 || d.UpdateFallbacks != 0 {
+		t.Errorf("steady state did more than patch: %+v", d)
+	}
+	// Per step: the first GEMM (reads x), the chain's first kernel (reads
+	// x2) and last (writes z), the axpy reading z, the memcpy (y, ycopy),
+	// the last bias_tanh (writes y), the memset and axpy on m.
+	if want := int64(8 * (len(res) - 2)); d.PatchedNodes != want || d.TraceCacheHits != int64(len(res)-2) {
+		t.Errorf("patched %d nodes with %d cache hits over %d steps; want %d and %d", d.PatchedNodes, d.TraceCacheHits, len(res)-2, want, len(res)-2)
+	}
+	for _, info := range mustTraces(t, b, w) {
+		if !info.Patchable {
+			t.Errorf("%s is not patchable on sim: %s", info.Command, info.Reason)
+		}
+	}
+}
+
+func mustTraces(t *testing.T, b gpu.Backend, w *steptest.MLP) []stablegraph.TraceInfo {
+	t.Helper()
+	ctx := context.Background()
+	exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Close()
+	s := simtest.Stream(t, b, 0)
+	bind := stablegraph.Bindings{}
+	for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
+		bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
+	}
+	if _, err := exe.Run(ctx, s, bind); err != nil {
+		t.Fatal(err)
+	}
+	infos := exe.Traces()
+	if len(infos) != w.Layers {
+		t.Fatalf("%d traced commands, want %d GEMMs", len(infos), w.Layers)
+	}
+	return infos
 }

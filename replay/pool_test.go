@@ -569,85 +569,17 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 // slots, copied and zero-copy outputs) and auto; every result must be
 // eager's. Run under -race.
 func TestPersistentConcurrentRuns(t *testing.T) {
-	ctx := context.Background()
 	const workers, steps = 4, 12
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	for _, v := range persistentVariants() {
 		t.Run(v.name, func(t *testing.T) {
 			b := simtest.New(t, 1)
-			x, y := w.Params[0], w.Outputs[0]
-			ref, err := stablegraph.Compile(ctx, b, w.Program, stablegraph.Options{Strategy: stablegraph.StrategyEager})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ref.Close()
-			exe, err := stablegraph.Compile(ctx, b, w.Program, v.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer exe.Close()
-			for _, st := range w.States {
-				for _, e := range []*stablegraph.Executable{ref, exe} {
-					if err := e.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			type job struct {
-				s      gpu.Stream
-				xp, yp [2]gpu.DevicePtr
-				want   [2][]byte
-			}
-			rs := simtest.Stream(t, b, 0)
-			jobs := make([]*job, workers)
-			for i := range jobs {
-				j := &job{s: simtest.Stream(t, b, 0)}
-				for k := range 2 {
-					j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
-					j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
-					if err := b.MemcpyHtoD(j.xp[k], w.Input(10*i+k, 0)); err != nil {
-						t.Fatal(err)
-					}
-					outs, err := ref.Run(ctx, rs, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if j.want[k], err = ref.ReadOutput(ctx, outs, y); err != nil {
-						t.Fatal(err)
-					}
-				}
-				jobs[i] = j
-			}
-			errs := make(chan error, workers)
-			for _, j := range jobs {
-				go func() {
-					for step := range steps {
-						k := step % 2
-						outs, err := exe.Run(ctx, j.s, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-						if err != nil {
-							errs <- err
-							return
-						}
-						got, err := exe.ReadOutput(ctx, outs, y)
-						outs.Release()
-						if err != nil {
-							errs <- err
-							return
-						}
-						if !bytes.Equal(got, j.want[k]) {
-							errs <- fmt.Errorf("step %d: concurrent run differs from eager", step)
-							return
-						}
-						_ = exe.Stats()
-					}
-					errs <- nil
-				}()
-			}
-			for range workers {
-				if err := <-errs; err != nil {
-					t.Error(err)
-				}
-			}
+			exe := steptest.Workers{
+				Program: w.Program, X: w.Params[0], Y: w.Outputs[0], States: w.States,
+				Input:   func(i int) []byte { return w.Input(i, 0) },
+				Options: v.opts,
+				Workers: workers, Steps: steps,
+			}.Run(t, b)
 			if st := exe.Stats(); st.Steps != workers*steps || st.Rerecords != 0 {
 				t.Errorf("steps %d, re-records %d", st.Steps, st.Rerecords)
 			}

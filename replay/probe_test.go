@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stablegraph/stablegraph"
@@ -16,56 +14,6 @@ import (
 	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/workload"
 )
-
-// stepTrace is what a run of a workload saw at every step: the outputs and
-// the states after it, and the executable's stats, memory and choice.
-type stepTrace struct {
-	outs, states [][]byte // per step: the outputs, the states, concatenated
-	stats        []stablegraph.Stats
-	mem          []stablegraph.MemoryStats
-	first, final stablegraph.Choice // at Compile and after the last step
-}
-
-// runEveryStep runs steps of w with opts, the caller's buffers moving by
-// pattern, and reads every output and every state after every step.
-func runEveryStep(t *testing.T, b gpu.Backend, w *workload.Workload, opts stablegraph.Options, pattern workload.Pattern, steps int) stepTrace {
-	t.Helper()
-	ctx := context.Background()
-	s := simtest.Stream(t, b, 0)
-	exe, caller, done := steptest.StartWorkload(t, b, w, opts, pattern)
-	defer done()
-	tr := stepTrace{first: exe.Choice()}
-	for step := range steps {
-		bind, err := caller.Bind(step)
-		if err != nil {
-			t.Fatal(err)
-		}
-		outs, err := exe.Run(ctx, s, bind)
-		if err != nil {
-			t.Fatalf("step %d (%s): %v", step, exe.Stats().Ran, err)
-		}
-		var o, st []byte
-		for _, buf := range w.Outputs {
-			data, err := exe.ReadOutput(ctx, outs, buf)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o = append(o, data...)
-		}
-		for _, sb := range w.States {
-			data, err := exe.ReadBuffer(ctx, sb.Buffer)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st = append(st, data...)
-		}
-		tr.outs, tr.states = append(tr.outs, o), append(tr.states, st)
-		tr.stats = append(tr.stats, exe.Stats())
-		tr.mem = append(tr.mem, exe.Memory())
-	}
-	tr.final = exe.Choice()
-	return tr
-}
 
 // TestAutoProbesAndDecides: on mlp, train and chain, with fixed, ping-pong
 // and random buffers, auto runs each candidate in turn for its warm-up and
@@ -81,16 +29,9 @@ func TestAutoProbesAndDecides(t *testing.T) {
 		for _, pattern := range workload.Patterns() {
 			t.Run(name+"/"+string(pattern), func(t *testing.T) {
 				b := simtest.New(t, 1)
-				want := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps)
-				got := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto}, pattern, steps)
-				for i := range want.outs {
-					if !bytes.Equal(got.outs[i], want.outs[i]) {
-						t.Fatalf("step %d (ran %s): outputs differ from eager", i, got.stats[i].Ran)
-					}
-					if !bytes.Equal(got.states[i], want.states[i]) {
-						t.Fatalf("step %d (ran %s): states differ from eager", i, got.stats[i].Ran)
-					}
-				}
+				want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, true)
+				got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto}, pattern, steps, true)
+				steptest.SameResults(t, got, want)
 				checkProbes(t, got, 3, 2)
 			})
 		}
@@ -99,9 +40,9 @@ func TestAutoProbesAndDecides(t *testing.T) {
 
 // checkProbes checks the order in which auto ran its candidates, what it
 // reports, and the memory it held.
-func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
+func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots int) {
 	t.Helper()
-	first, final := tr.first, tr.final
+	first, final := tr.First, tr.Final
 	if !first.Probing || first.Requested != stablegraph.StrategyAuto || !strings.HasPrefix(first.Reason, "probing ") {
 		t.Fatalf("choice at Compile: %+v", first)
 	}
@@ -119,11 +60,11 @@ func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
 	step := 0
 	for _, st := range order {
 		for range warm[st] + probeSteps {
-			if s := tr.stats[step]; s.Ran != st || !s.Probing || s.Strategy != first.Strategy {
+			if s := tr.Steps[step].Stats; s.Ran != st || !s.Probing || s.Strategy != first.Strategy {
 				t.Fatalf("step %d ran %s (probing %v, strategy %s), want the probe of %s", step, s.Ran, s.Probing, s.Strategy, st)
 			}
 			// Every candidate's memory is held while probing.
-			if m := tr.mem[step]; m.Persistent == 0 || m.Slots == 0 || m.SlotCount != poolSlots {
+			if m := tr.Steps[step].Mem; m.Persistent == 0 || m.Slots == 0 || m.SlotCount != poolSlots {
 				t.Fatalf("step %d: memory while probing %+v", step, m)
 			}
 			step++
@@ -131,8 +72,8 @@ func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
 	}
 	// The probes' times are read at the next step (the tests read every
 	// step back, so the device is past them): it runs the one kept.
-	for ; step < len(tr.stats); step++ {
-		if s := tr.stats[step]; s.Probing || s.Ran != final.Strategy || s.Strategy != final.Strategy {
+	for ; step < len(tr.Steps); step++ {
+		if s := tr.Steps[step].Stats; s.Probing || s.Ran != final.Strategy || s.Strategy != final.Strategy {
 			t.Fatalf("step %d after probing: ran %s, probing %v, chose %s", step, s.Ran, s.Probing, final.Strategy)
 		}
 	}
@@ -148,7 +89,7 @@ func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
 			t.Errorf("candidate %+v; reason %q", c, final.Reason)
 		}
 	}
-	m := tr.mem[len(tr.mem)-1]
+	m := tr.Steps[len(tr.Steps)-1].Mem
 	if (final.Strategy == stablegraph.StrategyStable) != (m.Persistent > 0) || (final.Strategy == stablegraph.StrategyPool) != (m.Slots > 0) {
 		t.Errorf("memory %+v after choosing %s", m, final.Strategy)
 	}
@@ -163,13 +104,9 @@ func checkProbes(t *testing.T, tr stepTrace, probeSteps, poolSlots int) {
 func TestAutoProbeOptions(t *testing.T) {
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
-	want := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 12)
-	got := runEveryStep(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 12)
-	for i := range want.outs {
-		if !bytes.Equal(got.outs[i], want.outs[i]) || !bytes.Equal(got.states[i], want.states[i]) {
-			t.Fatalf("step %d (ran %s) differs from eager", i, got.stats[i].Ran)
-		}
-	}
+	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 12, true)
+	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 12, true)
+	steptest.SameResults(t, got, want)
 	checkProbes(t, got, 1, 3)
 
 	for _, c := range []struct {
@@ -180,17 +117,17 @@ func TestAutoProbeOptions(t *testing.T) {
 		{stablegraph.Options{ZeroCopyOutputs: true}, "not probed: zero-copy outputs"},
 	} {
 		c.opts.Strategy = stablegraph.StrategyAuto
-		tr := runEveryStep(t, b, w, c.opts, workload.PingPong, 3)
-		if tr.first.Probing || tr.final.Probing || tr.first.Strategy != tr.final.Strategy || !strings.Contains(tr.final.Reason, c.says) ||
-			!strings.HasPrefix(tr.final.Reason, "cheapest modelled step: ") {
-			t.Errorf("%+v: choice %+v", c.opts, tr.final)
+		tr := steptest.RunWorkload(t, b, w, c.opts, workload.PingPong, 3, true)
+		if tr.First.Probing || tr.Final.Probing || tr.First.Strategy != tr.Final.Strategy || !strings.Contains(tr.Final.Reason, c.says) ||
+			!strings.HasPrefix(tr.Final.Reason, "cheapest modelled step: ") {
+			t.Errorf("%+v: choice %+v", c.opts, tr.Final)
 		}
-		for i, st := range tr.stats {
-			if st.Probing || st.Ran != tr.final.Strategy {
-				t.Errorf("%+v: step %d ran %s", c.opts, i, st.Ran)
+		for i, st := range tr.Steps {
+			if st.Stats.Probing || st.Stats.Ran != tr.Final.Strategy {
+				t.Errorf("%+v: step %d ran %s", c.opts, i, st.Stats.Ran)
 			}
 		}
-		for _, cand := range tr.final.Candidates {
+		for _, cand := range tr.Final.Candidates {
 			if cand.Probed != 0 {
 				t.Errorf("%+v: %s probed", c.opts, cand.Strategy)
 			}
@@ -207,94 +144,24 @@ func TestAutoProbeOptions(t *testing.T) {
 // through and past probing, while another reads its Choice, Memory and
 // Stats; run under -race. Every result must be eager's.
 func TestAutoProbeConcurrent(t *testing.T) {
-	ctx := context.Background()
 	const workers, steps = 4, 10
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
-	x, y := w.Params[0], w.Outputs[0]
-	ref, err := stablegraph.Compile(ctx, b, w.Program, stablegraph.Options{Strategy: stablegraph.StrategyEager})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ref.Close()
-	exe, err := stablegraph.Compile(ctx, b, w.Program, stablegraph.Options{Strategy: stablegraph.StrategyAuto})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer exe.Close()
-	rs := simtest.Stream(t, b, 0)
-	type job struct {
-		s      gpu.Stream
-		xp, yp [2]gpu.DevicePtr
-		want   [2][]byte
-	}
-	jobs := make([]*job, workers)
-	for i := range jobs {
-		j := &job{s: simtest.Stream(t, b, 0)}
-		for k := range 2 {
-			j.xp[k] = simtest.Alloc(t, b, 0, uint64(x.Size()))
-			j.yp[k] = simtest.Alloc(t, b, 0, uint64(y.Size()))
-			if err := b.MemcpyHtoD(j.xp[k], w.Input(10*i+k, 0)); err != nil {
-				t.Fatal(err)
-			}
-			// The mlp's output depends on its input alone.
-			outs, err := ref.Run(ctx, rs, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if j.want[k], err = ref.ReadOutput(ctx, outs, y); err != nil {
-				t.Fatal(err)
-			}
-		}
-		jobs[i] = j
-	}
-	stop := make(chan struct{})
-	var readers sync.WaitGroup
-	readers.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
+	exe := steptest.Workers{
+		// The mlp's output depends on its input alone.
+		Program: w.Program, X: w.Params[0], Y: w.Outputs[0], States: w.States,
+		Input:   func(i int) []byte { return w.Input(i, 0) },
+		Options: stablegraph.Options{Strategy: stablegraph.StrategyAuto},
+		Workers: workers, Steps: steps,
+		During: func(exe *stablegraph.Executable) error {
 			ch := exe.Choice()
 			_ = exe.Memory().Total()
 			if st := exe.Stats(); st.Strategy == "" || ch.Strategy == "" {
-				t.Error("no strategy reported")
-				return
+				return errors.New("no strategy reported")
 			}
-		}
-	})
-	errs := make(chan error, workers)
-	for _, j := range jobs {
-		go func() {
-			for step := range steps {
-				k := step % 2
-				outs, err := exe.Run(ctx, j.s, stablegraph.Bindings{x: j.xp[k], y: j.yp[k]})
-				if err != nil {
-					errs <- err
-					return
-				}
-				got, err := exe.ReadOutput(ctx, outs, y)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if !bytes.Equal(got, j.want[k]) {
-					errs <- fmt.Errorf("step %d (ran %s): differs from eager", step, exe.Stats().Ran)
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
-	close(stop)
-	readers.Wait()
+			return nil
+		},
+	}.Run(t, b)
 	if ch := exe.Choice(); ch.Probing || !strings.HasPrefix(ch.Reason, "fastest measured step") {
 		t.Errorf("after %d steps: %+v", workers*steps, ch)
 	}

@@ -9,6 +9,8 @@ package simtest
 
 import (
 	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -211,4 +213,34 @@ func WantF32(t testing.TB, what string, got, want []float32) {
 			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
 		}
 	}
+}
+
+// Table reads a table of test cases from a testdata file: one case a
+// line, fields separated by "|" and trimmed; blank lines and lines
+// starting with "#" are skipped. Every case must have want fields.
+func Table(t testing.TB, path string, want int) [][]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]string
+	for n, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Split(line, "|")
+		if len(fields) != want {
+			t.Fatalf("%s:%d: %d fields, want %d", path, n+1, len(fields), want)
+		}
+		for i := range fields {
+			fields[i] = strings.TrimSpace(fields[i])
+		}
+		rows = append(rows, fields)
+	}
+	if len(rows) == 0 {
+		t.Fatalf("%s: no cases", path)
+	}
+	return rows
 }

@@ -3,7 +3,6 @@ package stablegraph
 import (
 	"errors"
 	"fmt"
-	"reflect"
 	"sync"
 	"sync/atomic"
 
@@ -11,7 +10,11 @@ import (
 	"github.com/stablegraph/stablegraph/trace"
 )
 
-// Collectives in programs.
+// Collectives in programs: Comm, the communicator a collective command
+// runs over, and the traced function that enqueues a command's part. The
+// commands are declared with Program.AllReduce, ReduceScatter, AllGather
+// and Broadcast (program.go) and checked with the rest of the program
+// (validate.go).
 //
 // A collective command (AllReduce, ReduceScatter, AllGather, Broadcast) runs
 // one rank's part of an operation of a communicator (Comm): every rank runs
@@ -176,77 +179,6 @@ func (c *Comm) String() string {
 	return fmt.Sprintf("communicator rank %d of %d on device %d", c.rank, c.size, c.dev)
 }
 
-// collKind is the kind of a collective command.
-type collKind uint8
-
-const (
-	collAllReduce collKind = iota + 1
-	collReduceScatter
-	collAllGather
-	collBroadcast
-)
-
-func (k collKind) String() string {
-	switch k {
-	case collAllReduce:
-		return "allreduce"
-	case collReduceScatter:
-		return "reducescatter"
-	case collAllGather:
-		return "allgather"
-	case collBroadcast:
-		return "broadcast"
-	}
-	return fmt.Sprintf("collKind(%d)", uint8(k))
-}
-
-// collDecl is the part of a command declaration only collectives have.
-type collDecl struct {
-	kind       collKind
-	comm       *Comm
-	dt         gpu.DataType
-	op         gpu.ReduceOp
-	root       int
-	send, recv Slice
-}
-
-// collective appends a collective command: a traced command over send (read)
-// and recv (written), in that order, even when they are the same slice.
-func (p *Program) collective(d *collDecl) {
-	p.cmds = append(p.cmds, cmdDecl{kind: cmdTrace, name: d.kind.String(), fn: d.run,
-		args: []Arg{In(d.send), Out(d.recv)}, coll: d})
-}
-
-// AllReduce appends an all-reduce over comm: every rank's recv receives the
-// element-wise reduction (op: gpu.Sum or gpu.Max), in rank order, of every
-// rank's send, both holding elements of dt. send and recv have the same
-// length; send == recv is in place, and they may not overlap otherwise.
-func (p *Program) AllReduce(comm *Comm, send, recv Slice, dt gpu.DataType, op gpu.ReduceOp) {
-	p.collective(&collDecl{kind: collAllReduce, comm: comm, dt: dt, op: op, send: send, recv: recv})
-}
-
-// ReduceScatter appends a reduce-scatter over comm: the element-wise
-// reduction of every rank's send is split into comm.Size() blocks and rank
-// r's recv receives block r. len(send) = comm.Size()·len(recv); in place
-// when recv is block r of send.
-func (p *Program) ReduceScatter(comm *Comm, send, recv Slice, dt gpu.DataType, op gpu.ReduceOp) {
-	p.collective(&collDecl{kind: collReduceScatter, comm: comm, dt: dt, op: op, send: send, recv: recv})
-}
-
-// AllGather appends an all-gather over comm: every rank's recv receives the
-// send of every rank, rank r's at byte r·len(send). len(recv) =
-// comm.Size()·len(send); in place when send is block r of recv.
-func (p *Program) AllGather(comm *Comm, send, recv Slice, dt gpu.DataType) {
-	p.collective(&collDecl{kind: collAllGather, comm: comm, dt: dt, send: send, recv: recv})
-}
-
-// Broadcast appends a broadcast over comm: every rank's recv receives the
-// root rank's send (other ranks' send is not read, but must be declared:
-// pass recv for an in-place broadcast). send and recv have the same length.
-func (p *Program) Broadcast(comm *Comm, send, recv Slice, dt gpu.DataType, root int) {
-	p.collective(&collDecl{kind: collBroadcast, comm: comm, dt: dt, root: root, send: send, recv: recv})
-}
-
 // run is the collective's traced function: it enqueues the rank's part on
 // env.Stream (captured when the stream is capturing).
 func (d *collDecl) run(env *trace.Env) error {
@@ -284,109 +216,4 @@ func (d *collDecl) run(env *trace.Env) error {
 		c.launched.Add(1)
 	}
 	return nil
-}
-
-// checkCollective checks what can be checked without a device: the
-// communicator is given, the type and reduction are known, slices hold
-// whole elements, lengths follow the collective's rule, and send and recv
-// overlap only in the collective's in-place form.
-func (p *Program) checkCollective(ck *checker, i int, c *cmdDecl, op string) {
-	d := c.coll
-	if d.comm == nil {
-		ck.add(i, op, "", "no communicator")
-		return
-	}
-	size := int64(d.comm.size)
-	elem := int64(d.dt.Size())
-	if elem == 0 {
-		ck.add(i, op, "", "unknown data type %v", d.dt)
-		return
-	}
-	if (d.kind == collAllReduce || d.kind == collReduceScatter) && d.op != gpu.Sum && d.op != gpu.Max {
-		ck.add(i, op, "", "unknown reduction %v", d.op)
-	}
-	if d.kind == collBroadcast && (d.root < 0 || int64(d.root) >= size) {
-		ck.add(i, op, "", "root %d is not a rank of the %d", d.root, size)
-	}
-	for _, s := range []Slice{d.send, d.recv} {
-		if s.off%elem != 0 || s.n%elem != 0 {
-			ck.add(i, op, s.buf.Name(), "slice %s does not hold whole %d-byte %s elements", s, elem, d.dt)
-			return
-		}
-	}
-	send, recv := d.send, d.recv
-	block := int64(-1) // the in-place position allowed, as an offset into the larger slice
-	switch d.kind {
-	case collAllReduce, collBroadcast:
-		if send.n != recv.n {
-			ck.add(i, op, recv.buf.Name(), "send %s and recv %s differ in length", send, recv)
-		}
-		block = 0
-	case collReduceScatter:
-		if send.n != size*recv.n {
-			ck.add(i, op, recv.buf.Name(), "send %s must hold %d times recv %s (%d ranks)", send, size, recv, size)
-		}
-		block = int64(d.comm.rank) * recv.n
-	case collAllGather:
-		if recv.n != size*send.n {
-			ck.add(i, op, recv.buf.Name(), "recv %s must hold %d times send %s (%d ranks)", recv, size, send, size)
-		}
-		block = int64(d.comm.rank) * send.n
-	}
-	if send.buf != recv.buf || send.off+send.n <= recv.off || recv.off+recv.n <= send.off {
-		return
-	}
-	inPlace := false
-	switch d.kind {
-	case collAllReduce, collBroadcast:
-		inPlace = send == recv
-	case collReduceScatter:
-		inPlace = recv.off == send.off+block && recv.n <= send.n
-	case collAllGather:
-		inPlace = send.off == recv.off+block && send.n <= recv.n
-	}
-	if !inPlace {
-		ck.add(i, op, recv.buf.Name(), "send %s and recv %s overlap, and not as the in-place form of %s", send, recv, d.kind)
-	}
-}
-
-// checkComms checks the communicators of p's collectives against the
-// backend and device Compile binds to: the backend must have collectives
-// (else an error wrapping gpu.ErrNotSupported), and each communicator must
-// belong to it and to the device, and be open.
-func (p *Program) checkComms(b gpu.Backend, dev int) error {
-	ck := &checker{p: p}
-	for i := range p.cmds {
-		d := p.cmds[i].coll
-		if d == nil || d.comm == nil {
-			continue
-		}
-		op := p.cmds[i].label()
-		if _, err := gpu.CollectivesOf(b); err != nil {
-			return fmt.Errorf("stablegraph: compile %q: command %d (%s): %w", p.name, i, op, err)
-		}
-		c := d.comm
-		c.mu.Lock()
-		closed := c.mu.closed
-		c.mu.Unlock()
-		switch {
-		case !sameBackend(c.b, b):
-			ck.add(i, op, "", "the %s belongs to backend %s, not the backend compiled for (%s)", c, c.b.Name(), b.Name())
-		case c.dev != dev:
-			ck.add(i, op, "", "the %s is not on device %d, which the program is compiled for", c, dev)
-		case closed:
-			ck.add(i, op, "", "the %s is closed", c)
-		}
-	}
-	return errors.Join(ck.errs...)
-}
-
-// sameBackend reports whether a and b are the same backend, without the
-// panic of comparing interfaces holding uncomparable values.
-func sameBackend(a, b gpu.Backend) bool {
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	if ta != tb || ta == nil || !ta.Comparable() {
-		return false
-	}
-	return a == b
 }
