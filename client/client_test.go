@@ -89,7 +89,7 @@ func (e *clientEnv) open(opts client.Options) *client.Client {
 }
 
 // finish unloads the modules, purges the cache and checks that nothing is
-// left live before closing the backend (ARCHITECTURE.md rule 2).
+// left live before closing the backend (docs/ARCHITECTURE.md rule 2).
 func (e *clientEnv) finish() {
 	e.t.Helper()
 	for _, m := range e.mods {
@@ -577,7 +577,7 @@ func TestClientStalledTimeline(t *testing.T) {
 // TestClientErrorPathsRelease fails the Nth call of each driver entry point
 // the client uses, for N = 0, 1, ... until the scenario runs clean, and
 // checks that every injected failure is reported and that nothing is left
-// live (ARCHITECTURE.md rule 2).
+// live (docs/ARCHITECTURE.md rule 2).
 func TestClientErrorPathsRelease(t *testing.T) {
 	ops := []string{
 		"StreamCreate", "StreamQuery", "StreamSynchronize", "StreamDestroy", "StreamWaitEvent",

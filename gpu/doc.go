@@ -53,5 +53,6 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives will be an optional interface discovered the same way.
+// Collectives are an optional interface of the backend (collectives.go),
+// discovered the same way with CollectivesOf.
 package gpu

@@ -25,7 +25,7 @@ func fillU64(n int, value func(ptr gpu.DevicePtr) uint64) stablegraph.TraceFunc 
 	}
 }
 
-// TestScalarEqualToOldAddressSurvivesPatch is ARCHITECTURE.md rule 1: a
+// TestScalarEqualToOldAddressSurvivesPatch is docs/ARCHITECTURE.md rule 1: a
 // u64 scalar whose value is a buffer's old address must keep its value when
 // the pointers are patched, in a kernel node (typed arguments) and in a
 // traced node (differential tracing). It also checks that traced commands

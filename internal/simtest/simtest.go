@@ -22,8 +22,8 @@ import (
 const DeviceMemory = 1 << 30
 
 // New opens a sim backend with the given number of devices (DeviceMemory
-// each). At cleanup it fails the test if any handle is still live (docs/
-// ARCHITECTURE.md, rule 2), then closes the backend.
+// each). At cleanup it fails the test if any handle is still live
+// (docs/ARCHITECTURE.md, rule 2), then closes the backend.
 func New(t testing.TB, devices int) *sim.Backend {
 	t.Helper()
 	return NewWith(t, gpu.Config{Devices: devices, DeviceMemory: DeviceMemory})
