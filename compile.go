@@ -1,12 +1,15 @@
 package stablegraph
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
 )
 
@@ -84,17 +87,44 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 	if e.cb, err = e.buildCommands(cmds); err != nil {
 		return nil, err
 	}
-	e.flow = analyseFlow(e.bufs, cmds)
-	if e.mu.strat, e.choice, err = newStrategy(e, opts.Strategy); err != nil {
+	if e.strat, err = replay.New(opts.Strategy, e.spec(cmds)); err != nil {
+		var pe *replay.ProgramError
+		if errors.As(err, &pe) {
+			return nil, &CompileError{Program: p.name, Command: -1, Buffer: pe.Buffer, Msg: pe.Msg}
+		}
 		return nil, err
 	}
-	if l, ok := e.mu.strat.(outputLeaser); ok {
-		e.leased = l.leasesOutputs()
-	}
-	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs), "runs", e.choice.Strategy,
-		"temp_bytes", e.mem.Temps, "temp_bytes_unshared", e.mem.TempsUnshared,
-		"persistent_bytes", e.mem.Persistent, "slot_bytes", e.mem.Slots)
+	e.leased = replay.LeasesOutputs(e.strat)
+	mem := e.Memory()
+	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs), "runs", e.Strategy(),
+		"temp_bytes", mem.Temps, "temp_bytes_unshared", mem.TempsUnshared,
+		"persistent_bytes", mem.Persistent, "slot_bytes", mem.Slots)
 	return e, nil
+}
+
+// spec is what the strategy is built from: the compiled commands, every
+// buffer with its class, size and flow, the device and the options that
+// concern strategies.
+func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
+	flow := analyseFlow(e.bufs, cmds)
+	bufs := make([]replay.Buffer, len(e.bufs))
+	for i, d := range e.bufs {
+		bufs[i] = replay.Buffer{Name: d.name, Class: d.class, Size: d.size, Flow: flow[i]}
+	}
+	coll := false
+	for i := range cmds {
+		coll = coll || cmds[i].coll != nil
+	}
+	return replay.Spec{
+		Program:     e.name,
+		Backend:     e.b,
+		Device:      e.dev,
+		Commands:    e.cb,
+		Buffers:     bufs,
+		Options:     e.opts.replayOptions(),
+		Collectives: coll,
+		Logger:      e.log,
+	}
 }
 
 // loadModules loads the built-in kernels and p's modules and resolves every
@@ -229,4 +259,135 @@ func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error
 		}
 	}
 	return graph.New(e.dev, len(e.bufs), cmds, e.mu.tr)
+}
+
+// tempPlan places the temps in one arena. Each temp lives from the first
+// to the last command that uses it; a temp goes at the lowest aligned
+// offset that overlaps no placed temp whose lifetime overlaps its own,
+// largest temps first (the greedy-by-size heuristic of TFLite's arena
+// planner). Unused temps get no memory.
+type tempPlan struct {
+	off      map[int]uint64 // buffer id → offset in the arena
+	size     uint64         // arena bytes
+	unshared uint64         // arena bytes if no temp shared
+}
+
+func planTemps(bufs []bufDecl, cmds []cmdDecl, align uint64, share bool) tempPlan {
+	type life struct {
+		id          int
+		size        uint64
+		first, last int
+		off         uint64
+	}
+	lives := map[int]*life{}
+	for i := range cmds {
+		for _, a := range cmds[i].args {
+			if !a.IsSlice() || bufs[a.slice.buf.id].class != Temp {
+				continue
+			}
+			id := a.slice.buf.id
+			if l, ok := lives[id]; ok {
+				l.last = i
+			} else {
+				lives[id] = &life{id: id, size: gpu.RoundUp(uint64(bufs[id].size), align), first: i, last: i}
+			}
+		}
+	}
+	order := make([]*life, 0, len(lives))
+	for _, l := range lives {
+		order = append(order, l)
+	}
+	slices.SortFunc(order, func(a, b *life) int {
+		if c := cmp.Compare(b.size, a.size); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	plan := tempPlan{off: map[int]uint64{}}
+	var placed []*life // sorted by offset
+	for _, l := range order {
+		plan.unshared += l.size
+		var off uint64
+		for _, q := range placed {
+			if share && (q.last < l.first || l.last < q.first) {
+				continue // lifetimes disjoint: may share
+			}
+			if off+l.size <= q.off {
+				break // fits in the gap before q
+			}
+			off = max(off, q.off+q.size)
+		}
+		l.off = off
+		plan.off[l.id] = off
+		plan.size = max(plan.size, off+l.size)
+		k, _ := slices.BinarySearchFunc(placed, off, func(q *life, off uint64) int { return cmp.Compare(q.off, off) })
+		placed = slices.Insert(placed, k, l)
+	}
+	return plan
+}
+
+// span is a half-open byte range [lo, hi).
+type span struct{ lo, hi int64 }
+
+// analyseFlow says how the step uses each buffer (replay.Flow), for the
+// strategies that copy params and outputs between the caller's buffers and
+// their own. It walks the commands in order, keeping for each buffer the
+// bytes written so far. Within a command reads come before writes: an
+// InOut slice reads what was there before the command.
+func analyseFlow(bufs []bufDecl, cmds []cmdDecl) []replay.Flow {
+	nbufs := len(bufs)
+	sizes := make([]int64, nbufs)
+	for i := range bufs {
+		sizes[i] = bufs[i].size
+	}
+	flow := make([]replay.Flow, nbufs)
+	written := make([][]span, nbufs)
+	for i := range cmds {
+		c := &cmds[i]
+		for _, a := range c.args {
+			if a.IsSlice() && a.access&Read != 0 && a.slice.n > 0 {
+				id := a.slice.buf.id
+				if !covers(written[id], span{a.slice.off, a.slice.off + a.slice.n}) {
+					flow[id].ReadFirst = true
+				}
+			}
+		}
+		for _, a := range c.args {
+			if a.IsSlice() && a.access&Write != 0 && a.slice.n > 0 {
+				id := a.slice.buf.id
+				flow[id].Written = true
+				written[id] = addSpan(written[id], span{a.slice.off, a.slice.off + a.slice.n})
+			}
+		}
+	}
+	for id, ss := range written {
+		flow[id].Full = len(ss) == 1 && ss[0].lo == 0 && ss[0].hi >= sizes[id]
+	}
+	return flow
+}
+
+// covers reports whether the sorted, disjoint, non-adjacent spans ss cover
+// all of s.
+func covers(ss []span, s span) bool {
+	for _, x := range ss {
+		if x.lo <= s.lo && s.hi <= x.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// addSpan adds s to the sorted, disjoint spans ss, merging what touches it.
+func addSpan(ss []span, s span) []span {
+	out := ss[:0:0]
+	for _, x := range ss {
+		if x.hi < s.lo || s.hi < x.lo {
+			out = append(out, x)
+			continue
+		}
+		s = span{min(s.lo, x.lo), max(s.hi, x.hi)}
+	}
+	out = append(out, s)
+	slices.SortFunc(out, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	return out
 }

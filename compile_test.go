@@ -8,6 +8,8 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -98,7 +100,7 @@ func TestCompileErrors(t *testing.T) {
 		}, []string{"command 0 (launch sg_copy)", "zero dimension"}},
 		{"no commands", func(p *stablegraph.Program, x, y stablegraph.Buffer) {}, []string{"no commands"}},
 	}
-	b := newSim(t)
+	b := simtest.New(t, 1)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := stablegraph.NewProgram("bad")
@@ -146,13 +148,13 @@ func TestCompileFaults(t *testing.T) {
 }
 
 func compileFaults(t *testing.T, opts stablegraph.Options) {
-	b := newSim(t)
-	w := newMLP(2, 8, 2, 10, 2)
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 2, 10, 2)
 	for _, op := range []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"} {
 		for nth := 0; ; nth++ {
 			before := b.Calls(op)
 			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, w.p, opts)
+			exe, err := stablegraph.Compile(context.Background(), b, w.P, opts)
 			fired := b.Calls(op)-before > nth
 			if err == nil {
 				if fired {
@@ -174,105 +176,5 @@ func compileFaults(t *testing.T, opts stablegraph.Options) {
 				t.Fatalf("%s call %d failed: handles left live: %s", op, nth, live)
 			}
 		}
-	}
-}
-
-// TestRunFaults fails, one at a time, the device calls the strategies make
-// while running, at the first step (recording, differential tracing) and
-// after warm-up (updates, patches, cache misses). A faulted step must
-// return the injected error; every later step must succeed with eager's
-// results; Close must leave no handle live.
-func TestRunFaults(t *testing.T) {
-	ops := []string{
-		"GraphCreate", "GraphAddKernelNode", "GraphAddMemcpyNode", "GraphAddMemsetNode", "GraphAddChildGraphNode",
-		"GraphAddEmptyNode", "StreamBeginCapture", "StreamEndCapture", "StreamIsCapturing", "LaunchKernel",
-		"GraphInstantiate", "GraphLaunch", "GraphExecUpdate", "GraphExecKernelNodeSetParams",
-		"GraphExecChildGraphNodeSetParams", "GraphExecMemcpyNodeSetParams", "GraphExecMemsetNodeSetParams",
-		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
-		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync", "StreamWriteValue64",
-	}
-	const steps = 5
-	// Outputs that do not depend on the state a failed step may have half
-	// updated: y, z and ycopy (m reads the accumulator).
-	compared := []int{0, 1, 3}
-	variants := map[string]stablegraph.Options{
-		"stable-stream-copies": {Strategy: stablegraph.StrategyStable, StreamCopies: true},
-		"pool-1":               {Strategy: stablegraph.StrategyPool, PoolSlots: 1},
-		"pool-3":               {Strategy: stablegraph.StrategyPool, PoolSlots: 3},
-		"pool-stream-copies":   {Strategy: stablegraph.StrategyPool, StreamCopies: true},
-	}
-	for _, st := range stablegraph.Strategies() {
-		variants[string(st)] = stablegraph.Options{Strategy: st}
-	}
-	for name, opts := range variants {
-		t.Run(name, func(t *testing.T) {
-			b := newSim(t)
-			w := newMLP(2, 8, 2, 10, 3)
-			want, _ := runMLP(t, b, w, stablegraph.StrategyEager, pingpong, steps)
-			ctx := context.Background()
-			s := newStream(t, b)
-			a := newArena(t, b, 16<<20)
-			firedOps := map[string]bool{}
-			defer func() { t.Logf("faults injected into: %v", firedOps) }()
-			for _, op := range ops {
-				for _, at := range []int{0, 1, 2} {
-					for _, nth := range []int{0, 1, 3} {
-						base := b.LiveHandles()
-						exe, err := stablegraph.Compile(ctx, b, w.p, opts)
-						if err != nil {
-							t.Fatal(err)
-						}
-						w.initStates(t, exe)
-						ad := newAddresser(t, a, pingpong, append(append([]stablegraph.Buffer(nil), w.params...), w.outputs...))
-						for i := range steps {
-							bind := ad.next(i)
-							for buf, data := range w.inputs(i) {
-								if err := b.MemcpyHtoD(bind[buf], data); err != nil {
-									t.Fatal(err)
-								}
-							}
-							calls := b.Calls(op)
-							if i == at {
-								b.InjectFault(op, nth, nil)
-							}
-							outs, err := exe.Run(ctx, s, bind)
-							b.ClearFaults()
-							fired := i == at && b.Calls(op)-calls > nth
-							if fired {
-								firedOps[op] = true
-							}
-							if err != nil {
-								if !fired || !errors.Is(err, gpu.ErrInjected) {
-									t.Fatalf("%s call %d at step %d: step %d failed: %v", op, nth, at, i, err)
-								}
-								if err := b.StreamSynchronize(s); err != nil {
-									t.Fatal(err)
-								}
-								continue
-							}
-							if fired && op != "StreamIsCapturing" {
-								t.Fatalf("%s call %d at step %d failed, but the step succeeded", op, nth, at)
-							}
-							for _, k := range compared {
-								got, err := exe.ReadOutput(ctx, outs, w.outputs[k])
-								if err != nil {
-									t.Fatal(err)
-								}
-								if string(got) != string(want[i].outs[k]) {
-									t.Fatalf("%s call %d at step %d: step %d output %s differs from eager", op, nth, at, i, w.outputs[k].Name())
-								}
-							}
-						}
-						ad.close()
-						if err := exe.Close(); err != nil {
-							t.Fatal(err)
-						}
-						if live := b.LiveHandles(); live != base {
-							t.Fatalf("%s call %d at step %d: handles live after Close: %s, before Compile: %s", op, nth, at, live, base)
-						}
-					}
-				}
-			}
-		})
 	}
 }

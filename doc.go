@@ -1,7 +1,7 @@
 // Package stablegraph runs a GPU step program (kernels, library calls such
 // as GEMMs, copies, memsets) thousands of times at the cost of one graph
 // launch per step, even when the caller hands it buffers at new device
-// addresses every step. See ARCHITECTURE.md for the design.
+// addresses every step. See docs/ARCHITECTURE.md for the design.
 //
 // # Programs
 //
@@ -46,6 +46,10 @@
 //
 // # Strategies
 //
+// The strategies live in package replay, one file each, behind one
+// interface; an Executable holds one and never branches on which. Strategy
+// names them (Strategies lists them).
+//
 // StrategyEager launches every command each step; StrategyRecord
 // re-records and re-instantiates a graph whenever an address changes;
 // StrategyUpdate re-records and applies a whole-graph exec update;
@@ -82,7 +86,7 @@
 //
 // StrategyAuto chooses among patch, stable and pool per program and device
 // from measured costs. A cost model (Costs, by default the H100 figures of
-// GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
+// docs/GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
 // support and slot memory) rules out what the device cannot run and orders
 // the rest; Compile builds them (falling back past one that runs out of
 // memory), and the first steps run each in turn, warm-up steps then
@@ -103,5 +107,14 @@
 // Executable). A pool step waiting for a slot waits without the
 // executable's lock. Every error path releases the handles it created, and
 // Close releases everything, reporting every release that fails; on the
-// sim backend the live-handle counters return to zero.
+// sim backend the live-handle counters return to zero. The lock order of
+// the whole module is in docs/ARCHITECTURE.md.
+//
+// # Around the executable
+//
+// Package client holds what a process keeps beside its executables:
+// streams from a cache, and per device a timeline and a retirement queue
+// that frees the caller's buffers once the device is done with them.
+// Collective commands (Program.AllReduce and the others) run over a Comm,
+// one rank's communicator (comm.go).
 package stablegraph

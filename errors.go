@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/stablegraph/stablegraph/replay"
 )
 
 var (
@@ -22,8 +24,9 @@ var (
 	// finish the step that last used the slot (a hung or stalled device),
 	// or every slot stayed leased by zero-copy outputs not released. It
 	// comes with gpu.ErrTimeout. Nothing was enqueued; the executable stays
-	// usable once the device advances or a lease is released.
-	ErrSlotWait = errors.New("stablegraph: timed out waiting for a pool slot")
+	// usable once the device advances or a lease is released. It is
+	// replay.ErrSlotWait.
+	ErrSlotWait = replay.ErrSlotWait
 	// ErrReleased is returned by ReadOutput for zero-copy outputs whose
 	// lease was released: their slot may hold another step's results.
 	ErrReleased = errors.New("stablegraph: outputs already released")

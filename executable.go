@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
 )
 
@@ -29,7 +29,7 @@ type Bindings map[Buffer]gpu.DevicePtr
 // the lease. Release is safe from any goroutine.
 type Outputs struct {
 	addrs map[Buffer]gpu.DevicePtr
-	lease *lease
+	lease replay.Lease
 }
 
 // Addr is the address of output buf's result, 0 when buf is not an output
@@ -47,7 +47,7 @@ func (o Outputs) Buffers() []Buffer {
 
 // Leased reports whether the outputs are pool slot memory leased to the
 // caller and not yet released.
-func (o Outputs) Leased() bool { return o.lease != nil && !o.lease.isReleased() }
+func (o Outputs) Leased() bool { return o.lease != nil && !o.lease.Released() }
 
 // Release ends the lease on the outputs' slot, so that a later step may
 // reuse it; the addresses must not be used after. It is idempotent, a no-op
@@ -55,7 +55,7 @@ func (o Outputs) Leased() bool { return o.lease != nil && !o.lease.isReleased() 
 // is closed (Close ends every lease).
 func (o Outputs) Release() {
 	if o.lease != nil {
-		o.lease.release()
+		o.lease.Release()
 	}
 }
 
@@ -78,6 +78,41 @@ type MemoryStats struct {
 // (TempsUnshared aside, which is not allocated).
 func (m MemoryStats) Total() uint64 {
 	return m.States + m.Constants + m.Temps + m.Persistent + m.Slots
+}
+
+// Counters count the work an executable's strategy did (see
+// replay.Counters for each field). Stats holds them summed since Compile
+// and for the last step alone, so a benchmark can report totals and
+// per-step figures.
+type Counters = replay.Counters
+
+// Choice says which strategy an executable runs and why (see
+// replay.Choice).
+type Choice = replay.Choice
+
+// Candidate is one strategy StrategyAuto weighed (see replay.Candidate).
+type Candidate = replay.Candidate
+
+// Stats is a snapshot of an executable's counters.
+type Stats struct {
+	// Strategy is the strategy that runs: the one StrategyAuto chose, when
+	// it was asked for (see Executable.Choice).
+	Strategy Strategy
+	// Ran is the strategy that ran the last step: Strategy, except while
+	// StrategyAuto probes, when it is the candidate measured ("" before the
+	// first step).
+	Ran Strategy
+	// Probing is true while StrategyAuto is still measuring its
+	// candidates: the last step ran one of them, or the model's choice
+	// while the probes' times are pending, and Strategy is the model's
+	// choice so far.
+	Probing bool
+	// Steps counts successful Runs.
+	Steps int64
+	// Counters are the totals since Compile.
+	Counters
+	// Last are the counters of the most recent Run alone (failed or not).
+	Last Counters
 }
 
 // TraceInfo describes one traced command (GEMMs included).
@@ -112,12 +147,12 @@ type Executable struct {
 	outputs []int
 	funcs   map[string]gpu.Function
 	cb      *graph.CommandBuffer
-	flow    []bufFlow // per buffer, how the step uses it (flow.go)
-	mem     MemoryStats
-	choice  Choice // the strategy that runs and why (auto's, when probing, is in auto)
-	// auto is StrategyAuto while and after it probes (autoprobe.go), nil
-	// otherwise: it holds the live Choice and strategy memory.
-	auto *autoProbe
+	mem     MemoryStats // the executable's own memory; the strategy's is asked for
+	// strat is the replay strategy, called only through the replay
+	// interfaces. Run, Acquire, Counters and Close are called under mu;
+	// the reports (memory, choice) without it. Closed once, by Close, and
+	// kept for those reports.
+	strat replay.Strategy
 	// leased: the strategy hands out its own memory for outputs (zero-copy
 	// pool), so outputs need not be bound.
 	leased bool
@@ -137,8 +172,7 @@ type Executable struct {
 		done     gpu.Event  // recorded after every step
 		last     gpu.Stream // stream of the last step, 0 before the first
 		tr       *trace.Tracer
-		strat    strategy
-		stats    Stats
+		stats    Stats // Counters as of the last step, Last, Steps, SlotWaits
 	}
 }
 
@@ -146,24 +180,14 @@ type Executable struct {
 // one StrategyAuto chose (see Choice; while auto is still probing, the
 // model's choice).
 func (e *Executable) Strategy() Strategy {
-	if e.auto != nil {
-		return e.auto.strategy()
-	}
-	return e.choice.Strategy
+	return replay.StatusOf(e.strat, e.opts.Strategy, false).Running
 }
 
 // Choice says which strategy runs and why: for StrategyAuto, the measured
 // and modelled cost of every candidate and any fallback. Under
 // StrategyAuto with probing (Options.AutoProbeSteps) it changes once, when
 // auto decides (Choice.Probing turns false).
-func (e *Executable) Choice() Choice {
-	if e.auto != nil {
-		return e.auto.choice()
-	}
-	c := e.choice
-	c.Candidates = slices.Clone(c.Candidates)
-	return c
-}
+func (e *Executable) Choice() Choice { return replay.ChoiceOf(e.strat, e.opts.Strategy) }
 
 // Program is the program compiled.
 func (e *Executable) Program() *Program { return e.prog }
@@ -172,10 +196,10 @@ func (e *Executable) Program() *Program { return e.prog }
 // persistent copies and pool slots included. While StrategyAuto probes it
 // holds every candidate's memory; once it decides, the kept one's only.
 func (e *Executable) Memory() MemoryStats {
-	if e.auto != nil {
-		return e.auto.memory(e.mem)
-	}
-	return e.mem
+	m := e.mem
+	sm := replay.MemoryOf(e.strat)
+	m.Persistent, m.Slots, m.SlotCount = sm.Persistent, sm.Slots, sm.SlotCount
+	return m
 }
 
 // Run executes one step on stream s with the params and outputs at the
@@ -206,11 +230,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 			e.mu.Unlock()
 			return Outputs{}, fmt.Errorf("stablegraph: run %q: %w", e.name, err)
 		}
-		aq, ok := e.mu.strat.(acquirer)
-		if !ok {
-			break
-		}
-		wait := aq.acquire()
+		wait := replay.Acquire(e.strat)
 		if wait == nil {
 			break
 		}
@@ -232,7 +252,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		e.mu.Lock()
 	}
 	defer e.mu.Unlock()
-	before := e.mu.stats.Counters
+	before := e.countersLocked()
 	before.SlotWaits -= waits // this step's waits belong to its Last
 	if e.mu.last != 0 && e.mu.last != s {
 		if err := e.b.StreamWaitEvent(s, e.mu.done); err != nil {
@@ -240,7 +260,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 			return Outputs{}, fmt.Errorf("stablegraph: run %q: order after the previous step: %w", e.name, err)
 		}
 	}
-	res, err := e.mu.strat.run(ctx, s, e.mu.addrs)
+	res, err := e.strat.Run(ctx, s, e.mu.addrs)
 	// Record even after a failure: part of the step may be enqueued, and
 	// the next step must still come after it.
 	if rerr := e.b.EventRecord(e.mu.done, s); rerr != nil {
@@ -253,20 +273,20 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	} else {
 		e.mu.last = s
 	}
-	e.syncTraceStatsLocked()
+	e.mu.stats.Counters = e.countersLocked()
 	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
 	if err != nil {
-		if res.lease != nil {
-			res.lease.release()
+		if res.Lease != nil {
+			res.Lease.Release()
 		}
 		return Outputs{}, fmt.Errorf("stablegraph: run %q (%s): %w", e.name, e.Strategy(), err)
 	}
 	e.mu.stats.Steps++
-	outs := Outputs{addrs: make(map[Buffer]gpu.DevicePtr, len(e.outputs)), lease: res.lease}
+	outs := Outputs{addrs: make(map[Buffer]gpu.DevicePtr, len(e.outputs)), lease: res.Lease}
 	for i, id := range e.outputs {
 		p := e.mu.addrs[id]
-		if res.outs != nil {
-			p = res.outs[i]
+		if res.Outs != nil {
+			p = res.Outs[i]
 		}
 		outs.addrs[Buffer{p: e.prog, id: id}] = p
 	}
@@ -303,13 +323,17 @@ func (e *Executable) bindLocked(b Bindings) error {
 	return nil
 }
 
-func (e *Executable) syncTraceStatsLocked() {
+// countersLocked is the executable's counters now: the strategy's, the
+// tracer's and its own slot waits.
+func (e *Executable) countersLocked() Counters {
+	c := e.strat.Counters()
 	t := e.mu.tr.Stats
-	c := &e.mu.stats.Counters
 	c.TracesCaptured = t.Captures
 	c.TracesSynthesized = t.Synthesized
 	c.TraceCacheHits = t.Hits
 	c.TraceCacheMisses = t.Misses
+	c.SlotWaits = e.mu.stats.SlotWaits
+	return c
 }
 
 // Stats returns the executable's counters since Compile and for the last
@@ -318,12 +342,8 @@ func (e *Executable) Stats() Stats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := e.mu.stats
-	s.Strategy = e.Strategy()
-	if e.auto != nil {
-		s.Probing, s.Ran = e.auto.probing(), e.auto.lastRan
-	} else if e.mu.last != 0 {
-		s.Ran = s.Strategy
-	}
+	st := replay.StatusOf(e.strat, e.opts.Strategy, e.mu.last != 0)
+	s.Strategy, s.Ran, s.Probing = st.Running, st.Ran, st.Probing
 	return s
 }
 
@@ -417,7 +437,7 @@ func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) (
 	if d.class != Output || !ok {
 		return nil, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
 	}
-	if outs.lease != nil && outs.lease.isReleased() {
+	if outs.lease != nil && outs.lease.Released() {
 		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, ErrReleased)
 	}
 	return e.readLocked(ctx, d, p)
@@ -527,9 +547,8 @@ func (e *Executable) releaseLocked() error {
 			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
 	}
-	if e.mu.strat != nil {
-		add("strategy", e.mu.strat.close())
-		e.mu.strat = nil
+	if e.strat != nil {
+		add("strategy", e.strat.Close())
 	}
 	if e.mu.tr != nil {
 		add("traces", e.mu.tr.Close())

@@ -4,34 +4,35 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
-	"strings"
 	"time"
 
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// Strategy is a way of replaying a compiled step when its buffers move
-// between steps (ARCHITECTURE.md, "The problem it solves").
-type Strategy string
+// Strategy names a way of replaying a compiled step when its buffers move
+// between steps (docs/ARCHITECTURE.md, "Strategies"). Each is implemented
+// in package replay, in the file named after it.
+type Strategy = replay.Name
 
 const (
 	// StrategyEager launches every command on the stream every step. It
 	// records nothing and is the reference the others must match bit for
 	// bit.
-	StrategyEager Strategy = "eager"
+	StrategyEager = replay.Eager
 	// StrategyRecord records the commands into a graph and, whenever an
 	// address they use changes, records and instantiates it again: what
 	// other runtimes ship.
-	StrategyRecord Strategy = "record"
+	StrategyRecord = replay.Record
 	// StrategyUpdate re-records into a new graph when addresses change and
 	// applies it to the executable graph with a whole-graph exec update,
 	// falling back to re-instantiating when the driver refuses.
-	StrategyUpdate Strategy = "update"
+	StrategyUpdate = replay.Update
 	// StrategyPatch rewrites in place only the nodes whose buffers moved,
 	// with per-node exec parameter updates; traced nodes through their
 	// child graph (see package graph and package trace).
-	StrategyPatch Strategy = "patch"
+	StrategyPatch = replay.Patch
 	// StrategyStable gives every param and output buffer one persistent
 	// address for the life of the executable (cached allocations): the
 	// graph is recorded once over them, params are copied in and outputs
@@ -39,7 +40,7 @@ const (
 	// copied. The copies are nodes of the step's graph, so a step is one
 	// launch; only their caller-side pointers are updated when the caller's
 	// buffers move (Counters.CopyNodeUpdates), nothing else is patched.
-	StrategyStable Strategy = "stable"
+	StrategyStable = replay.Stable
 	// StrategyPool keeps Options.PoolSlots slots of physical memory
 	// permanently mapped (VMM), each holding its own copy of the params and
 	// outputs, with one graph per slot recorded once and replayed forever.
@@ -47,10 +48,11 @@ const (
 	// device-written timeline for the step that last used it (polled as
 	// Options.SlotPoll says, at most Options.SlotWait), copies params in,
 	// launches the slot's graph, enqueues the timeline write that releases
-	// the slot, and copies the outputs out, or with Options.ZeroCopyOutputs leases them to the caller
-	// (see Outputs). It needs VMM and stream memory operations; Compile
-	// fails with an error wrapping gpu.ErrNotSupported without them.
-	StrategyPool Strategy = "pool"
+	// the slot, and copies the outputs out, or with Options.ZeroCopyOutputs
+	// leases them to the caller (see Outputs). It needs VMM and stream
+	// memory operations; Compile fails with an error wrapping
+	// gpu.ErrNotSupported without them.
+	StrategyPool = replay.Pool
 	// StrategyAuto chooses among patch, stable and pool for the program and
 	// device from measured costs: it builds the candidates the device can
 	// run (a cost model, Options.Costs, weighs bytes to copy against nodes
@@ -59,29 +61,29 @@ const (
 	// keeps the fastest and releases the others. It never chooses a
 	// strategy the device cannot run; Executable.Choice says what it chose
 	// and why, with the figures measured.
-	StrategyAuto Strategy = "auto"
+	StrategyAuto = replay.Auto
 )
 
 // Strategies lists the strategies this build implements, in the order
 // benchmarks report them.
-func Strategies() []Strategy {
-	return []Strategy{StrategyEager, StrategyRecord, StrategyUpdate, StrategyPatch,
-		StrategyStable, StrategyPool, StrategyAuto}
-}
+func Strategies() []Strategy { return replay.Names() }
 
 // ParseStrategy returns the strategy named s.
 func ParseStrategy(s string) (Strategy, error) {
-	for _, st := range Strategies() {
-		if string(st) == s {
-			return st, nil
-		}
+	st, err := replay.Parse(s)
+	if err != nil {
+		return "", fmt.Errorf("stablegraph: %w", err)
 	}
-	names := make([]string, 0, len(Strategies()))
-	for _, st := range Strategies() {
-		names = append(names, string(st))
-	}
-	return "", fmt.Errorf("stablegraph: unknown strategy %q (known: %s)", s, strings.Join(names, ", "))
+	return st, nil
 }
+
+// Costs are the per-operation costs, in microseconds of step time, that
+// StrategyAuto weighs (see replay.Costs). The defaults are the H100
+// figures of docs/GPU-MACHINE.md; zero fields of Options.Costs take them.
+type Costs = replay.Costs
+
+// DefaultCosts returns the H100 costs (see Costs).
+func DefaultCosts() Costs { return replay.DefaultCosts() }
 
 // Options configure Compile. The zero value is valid; each field's default
 // is given with it and applied in one place, withDefaults.
@@ -219,8 +221,21 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("stablegraph: slot poll: %w", err)
 	}
 	var err error
-	if o.Costs, err = o.Costs.withDefaults(); err != nil {
-		return o, err
+	if o.Costs, err = o.Costs.WithDefaults(); err != nil {
+		return o, fmt.Errorf("stablegraph: %w", err)
 	}
 	return o, nil
+}
+
+// replayOptions are the options strategies read (package replay).
+func (o Options) replayOptions() replay.Options {
+	return replay.Options{
+		Alignment:       o.Alignment,
+		PoolSlots:       o.PoolSlots,
+		SlotPoll:        o.SlotPoll,
+		ZeroCopyOutputs: o.ZeroCopyOutputs,
+		StreamCopies:    o.StreamCopies,
+		Costs:           o.Costs,
+		AutoProbeSteps:  o.AutoProbeSteps,
+	}
 }

@@ -5,41 +5,34 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Class says who owns a buffer's memory and whether its address moves
-// between steps (ARCHITECTURE.md, "Buffer classes").
-type Class uint8
+// between steps (docs/ARCHITECTURE.md, "Buffer classes"); strategies see
+// it too (package replay).
+type Class = replay.Class
 
 const (
 	// Param buffers belong to the caller, who binds a (possibly new)
 	// address every step.
-	Param Class = iota + 1
+	Param = replay.Param
 	// State buffers (weights, optimizer state) belong to the executable,
 	// live across steps and are updated in place. Their address is fixed
 	// unless the caller rebinds them with Executable.BindState.
-	State
+	State = replay.State
 	// Temp buffers are the executable's scratch within one step. Temps
 	// whose lifetimes do not overlap share memory.
-	Temp
+	Temp = replay.Temp
 	// Output buffers belong to the caller, who binds them every step like
 	// params; every output must be written by some command.
-	Output
+	Output = replay.Output
 	// Constant buffers belong to the executable and are written once, at
 	// Compile, from the data given to Program.Constant. No command may
 	// write them.
-	Constant
+	Constant = replay.Constant
 )
-
-var classNames = [...]string{"invalid", "param", "state", "temp", "output", "constant"}
-
-func (c Class) String() string {
-	if int(c) < len(classNames) {
-		return classNames[c]
-	}
-	return fmt.Sprintf("Class(%d)", int(c))
-}
 
 // Program is a step of GPU work declared once and compiled into an
 // Executable: buffers of each class and an ordered list of commands over
@@ -334,4 +327,75 @@ func (p *Program) Gemm(c, a, b Slice, g GEMM) {
 // the addresses are captured by the closure when the program is built.
 func (p *Program) Trace(name string, fn TraceFunc, args ...Arg) {
 	p.cmds = append(p.cmds, cmdDecl{kind: cmdTrace, name: name, fn: fn, args: slices.Clone(args)})
+}
+
+// collKind is the kind of a collective command.
+type collKind uint8
+
+const (
+	collAllReduce collKind = iota + 1
+	collReduceScatter
+	collAllGather
+	collBroadcast
+)
+
+func (k collKind) String() string {
+	switch k {
+	case collAllReduce:
+		return "allreduce"
+	case collReduceScatter:
+		return "reducescatter"
+	case collAllGather:
+		return "allgather"
+	case collBroadcast:
+		return "broadcast"
+	}
+	return fmt.Sprintf("collKind(%d)", uint8(k))
+}
+
+// collDecl is the part of a command declaration only collectives have.
+type collDecl struct {
+	kind       collKind
+	comm       *Comm
+	dt         gpu.DataType
+	op         gpu.ReduceOp
+	root       int
+	send, recv Slice
+}
+
+// collective appends a collective command: a traced command over send (read)
+// and recv (written), in that order, even when they are the same slice.
+func (p *Program) collective(d *collDecl) {
+	p.cmds = append(p.cmds, cmdDecl{kind: cmdTrace, name: d.kind.String(), fn: d.run,
+		args: []Arg{In(d.send), Out(d.recv)}, coll: d})
+}
+
+// AllReduce appends an all-reduce over comm: every rank's recv receives the
+// element-wise reduction (op: gpu.Sum or gpu.Max), in rank order, of every
+// rank's send, both holding elements of dt. send and recv have the same
+// length; send == recv is in place, and they may not overlap otherwise.
+func (p *Program) AllReduce(comm *Comm, send, recv Slice, dt gpu.DataType, op gpu.ReduceOp) {
+	p.collective(&collDecl{kind: collAllReduce, comm: comm, dt: dt, op: op, send: send, recv: recv})
+}
+
+// ReduceScatter appends a reduce-scatter over comm: the element-wise
+// reduction of every rank's send is split into comm.Size() blocks and rank
+// r's recv receives block r. len(send) = comm.Size()·len(recv); in place
+// when recv is block r of send.
+func (p *Program) ReduceScatter(comm *Comm, send, recv Slice, dt gpu.DataType, op gpu.ReduceOp) {
+	p.collective(&collDecl{kind: collReduceScatter, comm: comm, dt: dt, op: op, send: send, recv: recv})
+}
+
+// AllGather appends an all-gather over comm: every rank's recv receives the
+// send of every rank, rank r's at byte r·len(send). len(recv) =
+// comm.Size()·len(send); in place when send is block r of recv.
+func (p *Program) AllGather(comm *Comm, send, recv Slice, dt gpu.DataType) {
+	p.collective(&collDecl{kind: collAllGather, comm: comm, dt: dt, send: send, recv: recv})
+}
+
+// Broadcast appends a broadcast over comm: every rank's recv receives the
+// root rank's send (other ranks' send is not read, but must be declared:
+// pass recv for an in-place broadcast). send and recv have the same length.
+func (p *Program) Broadcast(comm *Comm, send, recv Slice, dt gpu.DataType, root int) {
+	p.collective(&collDecl{kind: collBroadcast, comm: comm, dt: dt, root: root, send: send, recv: recv})
 }

@@ -1,11 +1,10 @@
 package stablegraph
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"slices"
+	"reflect"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/kernels"
@@ -208,67 +207,107 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 	}
 }
 
-// tempPlan places the temps in one arena. Each temp lives from the first
-// to the last command that uses it; a temp goes at the lowest aligned
-// offset that overlaps no placed temp whose lifetime overlaps its own,
-// largest temps first (the greedy-by-size heuristic of TFLite's arena
-// planner). Unused temps get no memory.
-type tempPlan struct {
-	off      map[int]uint64 // buffer id → offset in the arena
-	size     uint64         // arena bytes
-	unshared uint64         // arena bytes if no temp shared
+// checkCollective checks what can be checked without a device: the
+// communicator is given, the type and reduction are known, slices hold
+// whole elements, lengths follow the collective's rule, and send and recv
+// overlap only in the collective's in-place form.
+func (p *Program) checkCollective(ck *checker, i int, c *cmdDecl, op string) {
+	d := c.coll
+	if d.comm == nil {
+		ck.add(i, op, "", "no communicator")
+		return
+	}
+	size := int64(d.comm.size)
+	elem := int64(d.dt.Size())
+	if elem == 0 {
+		ck.add(i, op, "", "unknown data type %v", d.dt)
+		return
+	}
+	if (d.kind == collAllReduce || d.kind == collReduceScatter) && d.op != gpu.Sum && d.op != gpu.Max {
+		ck.add(i, op, "", "unknown reduction %v", d.op)
+	}
+	if d.kind == collBroadcast && (d.root < 0 || int64(d.root) >= size) {
+		ck.add(i, op, "", "root %d is not a rank of the %d", d.root, size)
+	}
+	for _, s := range []Slice{d.send, d.recv} {
+		if s.off%elem != 0 || s.n%elem != 0 {
+			ck.add(i, op, s.buf.Name(), "slice %s does not hold whole %d-byte %s elements", s, elem, d.dt)
+			return
+		}
+	}
+	send, recv := d.send, d.recv
+	block := int64(-1) // the in-place position allowed, as an offset into the larger slice
+	switch d.kind {
+	case collAllReduce, collBroadcast:
+		if send.n != recv.n {
+			ck.add(i, op, recv.buf.Name(), "send %s and recv %s differ in length", send, recv)
+		}
+		block = 0
+	case collReduceScatter:
+		if send.n != size*recv.n {
+			ck.add(i, op, recv.buf.Name(), "send %s must hold %d times recv %s (%d ranks)", send, size, recv, size)
+		}
+		block = int64(d.comm.rank) * recv.n
+	case collAllGather:
+		if recv.n != size*send.n {
+			ck.add(i, op, recv.buf.Name(), "recv %s must hold %d times send %s (%d ranks)", recv, size, send, size)
+		}
+		block = int64(d.comm.rank) * send.n
+	}
+	if send.buf != recv.buf || send.off+send.n <= recv.off || recv.off+recv.n <= send.off {
+		return
+	}
+	inPlace := false
+	switch d.kind {
+	case collAllReduce, collBroadcast:
+		inPlace = send == recv
+	case collReduceScatter:
+		inPlace = recv.off == send.off+block && recv.n <= send.n
+	case collAllGather:
+		inPlace = send.off == recv.off+block && send.n <= recv.n
+	}
+	if !inPlace {
+		ck.add(i, op, recv.buf.Name(), "send %s and recv %s overlap, and not as the in-place form of %s", send, recv, d.kind)
+	}
 }
 
-func planTemps(bufs []bufDecl, cmds []cmdDecl, align uint64, share bool) tempPlan {
-	type life struct {
-		id          int
-		size        uint64
-		first, last int
-		off         uint64
-	}
-	lives := map[int]*life{}
-	for i := range cmds {
-		for _, a := range cmds[i].args {
-			if !a.IsSlice() || bufs[a.slice.buf.id].class != Temp {
-				continue
-			}
-			id := a.slice.buf.id
-			if l, ok := lives[id]; ok {
-				l.last = i
-			} else {
-				lives[id] = &life{id: id, size: gpu.RoundUp(uint64(bufs[id].size), align), first: i, last: i}
-			}
+// checkComms checks the communicators of p's collectives against the
+// backend and device Compile binds to: the backend must have collectives
+// (else an error wrapping gpu.ErrNotSupported), and each communicator must
+// belong to it and to the device, and be open.
+func (p *Program) checkComms(b gpu.Backend, dev int) error {
+	ck := &checker{p: p}
+	for i := range p.cmds {
+		d := p.cmds[i].coll
+		if d == nil || d.comm == nil {
+			continue
+		}
+		op := p.cmds[i].label()
+		if _, err := gpu.CollectivesOf(b); err != nil {
+			return fmt.Errorf("stablegraph: compile %q: command %d (%s): %w", p.name, i, op, err)
+		}
+		c := d.comm
+		c.mu.Lock()
+		closed := c.mu.closed
+		c.mu.Unlock()
+		switch {
+		case !sameBackend(c.b, b):
+			ck.add(i, op, "", "the %s belongs to backend %s, not the backend compiled for (%s)", c, c.b.Name(), b.Name())
+		case c.dev != dev:
+			ck.add(i, op, "", "the %s is not on device %d, which the program is compiled for", c, dev)
+		case closed:
+			ck.add(i, op, "", "the %s is closed", c)
 		}
 	}
-	order := make([]*life, 0, len(lives))
-	for _, l := range lives {
-		order = append(order, l)
+	return errors.Join(ck.errs...)
+}
+
+// sameBackend reports whether a and b are the same backend, without the
+// panic of comparing interfaces holding uncomparable values.
+func sameBackend(a, b gpu.Backend) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	if ta != tb || ta == nil || !ta.Comparable() {
+		return false
 	}
-	slices.SortFunc(order, func(a, b *life) int {
-		if c := cmp.Compare(b.size, a.size); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.id, b.id)
-	})
-	plan := tempPlan{off: map[int]uint64{}}
-	var placed []*life // sorted by offset
-	for _, l := range order {
-		plan.unshared += l.size
-		var off uint64
-		for _, q := range placed {
-			if share && (q.last < l.first || l.last < q.first) {
-				continue // lifetimes disjoint: may share
-			}
-			if off+l.size <= q.off {
-				break // fits in the gap before q
-			}
-			off = max(off, q.off+q.size)
-		}
-		l.off = off
-		plan.off[l.id] = off
-		plan.size = max(plan.size, off+l.size)
-		k, _ := slices.BinarySearchFunc(placed, off, func(q *life, off uint64) int { return cmp.Compare(q.off, off) })
-		placed = slices.Insert(placed, k, l)
-	}
-	return plan
+	return a == b
 }

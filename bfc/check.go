@@ -6,8 +6,10 @@ import (
 )
 
 // check verifies every structural invariant of the allocator and returns the
-// first violation. It is O(n) and meant for tests (and, later, builds with
-// the invariants tag); the allocator itself never calls it.
+// first violation. It is O(n) and meant for tests (bfc_test.go checks after
+// every operation, fuzz_test.go after every fuzzed one); the allocator
+// itself never calls it. There is no invariants build tag: nothing checks
+// it in production builds.
 //
 // The invariants:
 //  1. The address list starts at base, its chunks are contiguous, non-empty,

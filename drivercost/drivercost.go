@@ -6,7 +6,7 @@
 //
 // It runs through the gpu interface only, so the same measurement runs on
 // the simulator and on CUDA, and puts each figure beside the reference
-// measured on the project's H100 (GPU-MACHINE.md). The command
+// measured on the project's H100 (docs/GPU-MACHINE.md). The command
 // `stablegraph bench-driver` is a thin wrapper around Run.
 //
 // # Method
@@ -111,7 +111,7 @@ type Row struct {
 	P50     float64 `json:"p50_us"`
 	P90     float64 `json:"p90_us"`
 	Samples int     `json:"samples"`
-	// ReferenceUS is the H100 figure from GPU-MACHINE.md for the same
+	// ReferenceUS is the H100 figure from docs/GPU-MACHINE.md for the same
 	// operation; nil where the document gives none.
 	ReferenceUS *float64 `json:"h100_reference_us,omitempty"`
 	// Skipped says why the row was not measured; empty when it was.

@@ -158,7 +158,7 @@ func TestWriteTable(t *testing.T) {
 	if err := r.WriteTable(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `backend sim, device 0: simdev; microseconds; ref = H100 reference (GPU-MACHINE.md, driver 580, CUDA 13.0)
+	want := `backend sim, device 0: simdev; microseconds; ref = H100 reference (docs/GPU-MACHINE.md, driver 580, CUDA 13.0)
 
 operation                                  clock   p50 µs  p90 µs   n  H100 ref µs  p50/ref
 -----------------------------------------  -----  -------  ------  --  -----------  -------

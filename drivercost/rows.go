@@ -76,7 +76,7 @@ func FormatSize(size uint64) string {
 }
 
 // references are the medians measured on the project's H100 machine, in
-// microseconds, copied from GPU-MACHINE.md ("Costs"), keyed by row name.
+// microseconds, copied from docs/GPU-MACHINE.md ("Costs"), keyed by row name.
 // Rows the document gives no figure for are absent.
 var references = func() map[string]float64 {
 	r := map[string]float64{
@@ -120,7 +120,7 @@ var references = func() map[string]float64 {
 	return r
 }()
 
-// Reference returns the H100 reference figure for a row (GPU-MACHINE.md),
+// Reference returns the H100 reference figure for a row (docs/GPU-MACHINE.md),
 // in microseconds, and false where the document gives none.
 func Reference(row string) (float64, bool) {
 	v, ok := references[row]
@@ -128,7 +128,7 @@ func Reference(row string) (float64, bool) {
 }
 
 // ReferenceLabel describes where the reference figures come from.
-const ReferenceLabel = "H100 reference (GPU-MACHINE.md, driver 580, CUDA 13.0)"
+const ReferenceLabel = "H100 reference (docs/GPU-MACHINE.md, driver 580, CUDA 13.0)"
 
 // WriteTable renders r as a text table: one row per operation with its
 // clock, median, p90 and sample count in microseconds, the H100 reference

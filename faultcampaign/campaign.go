@@ -91,6 +91,7 @@ import (
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/client"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/retire"
 	"github.com/stablegraph/stablegraph/streamcache"
@@ -789,7 +790,7 @@ func (t *trial) body(ctx context.Context) {
 	t.lg = slog.New(slog.NewTextHandler(&t.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var (
 		caller *workload.Caller
-		client *sg.Client
+		cl     *client.Client
 		exe    *sg.Executable
 		cache  = streamcache.New(streamcache.Options{})
 	)
@@ -799,8 +800,8 @@ func (t *trial) body(ctx context.Context) {
 				t.fail("close-exe: %v", err)
 			}
 		}
-		if client != nil {
-			if err := t.step("close-client", client.Close, nil, false); err != nil {
+		if cl != nil {
+			if err := t.step("close-client", cl.Close, nil, false); err != nil {
 				t.fail("close-client: %v", err)
 			}
 		}
@@ -834,14 +835,14 @@ func (t *trial) body(ctx context.Context) {
 		return
 	}
 	openClient := func() error {
-		c, err := sg.OpenClient(b, sg.ClientOptions{Devices: []int{0}, StreamCache: cache, Logger: t.lg})
-		client = c
+		c, err := client.Open(b, client.Options{Devices: []int{0}, StreamCache: cache, Logger: t.lg})
+		cl = c
 		return err
 	}
-	if err := t.step("open-client", openClient, nil, true); err != nil || client == nil {
+	if err := t.step("open-client", openClient, nil, true); err != nil || cl == nil {
 		return
 	}
-	s, err := client.Stream(0, 0)
+	s, err := cl.Stream(0, 0)
 	if err != nil {
 		t.fail("client stream: %v", err)
 		return
@@ -894,7 +895,7 @@ func (t *trial) body(ctx context.Context) {
 		}
 		var point uint64
 		submit := func() error {
-			p, err := client.Submitted(0, 0)
+			p, err := cl.Submitted(0, 0)
 			if p != 0 {
 				point = p
 			}
@@ -911,7 +912,7 @@ func (t *trial) body(ctx context.Context) {
 		}
 		batch := retire.Batch{{Bytes: 256, Release: func() error { return b.MemFree(scratch) }}}
 		// Retire owns the batch once queued, even when it fails: no retry.
-		if err := t.step(fmt.Sprintf("retire[%d]", i), func() error { return client.Retire(ctx, 0, batch, point) }, nil, false); err != nil {
+		if err := t.step(fmt.Sprintf("retire[%d]", i), func() error { return cl.Retire(ctx, 0, batch, point) }, nil, false); err != nil {
 			return
 		}
 		var got [][]byte
@@ -951,7 +952,7 @@ func (t *trial) body(ctx context.Context) {
 			t.fail("step %d: outputs differ from eager", i)
 		}
 	}
-	if err := t.step("synchronize", func() error { return client.Synchronize(ctx) }, nil, true); err != nil {
+	if err := t.step("synchronize", func() error { return cl.Synchronize(ctx) }, nil, true); err != nil {
 		return
 	}
 }

@@ -53,7 +53,9 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Optional interfaces are discovered the same way: AddressRangerOf finds
+// Collectives are an optional interface of the backend (collectives.go),
+// discovered the same way with CollectivesOf, and so are the others:
+// AddressRangerOf finds
 // allocation extents (extent.go), which CheckBinding uses to refuse a range
 // larger than the memory behind it.
 //

@@ -25,7 +25,7 @@
 // moved and re-sends each marked node's parameters, rebuilt from its typed
 // arguments with the pointer arguments resolved at the new addresses.
 // Scalars come from the program, never from the old node, so no value is
-// ever treated as a pointer because of what it equals (ARCHITECTURE.md rule
+// ever treated as a pointer because of what it equals (docs/ARCHITECTURE.md rule
 // 1). Traced nodes are patched through their child graph
 // (GraphExecChildGraphNodeSetParams) with a trace for the new addresses from
 // the trace package: cached, built from a differential template, or, for

@@ -11,20 +11,6 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// A *vmm.Timeline is a Timeline, so an Allocator (or a Queue) runs on it.
-var (
-	_ SignalledTimeline = (*vmm.Timeline)(nil)
-	_ SignalledTimeline = (*StreamTimeline)(nil)
-)
-
-// SignalledTimeline is a Timeline that also reports the last point it handed
-// out, so that a free at a point never signalled (which would never be
-// reached) is refused. *vmm.Timeline and *StreamTimeline satisfy it.
-type SignalledTimeline interface {
-	Timeline
-	Signalled() uint64
-}
-
 // AllocatorStats is a snapshot of an Allocator.
 type AllocatorStats struct {
 	// Queue is the retirement queue's own snapshot: one batch per Free.

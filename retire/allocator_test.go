@@ -3,13 +3,13 @@ package retire_test
 import (
 	"context"
 	"errors"
-	"github.com/stablegraph/stablegraph/internal/simtest"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/retire"
 	"github.com/stablegraph/stablegraph/vmm"
 )
@@ -18,35 +18,12 @@ import (
 
 const gran = sim.Granularity
 
-// newSim opens a sim backend whose Close, at the end of the test, fails the
-// test if any handle is still live.
-func newSim(t *testing.T, devices int) *sim.Backend {
-	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Errorf("sim Close (leaked handles?): %v", err)
-		}
-	})
-	return b
-}
-
-func wantCounters(t *testing.T, b *sim.Backend, when string, want gpu.Counters) {
-	t.Helper()
-	if c := b.LiveHandles(); c != want {
-		t.Fatalf("%s: live handles %s, want %s", when, c, want)
-	}
-}
-
 // TestAllocatorNeverFreesEarly: memory freed while a kernel that reads it is
 // still queued is not released until the timeline passes the kernel, and the
 // kernel reads it without a fault. The stream is held by a gate kernel, so
 // the kernel is certainly still queued when Poll runs.
 func TestAllocatorNeverFreesEarly(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
 	gate := make(chan struct{})
 	var openGate sync.Once
@@ -111,7 +88,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
 		t.Fatalf("timeline passed the gate while it was closed: %v", err)
 	}
-	wantCounters(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
+	simtest.WantLive(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
 
 	openGate.Do(func() { close(gate) })
 	if err := da.Drain(context.Background()); err != nil {
@@ -130,7 +107,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 }
 
 func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {
@@ -229,7 +206,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 // TestAllocatorReleaseFailureRetried: a release that fails stays queued and
 // the next Poll finishes it.
 func TestAllocatorReleaseFailureRetried(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
 	tl, err := vmm.NewTimeline(b, 0)
 	if err != nil {

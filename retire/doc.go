@@ -36,12 +36,12 @@
 //     caller that knows the device will not touch the buffers again (the
 //     stream was synchronized and is idle, or dead after a fault).
 //
-// Waits follow vmm.WaitPolicy, the one wait policy of the module: they poll
-// with yields for a short bounded time (1 ms by default), then sleep with
-// exponential back-off to 1 ms, and give up at their deadline with an error
-// wrapping gpu.ErrTimeout: a hung GPU yields an error, never a spinning core
-// (ARCHITECTURE.md rule 3). A batch whose wait failed stays pending; the
-// queue prefers holding memory to freeing it early.
+// Waits are the timeline's: vmm.Timeline.Wait polls with yields for a
+// short bounded time (1 ms by default), then sleeps with exponential
+// back-off to 1 ms, and gives up at its deadline with an error wrapping
+// gpu.ErrTimeout: a hung GPU yields an error, never a spinning core
+// (docs/ARCHITECTURE.md, rule 3). A batch whose wait failed stays pending;
+// the queue prefers holding memory to freeing it early.
 //
 // Release functions run in point order. Their errors are joined and
 // returned by the call that ran them (Retire, Poll, Drain, ReleaseAll);
@@ -49,12 +49,12 @@
 //
 // # Timelines
 //
-// Timeline is an interface, so a queue works over any counter the GPU
-// advances. StreamTimeline is the one built on gpu.StreamMemOps: a
-// host-visible 8-byte word that StreamWriteValue64 writes. Its method set
-// (Signal, Completed, Wait) matches the timeline of package vmm so that
-// either can stand in for the other; *vmm.Timeline satisfies Timeline and
-// SignalledTimeline.
+// Timeline is the small interface a Queue waits on, so a queue works over
+// any counter the GPU advances. The module has one implementation,
+// vmm.Timeline: a host-visible 8-byte word that StreamWriteValue64
+// writes. A queue's user binds it to the one stream that signals it
+// (vmm.Timeline.Bind), so that a wait behind a faulted stream ends at the
+// fault and the word is not freed under a write still queued.
 //
 // # The deferred-free allocator
 //

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
@@ -35,7 +36,8 @@ func (m *manualTimeline) Wait(ctx context.Context, point uint64, deadline time.D
 			break
 		}
 	}
-	return pollWait(ctx, vmm.WaitPolicy{}, point, deadline, m.Completed, nil)
+	_, err := vmm.DefaultWaitPolicy().Poll(ctx, time.Now().Add(deadline), func() bool { return m.Completed() >= point }, nil)
+	return err
 }
 
 func (m *manualTimeline) waited() []uint64 {
@@ -275,31 +277,71 @@ func TestQueueConcurrent(t *testing.T) {
 	}
 }
 
-func TestPollWaitDoesNotSpin(t *testing.T) {
-	// A 20ms wait on a timeline that never moves must sleep, not spin:
-	// without a yield phase, with sleeps doubling to 1ms, it reads the
-	// timeline a few dozen times, not millions.
-	var reads atomic.Int64
-	completed := func() uint64 { reads.Add(1); return 0 }
-	err := pollWait(context.Background(), vmm.WaitPolicy{Yield: -1}, 1, 20*time.Millisecond, completed, nil)
-	if !errors.Is(err, gpu.ErrTimeout) {
-		t.Fatalf("err = %v", err)
+// TestQueueOverTimeline runs a queue over a real timeline: a batch is
+// not released while the kernel that used it is gated, and is released by
+// the first poll once the timeline passed it.
+func TestQueueOverTimeline(t *testing.T) {
+	b := simtest.New(t, 1)
+	s := simtest.Stream(t, b, 0)
+	tl, err := vmm.NewTimeline(b, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := reads.Load(); n > 200 {
-		t.Fatalf("%d timeline reads in 20ms: the wait spins", n)
+	if err := tl.Bind(s); err != nil {
+		t.Fatal(err)
 	}
-	// With the default policy the wait yields first, then sleeps: the
-	// stream is queried only once it sleeps, and a fault ends the wait.
-	var queries atomic.Int64
-	boom := errors.New("boom")
-	query := func() error {
-		if queries.Add(1) == 3 {
-			return boom
+	defer tl.Close()
+	gate := make(chan struct{})
+	m, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "gate", Kernels: []gpu.KernelSpec{{
+		Name: "read", Params: []gpu.ArgKind{gpu.ArgPtr},
+		Ref: func(mem gpu.Memory, _ gpu.LaunchConfig, a []gpu.Arg) error {
+			<-gate
+			return mem.Read(a[0].AsPtr(), make([]byte, 64))
+		},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.ModuleUnload(m)
+	f, _ := b.ModuleFunction(m, "read")
+	x, err := b.MemAlloc(0, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.LaunchKernel(f, gpu.Linear(1, 1), []gpu.Arg{gpu.Ptr(x)}, s); err != nil {
+		t.Fatal(err)
+	}
+	p, err := tl.Signal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := NewQueue(tl, Options{})
+	freed := false
+	if err := q.Retire(context.Background(), Batch{{Bytes: 64, Release: func() error {
+		freed = true
+		return b.MemFree(x)
+	}}}, p); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := q.Poll(); err != nil {
+			t.Fatal(err)
 		}
-		return nil
 	}
-	err = pollWait(context.Background(), vmm.WaitPolicy{}, 1, time.Minute, func() uint64 { return 0 }, query)
-	if !errors.Is(err, boom) || queries.Load() != 3 {
-		t.Fatalf("err = %v after %d queries, want boom after 3", err, queries.Load())
+	if freed {
+		t.Fatal("released while the kernel reading it was in flight")
+	}
+	close(gate)
+	if err := b.StreamSynchronize(s); err != nil {
+		t.Fatalf("the in-flight kernel faulted: %v", err)
+	}
+	if err := q.Poll(); err != nil {
+		t.Fatal(err)
+	}
+	if !freed {
+		t.Fatal("not released by the first poll after its point passed")
+	}
+	if st := q.Stats(); st.ReleasedByPoll != 1 || st.PendingBytes != 0 || st.PeakPendingBytes != 64 {
+		t.Fatalf("stats %+v", st)
 	}
 }

@@ -11,7 +11,7 @@
 //
 // # Health
 //
-// A stream is cached only when it is known healthy and idle (ARCHITECTURE.md
+// A stream is cached only when it is known healthy and idle (docs/ARCHITECTURE.md
 // rule 9):
 //
 //   - Put destroys a stream whose user reports an error on it, and a stream

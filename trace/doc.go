@@ -34,7 +34,7 @@
 // and is captured again (through the cache) whenever its addresses change.
 //
 // The rule never treats a value as a pointer merely because it equals an
-// address (ARCHITECTURE.md rule 1): a scalar that happens to equal an
+// address (docs/ARCHITECTURE.md rule 1): a scalar that happens to equal an
 // operand's address in the first trace is the same scalar in the second,
 // where the operand has moved, so it is left alone. Only words that move
 // with an operand, by exactly its displacement, are rewritten.

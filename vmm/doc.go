@@ -1,6 +1,8 @@
 // Package vmm layers ownership over the gpu interface's virtual memory
 // management: physical chunks, address reservations, mappings and access,
-// plus a host-visible timeline and an allocator whose frees wait for it.
+// plus the module's one host-visible timeline and the policy every wait on
+// it follows. (The allocator whose frees wait for the timeline is
+// retire.Allocator.)
 // Every helper that takes several driver steps releases everything it
 // created when a later step fails, so no error path leaks a handle.
 //
@@ -58,13 +60,19 @@
 // # Timelines and deferred frees
 //
 // A Timeline is an 8-byte counter in pinned host memory that streams advance
-// with StreamWriteValue64 and the host reads without synchronizing.
-// Deferred frees live in package retire, which imports this one:
-// retire.Allocator allocates with Allocate and retires each free on a
-// retirement queue at the timeline point of the last work that used the
-// memory, releasing it only once the timeline has reached that point. Every
-// timeline wait follows a WaitPolicy: yields between reads for a short
-// bounded time, then sleeps growing to a cap, never past its deadline.
+// with StreamWriteValue64 and the host reads without synchronizing. It is
+// the one timeline type of the module: a pool executable waits on it for
+// its slots (package replay), and each device of a client retires freed
+// buffers on it (package retire, through package client); a user that
+// signals from one stream binds it to that stream (Timeline.Bind), so that
+// its waits end at a fault of the stream and Close does not free the word
+// under a write still queued. Deferred frees live in package retire, which
+// imports this one: retire.Allocator allocates with Allocate and retires
+// each free on a retirement queue at the timeline point of the last work
+// that used the memory, releasing it only once the timeline has reached
+// that point. Every timeline wait follows a WaitPolicy: yields between
+// reads for a short bounded time, then sleeps growing to a cap, never past
+// its deadline.
 //
 // # Concurrency
 //

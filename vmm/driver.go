@@ -13,10 +13,13 @@ type Driver interface {
 	gpu.VirtualMemory
 }
 
-// TimelineDriver is the part of a gpu.Backend a Timeline uses.
+// TimelineDriver is the part of a gpu.Backend a Timeline uses: stream
+// memory operations for the counter, and stream queries for a bound
+// timeline (Timeline.Bind).
 type TimelineDriver interface {
 	gpu.Devices
 	gpu.StreamMemOps
+	StreamQuery(s gpu.Stream) (idle bool, err error)
 }
 
 // granularity returns dev's VMM allocation granularity, or an error wrapping

@@ -1,54 +1,22 @@
 package vmm_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"github.com/stablegraph/stablegraph/internal/simtest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
 const gran = sim.Granularity
 
-// newSim opens a sim backend whose Close, at the end of the test, fails the
-// test if any handle is still live.
-func newSim(t *testing.T, devices int) *sim.Backend {
-	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Close(); err != nil {
-			t.Errorf("sim Close (leaked handles?): %v", err)
-		}
-	})
-	return b
-}
-
-func wantZero(t *testing.T, b *sim.Backend, when string) {
-	t.Helper()
-	if c := b.LiveHandles(); !c.IsZero() {
-		t.Fatalf("%s: live handles: %s", when, c)
-	}
-}
-
-func wantCounters(t *testing.T, b *sim.Backend, when string, want gpu.Counters) {
-	t.Helper()
-	if c := b.LiveHandles(); c != want {
-		t.Fatalf("%s: live handles %s, want %s", when, c, want)
-	}
-}
-
 func TestAllocateRoundsAndCloses(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	a, err := vmm.Allocate(b, 0, 1, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +24,7 @@ func TestAllocateRoundsAndCloses(t *testing.T) {
 	if a.Size() != gran || a.Ptr() == 0 || uint64(a.Ptr())%gran != 0 || a.Device() != 0 {
 		t.Errorf("Allocate(1): ptr %#x size %d device %d", uint64(a.Ptr()), a.Size(), a.Device())
 	}
-	wantCounters(t, b, "after Allocate", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	simtest.WantLive(t, b, "after Allocate", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
 	data := []byte("through vmm")
 	if err := b.MemcpyHtoD(a.Ptr().Add(100), data); err != nil {
 		t.Fatal(err)
@@ -77,14 +45,14 @@ func TestAllocateRoundsAndCloses(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wantZero(t, b, "after Close")
+	simtest.WantZero(t, b, "after Close")
 	if err := a.Close(); !errors.Is(err, gpu.ErrInvalidHandle) {
 		t.Errorf("second Close: %v, want ErrInvalidHandle", err)
 	}
 }
 
 func TestAllocateBadArguments(t *testing.T) {
-	b := newSim(t, 2)
+	b := simtest.New(t, 2)
 	for _, tc := range []struct {
 		name  string
 		dev   int
@@ -104,7 +72,7 @@ func TestAllocateBadArguments(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Allocate: %v, want %v", err, tc.want)
 			}
-			wantZero(t, b, "after a refused Allocate")
+			simtest.WantZero(t, b, "after a refused Allocate")
 		})
 	}
 }
@@ -140,7 +108,7 @@ func (d narrowTimeline) DeviceProps(dev int) (gpu.DeviceProps, error) {
 }
 
 func TestCapabilities(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	for name, drv := range map[string]vmm.Driver{"backend": noVMM{b}, "narrow": narrowNoVMM{b}} {
 		if _, err := vmm.Allocate(drv, 0, gran, nil); !errors.Is(err, gpu.ErrNotSupported) {
 			t.Errorf("%s: Allocate without VMM: %v, want ErrNotSupported", name, err)
@@ -151,7 +119,7 @@ func TestCapabilities(t *testing.T) {
 			t.Errorf("%s: NewTimeline without stream memory operations: %v, want ErrNotSupported", name, err)
 		}
 	}
-	wantZero(t, b, "after refusals")
+	simtest.WantZero(t, b, "after refusals")
 	a, err := vmm.Allocate(narrow{b}, 0, gran+1, nil)
 	if err != nil {
 		t.Fatalf("Allocate through a narrow driver: %v", err)
@@ -166,7 +134,7 @@ func TestCapabilities(t *testing.T) {
 
 // TestPrimitives walks the state table of doc.go one step at a time.
 func TestPrimitives(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	phys, err := vmm.Create(b, 0, gran+1) // None → Created
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +156,7 @@ func TestPrimitives(t *testing.T) {
 	if m.Ptr() != res.Ptr().Add(gran) || m.Size() != 2*gran {
 		t.Errorf("mapping %#x+%d", uint64(m.Ptr()), m.Size())
 	}
-	wantCounters(t, b, "mapped", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	simtest.WantLive(t, b, "mapped", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
 	if err := res.Free(); err == nil {
 		t.Fatal("Free of a reservation with a live mapping succeeded")
 	}
@@ -221,7 +189,7 @@ func TestPrimitives(t *testing.T) {
 			t.Errorf("second %s: %v, want ErrInvalidHandle", name, err)
 		}
 	}
-	wantZero(t, b, "after walking back to None")
+	simtest.WantZero(t, b, "after walking back to None")
 }
 
 // scenario builds what a runtime builds at start-up: a timeline, an
@@ -267,7 +235,7 @@ func scenario(b *sim.Backend) (err error) {
 // each failure that the error is the injected one, names the step, and that
 // no handle is left.
 func TestFaultSweep(t *testing.T) {
-	b := newSim(t, 2)
+	b := simtest.New(t, 2)
 	boom := errors.New("boom")
 	for _, op := range []string{"DeviceProps", "HostAlloc", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess"} {
 		t.Run(op, func(t *testing.T) {
@@ -278,7 +246,7 @@ func TestFaultSweep(t *testing.T) {
 				}
 				b.InjectFault(op, n, boom)
 				err := scenario(b)
-				wantZero(t, b, fmt.Sprintf("%s call %d failed", op, n))
+				simtest.WantZero(t, b, fmt.Sprintf("%s call %d failed", op, n))
 				if err == nil {
 					b.ClearFaults()
 					break
@@ -309,7 +277,7 @@ func TestFaultSweep(t *testing.T) {
 // Close: the error must name the step, the handles must stay owned, and a
 // second Close must finish the job.
 func TestCloseFaults(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	boom := errors.New("boom")
 	for _, op := range []string{"MemUnmap", "MemAddressFree", "MemRelease"} {
 		t.Run(op, func(t *testing.T) {
@@ -328,7 +296,7 @@ func TestCloseFaults(t *testing.T) {
 			if err := a.Close(); err != nil {
 				t.Fatalf("retried Close: %v", err)
 			}
-			wantZero(t, b, "after the retried Close")
+			simtest.WantZero(t, b, "after the retried Close")
 		})
 	}
 	t.Run("HostFree", func(t *testing.T) {
@@ -346,7 +314,7 @@ func TestCloseFaults(t *testing.T) {
 		if err := tl.Close(); !errors.Is(err, gpu.ErrInvalidHandle) {
 			t.Fatalf("third timeline Close: %v, want ErrInvalidHandle", err)
 		}
-		wantZero(t, b, "after the retried Close")
+		simtest.WantZero(t, b, "after the retried Close")
 	})
 	t.Run("undo fails too", func(t *testing.T) {
 		// MemMap fails, then the undo of the reservation fails: both
@@ -377,7 +345,7 @@ func TestCloseFaults(t *testing.T) {
 // given, and only to them: a kernel on device 1 reads device 0's memory
 // after Allocate with peers [1], and faults without.
 func TestPeerAccess(t *testing.T) {
-	b := newSim(t, 2)
+	b := simtest.New(t, 2)
 	d1 := simtest.OpenDev(t, b, 1)
 	const n = 1024
 	y, err := vmm.Allocate(b, 1, 4*n, nil) // device 1's own output
@@ -425,130 +393,10 @@ func TestPeerAccess(t *testing.T) {
 	simtest.WantF32(t, "the owner's copy", simtest.Download(t, b, shared.Ptr(), n), simtest.Ramp(n, 7))
 }
 
-func TestTimelineSignalAndWait(t *testing.T) {
-	b := newSim(t, 1)
-	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
-	if tl.Completed() != 0 || tl.Signalled() != 0 {
-		t.Fatalf("fresh timeline at %d/%d", tl.Completed(), tl.Signalled())
-	}
-	var last uint64
-	for i := 1; i <= 3; i++ {
-		p, err := tl.Signal(d0.Stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p != uint64(i) {
-			t.Fatalf("point %d, want %d", p, i)
-		}
-		last = p
-	}
-	if err := tl.Wait(context.Background(), last, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if !tl.Reached(last) || tl.Completed() != last {
-		t.Fatalf("after Wait: completed %d", tl.Completed())
-	}
-	if err := tl.Wait(context.Background(), last+1, time.Second); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("Wait for a point never signalled: %v, want ErrInvalidValue", err)
-	}
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tl.Wait(context.Background(), p, 0); !errors.Is(err, gpu.ErrInvalidValue) && err != nil {
-		t.Errorf("Wait with no deadline at all: %v, want ErrInvalidValue (or nil if already reached)", err)
-	}
-	b.InjectFault("StreamWriteValue64", 0, nil)
-	if _, err := tl.Signal(d0.Stream); !errors.Is(err, gpu.ErrInjected) {
-		t.Fatalf("Signal with the write failing: %v", err)
-	}
-	if tl.Signalled() != p {
-		t.Errorf("a failed Signal consumed a point: %d", tl.Signalled())
-	}
-	if err := b.StreamSynchronize(d0.Stream); err != nil {
-		t.Fatal(err)
-	}
-	if err := tl.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if tl.Completed() != p {
-		t.Errorf("Completed after Close = %d, want the last value %d", tl.Completed(), p)
-	}
-	if _, err := tl.Signal(d0.Stream); !errors.Is(err, gpu.ErrInvalidHandle) {
-		t.Errorf("Signal after Close: %v, want ErrInvalidHandle", err)
-	}
-}
-
-// TestTimelineDeadline: on a hung device (writes stalled) Wait returns
-// ErrTimeout soon after its deadline, for a timeout and for a context
-// deadline, and cancellation returns the context's error.
-func TestTimelineDeadline(t *testing.T) {
-	b := newSim(t, 1)
-	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
-	b.StallTimeline(true)
-	defer b.StallTimeline(false)
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const deadline = 50 * time.Millisecond
-
-	start := time.Now()
-	err = tl.Wait(context.Background(), p, deadline)
-	took := time.Since(start)
-	if !errors.Is(err, gpu.ErrTimeout) {
-		t.Fatalf("Wait on a stalled timeline: %v, want ErrTimeout", err)
-	}
-	if took < deadline || took > deadline+time.Second {
-		t.Errorf("Wait returned after %v, deadline %v", took, deadline)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), deadline)
-	defer cancel()
-	start = time.Now()
-	err = tl.Wait(ctx, p, time.Hour)
-	if !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait past the context's deadline: %v, want ErrTimeout and DeadlineExceeded", err)
-	}
-	if took := time.Since(start); took > deadline+time.Second {
-		t.Errorf("Wait with a context deadline returned after %v", took)
-	}
-
-	ctx, cancel = context.WithCancel(context.Background())
-	time.AfterFunc(10*time.Millisecond, cancel)
-	if err := tl.Wait(ctx, p, time.Hour); !errors.Is(err, context.Canceled) || errors.Is(err, gpu.ErrTimeout) {
-		t.Fatalf("Wait cancelled: %v, want context.Canceled", err)
-	}
-
-	// The stalled write completed without writing; a later point, written
-	// once the device recovers, covers it.
-	if err := b.StreamSynchronize(d0.Stream); err != nil {
-		t.Fatal(err)
-	}
-	b.StallTimeline(false)
-	q, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
-		t.Fatalf("Wait for %d after the device recovered (signalled %d): %v", p, q, err)
-	}
-}
-
 // TestConcurrentAllocate runs Allocate and Close from several goroutines
 // (for the race detector) and checks nothing is left.
 func TestConcurrentAllocate(t *testing.T) {
-	b := newSim(t, 2)
+	b := simtest.New(t, 2)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
@@ -565,5 +413,5 @@ func TestConcurrentAllocate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	wantZero(t, b, "after concurrent Allocate/Close")
+	simtest.WantZero(t, b, "after concurrent Allocate/Close")
 }

@@ -31,9 +31,9 @@ const (
 	DefaultWaitMaxSleep = time.Millisecond
 )
 
-// WaitPolicy is how a wait for a host-visible counter polls it: Timeline.Wait
-// follows it, and so does retire.StreamTimeline.Wait, so that every timeline
-// wait of the module behaves alike (ARCHITECTURE.md rule 3).
+// WaitPolicy is how a wait for a host-visible counter polls it: Timeline.Wait,
+// the module's one timeline wait (pool slots, retirement queues), follows
+// it (docs/ARCHITECTURE.md, rule 3).
 //
 // A wait first polls for at most Yield, calling runtime.Gosched between
 // reads: a point the device reaches within that time is seen within about a

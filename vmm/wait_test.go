@@ -3,13 +3,13 @@ package vmm_test
 import (
 	"context"
 	"errors"
-	"github.com/stablegraph/stablegraph/internal/simtest"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
@@ -59,7 +59,7 @@ func TestWaitPolicyNext(t *testing.T) {
 // the first part is set far above what the test needs, so a slow machine
 // cannot make it sleep.
 func TestTimelineShortWaitYields(t *testing.T) {
-	b := newSim(t, 1)
+	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
 	// Each launch of the kernel "token" waits for one token.
 	tokens := make(chan struct{})
@@ -154,16 +154,8 @@ func BenchmarkTimelineWait(b *testing.B) {
 		p    vmm.WaitPolicy
 	}{{"default", vmm.WaitPolicy{}}, {"sleep-only", vmm.WaitPolicy{Yield: -1, MinSleep: time.Microsecond}}} {
 		b.Run(c.name, func(b *testing.B) {
-			be, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 20})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer be.Close()
-			s, err := be.StreamCreate(0, gpu.StreamNonBlocking, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer be.StreamDestroy(s)
+			be := simtest.New(b, 1)
+			s := simtest.Stream(b, be, 0)
 			tl, err := vmm.NewTimeline(be, 0)
 			if err != nil {
 				b.Fatal(err)
@@ -188,5 +180,36 @@ func BenchmarkTimelineWait(b *testing.B) {
 				b.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestPollDoesNotSpin: a 20 ms wait on a counter that never moves sleeps,
+// not spins, and a failing check ends the wait with its error, checked
+// only once the wait sleeps.
+func TestPollDoesNotSpin(t *testing.T) {
+	// Without a yield phase, with sleeps doubling to 1 ms, the wait reads
+	// the counter a few dozen times, not millions.
+	var reads atomic.Int64
+	done := func() bool { reads.Add(1); return false }
+	_, err := vmm.WaitPolicy{Yield: -1}.Poll(context.Background(), time.Now().Add(20*time.Millisecond), done, nil)
+	if !errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("err = %v", err)
+	}
+	if n := reads.Load(); n > 200 {
+		t.Fatalf("%d counter reads in 20ms: the wait spins", n)
+	}
+	// With the default policy the wait yields first, then sleeps: the
+	// check runs only once it sleeps, and its error ends the wait.
+	var checks atomic.Int64
+	boom := errors.New("boom")
+	check := func() error {
+		if checks.Add(1) == 3 {
+			return boom
+		}
+		return nil
+	}
+	n, err := vmm.WaitPolicy{}.Poll(context.Background(), time.Now().Add(time.Minute), func() bool { return false }, check)
+	if !errors.Is(err, boom) || checks.Load() != 3 || n.Sleeps != 2 {
+		t.Fatalf("err = %v after %d checks and %d sleeps, want boom after 3 checks and 2 sleeps", err, checks.Load(), n.Sleeps)
 	}
 }

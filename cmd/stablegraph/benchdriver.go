@@ -22,7 +22,7 @@ tiny kernels (capture, instantiate, launch, replay vs eager launches, exec
 update, re-capture + update, per-node parameter updates), plus FuncParamInfo.
 
 Each row gives the median and p90 in microseconds beside the reference figure
-measured on the project's H100 (GPU-MACHINE.md). Progress goes to stderr, the
+measured on the project's H100 (docs/GPU-MACHINE.md). Progress goes to stderr, the
 table to stdout. The command fails if any handle is still live at the end.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var o drivercost.Options

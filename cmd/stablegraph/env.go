@@ -6,7 +6,7 @@ import (
 )
 
 // getenv is the environment lookup; tests replace it. envDefaults is the
-// only place the command reads the environment (ARCHITECTURE.md rule 10).
+// only place the command reads the environment (docs/ARCHITECTURE.md rule 10).
 var getenv = os.Getenv
 
 // envDefaults returns the defaults the environment sets for global flags.

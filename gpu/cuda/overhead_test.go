@@ -15,7 +15,7 @@ import (
 // same stub, so safe minus raw is what this package adds to a driver call:
 // handle lookups, argument checks and packing, making the context current.
 // On a real driver the context check also costs one purego call to
-// cuCtxGetCurrent (about 0.09 µs on the H100, GPU-MACHINE.md), which the
+// cuCtxGetCurrent (about 0.09 µs on the H100, docs/GPU-MACHINE.md), which the
 // stub answers at Go speed.
 
 type overheadEnv struct {

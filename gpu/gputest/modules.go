@@ -84,7 +84,7 @@ func testFuncParamInfo(h *h) {
 			h.Errorf("FuncParamInfo(%s) = %v, want %v", spec.Name, got, want)
 		}
 	}
-	// The layout measured with cuFuncGetParamInfo on an H100 (GPU-MACHINE.md).
+	// The layout measured with cuFuncGetParamInfo on an H100 (docs/GPU-MACHINE.md).
 	got, err := h.b.FuncParamInfo(h.fn(0, kernels.Axpb))
 	h.ok("FuncParamInfo(sg_axpb)", err)
 	want := []gpu.ParamInfo{{Offset: 0, Size: 8}, {Offset: 8, Size: 8}, {Offset: 16, Size: 4}, {Offset: 20, Size: 4}, {Offset: 24, Size: 4}}

@@ -16,7 +16,7 @@ import (
 )
 
 // getenvAllowed lists the files that may read the environment: options are
-// read in one place per backend (ARCHITECTURE.md rule 10).
+// read in one place per backend (docs/ARCHITECTURE.md rule 10).
 var getenvAllowed = map[string]bool{
 	"gpu/cuda/options.go":    true,
 	"cmd/stablegraph/env.go": true,

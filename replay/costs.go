@@ -1,0 +1,77 @@
+package replay
+
+import (
+	"fmt"
+	"math"
+)
+
+// Costs are the per-operation costs, in microseconds of step time, that
+// auto weighs. The defaults (DefaultCosts) are the H100 figures of
+// docs/GPU-MACHINE.md; zero fields take them (WithDefaults). The root
+// package's Costs is this type.
+type Costs struct {
+	// NodeUpdateUS is the cost of updating one kernel, memcpy or memset
+	// node of an executable graph in place
+	// (cuGraphExecKernelNodeSetParams: 0.33).
+	NodeUpdateUS float64
+	// TracedUpdateUS is the cost of moving one traced node (a GEMM or
+	// other library call): building its child graph from the template and
+	// setting it on the exec graph. Not measured; estimated at 5 from a
+	// capture-sized graph build plus a node update.
+	TracedUpdateUS float64
+	// CopyLatencyUS and CopyBytesPerUS model one device-to-device copy as
+	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: the line through
+	// the two H100 measurements, 1 MiB in 6.8 and 64 MiB in 51.5 (small
+	// copies are latency-bound). Defaults 6.09 and 1.478e6.
+	CopyLatencyUS, CopyBytesPerUS float64
+	// TimelineWriteUS is the cost of the timeline write that releases a
+	// pool slot (cuStreamWriteValue64 enqueue: 1.0).
+	TimelineWriteUS float64
+	// PoolMemoryFraction is the largest fraction of the device's free
+	// memory that the pool's slots may take for auto to consider pool.
+	// Default 0.25.
+	PoolMemoryFraction float64
+}
+
+// DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
+func DefaultCosts() Costs {
+	return Costs{
+		NodeUpdateUS:       0.33,
+		TracedUpdateUS:     5,
+		CopyLatencyUS:      6.09,
+		CopyBytesPerUS:     1.478e6,
+		TimelineWriteUS:    1.0,
+		PoolMemoryFraction: 0.25,
+	}
+}
+
+// WithDefaults returns c with its zero fields set to DefaultCosts', or an
+// error naming a negative, NaN or out-of-range field.
+func (c Costs) WithDefaults() (Costs, error) {
+	d := DefaultCosts()
+	for _, f := range []struct {
+		v   *float64
+		def float64
+		max float64
+	}{
+		{&c.NodeUpdateUS, d.NodeUpdateUS, math.Inf(1)},
+		{&c.TracedUpdateUS, d.TracedUpdateUS, math.Inf(1)},
+		{&c.CopyLatencyUS, d.CopyLatencyUS, math.Inf(1)},
+		{&c.CopyBytesPerUS, d.CopyBytesPerUS, math.Inf(1)},
+		{&c.TimelineWriteUS, d.TimelineWriteUS, math.Inf(1)},
+		{&c.PoolMemoryFraction, d.PoolMemoryFraction, 1},
+	} {
+		switch {
+		case *f.v == 0:
+			*f.v = f.def
+		case *f.v < 0 || *f.v > f.max || math.IsNaN(*f.v):
+			return c, fmt.Errorf("cost %g out of range in %+v", *f.v, c)
+		}
+	}
+	return c, nil
+}
+
+// copyUS is the modelled GPU time of one copy of size bytes.
+func (c Costs) copyUS(size uint64) float64 {
+	return c.CopyLatencyUS + float64(size)/c.CopyBytesPerUS
+}

@@ -1,0 +1,87 @@
+// Package replay holds the replay strategies of stablegraph: the ways of
+// running a compiled step every step when the caller's buffers move to new
+// addresses between steps. An Executable (package stablegraph) owns one
+// Strategy, built by New from a Spec, and calls it through the interfaces
+// of this package only; it never knows which strategy it holds.
+//
+// # Why a public package
+//
+// The types the strategies report (Counters, Choice, Candidate, Costs) and
+// the names they answer to (Name) are part of stablegraph's public API:
+// Executable.Stats, Choice and Options use them. Defined here, beside the
+// code that fills them, the root package re-exports them by alias
+// (stablegraph.Counters is replay.Counters), so users keep one set of
+// names, documented where they are produced, and no type is mirrored field
+// by field. The rest is public for the same reason database/sql/driver is:
+// a strategy is written against Strategy and Spec, and reading them is how
+// one learns what a strategy may rely on. The registry itself is closed:
+// strategies are added in this package (below), so the Spec may still
+// grow with each new strategy without breaking anyone.
+//
+// # The interface
+//
+// A Strategy has three required methods: Run (enqueue one step with every
+// buffer at the addresses given), Counters (what it did) and Close. The
+// rest are optional capabilities, found by type assertion as database/sql
+// finds a driver's, each with its fallback in one function (strategy.go):
+//
+//   - Acquirer: the next step may have to wait for a resource (pool's
+//     slots); the executable waits without its lock.
+//   - OutputLeaser: outputs may be the strategy's own memory, leased to the
+//     caller (pool's zero-copy outputs); then they need not be bound.
+//   - MemoryHolder: device memory of its own (stable's copies, pool's slots).
+//   - Chooser: it runs a strategy of its choosing (auto) and says why.
+//   - WarmUpper: steps to reach its steady state, so auto measures it after.
+//
+// # The spec
+//
+// A Spec is everything a strategy is built from: the backend and device;
+// the compiled commands (a graph.CommandBuffer, which launches the step,
+// records and instantiates it over any address vector, updates and
+// patches an instantiated graph, and can be extended with commands before
+// and after the step over extra buffers); every buffer's name, class, size
+// and flow (what the step reads before writing, what it writes, whether in
+// full); the options that concern strategies; whether the step holds
+// collectives; and a logger. A strategy keeps what it needs and never
+// reaches back into the executable. Buffers are indexed as the address
+// vectors Run receives: params and outputs may move every step, states
+// when rebound, temps and constants never.
+//
+// # The strategies
+//
+// One file each: eager.go launches every command every step (the
+// reference); record.go re-records on every move; update.go applies a
+// whole-graph exec update; patch.go updates in place the nodes whose
+// buffers moved (recorded.go holds what those three share); stable.go and
+// pool.go run over persistent copies of the params and outputs, the copies
+// planned in copies.go (pool.go says how a slot is picked and released);
+// auto.go chooses among the strategies that price themselves (Costs,
+// costs.go) and probe.go measures them on the first steps.
+//
+// # Adding a strategy
+//
+//  1. A new file, named after the strategy, with its type, a constructor
+//     func(Spec) (Strategy, error) that releases what it made on error, Run,
+//     Counters (embed base), Close, and the optional capabilities it needs.
+//     Run must leave the strategy usable after an error, and must give
+//     eager's bits for every address pattern (fresh addresses every step
+//     included).
+//  2. A Name constant and one line in the registry (registry.go); with a
+//     model func(Spec) Candidate there, auto weighs it too.
+//  3. Its tests: a file named after it. TestStrategiesMatchEager
+//     (registry_test.go) runs every registered strategy against eager
+//     under fixed, ping-pong and random (fresh) addresses already; add to
+//     its checkStats what the new one should count.
+//
+// A strategy that needs something the Spec lacks adds a field to Spec (or
+// Options), filled in one place, the root's Executable.spec.
+//
+// # Concurrency
+//
+// The executable serialises Run, Acquire, Counters and Close under its
+// lock; a strategy needs no lock of its own for them. Memory, Choice and
+// Status are called without that lock; a strategy that changes what they
+// report guards it with its own lock, taken after the executable's (lock
+// order: the executable's, then the strategy's: pool's leases, auto's
+// info). A Lease may be released from any goroutine.
+package replay

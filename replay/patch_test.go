@@ -1,0 +1,279 @@
+package replay_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
+	"github.com/stablegraph/stablegraph/kernels"
+)
+
+// fillU64 returns a traced function that fills its one slice with n copies
+// of value(ptr), ptr being the slice's address at trace time.
+func fillU64(n int, value func(ptr gpu.DevicePtr) uint64) stablegraph.TraceFunc {
+	return func(env *stablegraph.TraceEnv) error {
+		f, err := env.Kernel(kernels.FillU64)
+		if err != nil {
+			return err
+		}
+		return env.Backend.LaunchKernel(f, kernels.Elementwise(n),
+			[]gpu.Arg{gpu.Ptr(env.Ptrs[0]), gpu.U64(value(env.Ptrs[0])), gpu.I32(int32(n))}, env.Stream)
+	}
+}
+
+// TestScalarEqualToOldAddressSurvivesPatch is docs/ARCHITECTURE.md rule 1: a
+// u64 scalar whose value is a buffer's old address must keep its value when
+// the pointers are patched, in a kernel node (typed arguments) and in a
+// traced node (differential tracing). It also checks that traced commands
+// whose scalars follow their addresses get the value eager would give, by
+// patching (slope-1 pointer slot) or by re-tracing (not patchable).
+func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
+	const n = 64
+	for _, st := range stablegraph.Strategies() {
+		t.Run(string(st), func(t *testing.T) {
+			ctx := context.Background()
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
+			a := steptest.NewArena(t, b, 1<<20)
+			p := stablegraph.NewProgram("rule1")
+			outs := map[string]stablegraph.Buffer{}
+			for _, name := range []string{"kernel", "traced-const", "traced-self", "traced-xor"} {
+				outs[name] = p.Output(name, 8*n)
+			}
+			// Two address sets, ping-ponged; the scalars are set 0's
+			// addresses, so after the first move they equal old addresses.
+			sets := [2]stablegraph.Bindings{{}, {}}
+			for i := range sets {
+				for _, o := range outs {
+					ptr, err := a.Alloc(8 * n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sets[i][o] = ptr
+				}
+			}
+			old := func(name string) uint64 { return uint64(sets[0][outs[name]]) }
+			p.Launch(kernels.FillU64, kernels.Elementwise(n), stablegraph.Out(outs["kernel"].All()),
+				stablegraph.U64(old("kernel")), stablegraph.I32(n))
+			p.Trace("traced-const", fillU64(n, func(gpu.DevicePtr) uint64 { return old("traced-const") }),
+				stablegraph.Out(outs["traced-const"].All()))
+			p.Trace("traced-self", fillU64(n, func(ptr gpu.DevicePtr) uint64 { return uint64(ptr) }),
+				stablegraph.Out(outs["traced-self"].All()))
+			p.Trace("traced-xor", fillU64(n, func(ptr gpu.DevicePtr) uint64 { return uint64(ptr) ^ 0xdead }),
+				stablegraph.Out(outs["traced-xor"].All()))
+
+			exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer exe.Close()
+			for step := range 6 {
+				bind := sets[step%2]
+				res, err := exe.Run(ctx, s, bind)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := map[string]uint64{
+					"kernel":       old("kernel"),
+					"traced-const": old("traced-const"),
+					"traced-self":  uint64(bind[outs["traced-self"]]),
+					"traced-xor":   uint64(bind[outs["traced-xor"]]) ^ 0xdead,
+				}
+				for name, o := range outs {
+					if persistentAddresses(exe) && (name == "traced-self" || name == "traced-xor") {
+						// Under stable and pool the program runs on
+						// persistent copies: a command whose result is
+						// its own address sees theirs, not the caller's.
+						continue
+					}
+					data, err := exe.ReadOutput(ctx, res, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i, v := range steptest.U64s(data) {
+						if v != want[name] {
+							t.Fatalf("step %d: %s[%d] = %#x, want %#x", step, name, i, v, want[name])
+						}
+					}
+				}
+			}
+			if st != stablegraph.StrategyPatch {
+				return
+			}
+			stats := exe.Stats()
+			if stats.Rerecords != 0 || stats.PatchedNodes != 5*4 {
+				t.Errorf("re-records %d, patched nodes %d; want 0 and 20", stats.Rerecords, stats.PatchedNodes)
+			}
+			// traced-const and traced-self: template, nothing re-captured.
+			// traced-xor: not patchable, captured once per address set.
+			if want := int64(3*2 + 1); stats.TracesCaptured != want {
+				t.Errorf("%d traces captured, want %d", stats.TracesCaptured, want)
+			}
+			for _, info := range exe.Traces() {
+				xor := strings.Contains(info.Command, "traced-xor")
+				if info.Patchable == xor {
+					t.Errorf("%s: patchable=%v (reason %q)", info.Command, info.Patchable, info.Reason)
+				}
+				if xor && !strings.Contains(info.Reason, "do not point into an operand") {
+					t.Errorf("%s: reason %q", info.Command, info.Reason)
+				}
+			}
+		})
+	}
+}
+
+// persistentAddresses reports whether exe ran its last step on persistent
+// copies of its params and outputs (under auto, while it probes, the
+// candidate that ran it).
+func persistentAddresses(exe *stablegraph.Executable) bool {
+	st := exe.Stats().Ran
+	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool
+}
+
+// TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update
+// and a node update and checks that the step still runs, by re-recording.
+func TestRefusedUpdatesFallBack(t *testing.T) {
+	refused := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported}
+	for _, c := range []struct {
+		st stablegraph.Strategy
+		op string
+	}{
+		{stablegraph.StrategyUpdate, "GraphExecUpdate"},
+		{stablegraph.StrategyPatch, "GraphExecKernelNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecChildGraphNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecMemsetNodeSetParams"},
+		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams"},
+	} {
+		t.Run(c.op, func(t *testing.T) {
+			b := simtest.New(t, 1)
+			w := steptest.NewMLP(2, 16, 2, 50, 3)
+			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, 4)
+			b.InjectFault(c.op, 0, refused)
+			got, _ := steptest.RunMLP(t, b, w, c.st, steptest.PingPong, 4)
+			for i := range got {
+				for k := range got[i].Outs {
+					if string(got[i].Outs[k]) != string(want[i].Outs[k]) {
+						t.Fatalf("step %d output %d differs from eager", i, k)
+					}
+				}
+			}
+			final := got[len(got)-1].Stats
+			if final.UpdateFallbacks != 1 || final.Rerecords != 1 {
+				t.Errorf("fallbacks %d, re-records %d; want 1 and 1", final.UpdateFallbacks, final.Rerecords)
+			}
+		})
+	}
+}
+
+// TestConcurrentRuns runs one executable from several goroutines on their
+// own streams and buffers; every result must be the one eager computes.
+func TestConcurrentRuns(t *testing.T) {
+	b := simtest.New(t, 1)
+	const batch, width, workers, steps = 2, 8, 4, 25
+	p := stablegraph.NewProgram("concurrent")
+	x := p.Param("x", 4*batch*width)
+	w := p.Constant("w", gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(3), width*width, 0.5)))
+	h := p.Temp("h", 4*batch*width)
+	y := p.Output("y", 4*batch*width)
+	p.Gemm(h.All(), x.All(), w.All(), stablegraph.GEMM{M: batch, N: width, K: width, Alpha: 1})
+	p.Launch(kernels.Tanh, kernels.Elementwise(batch*width), stablegraph.Out(y.All()), stablegraph.In(h.All()), stablegraph.I32(batch*width))
+	exe := steptest.Workers{
+		Program: p, X: x, Y: y,
+		Input: func(i int) []byte {
+			return gpu.F32ToBytes(steptest.RandF32(steptest.NewRand(uint64(i)), batch*width, 1))
+		},
+		Options: stablegraph.Options{Strategy: stablegraph.StrategyPatch},
+		Workers: workers, Steps: steps,
+	}.Run(t, b)
+	if st := exe.Stats(); st.Steps != workers*steps || st.Rerecords != 0 {
+		t.Errorf("steps %d, re-records %d", st.Steps, st.Rerecords)
+	}
+}
+
+// TestShadowOutOfMemory: when differential tracing cannot allocate its
+// shadow operands, the GEMM is not patchable but the steps still run and
+// match, the GEMM being re-traced (through the cache) when it moves.
+func TestShadowOutOfMemory(t *testing.T) {
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(2, 8, 1, 8, 2)
+	want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, 4)
+	// runMLP allocates its arena, then Compile its memory; the next
+	// MemAlloc is the shadow.
+	before := b.Calls("MemAlloc")
+	exe, err := stablegraph.Compile(context.Background(), b, w.P, stablegraph.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compileAllocs := b.Calls("MemAlloc") - before
+	if err := exe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b.InjectFault("MemAlloc", 1+compileAllocs, gpu.ErrOutOfMemory)
+	got, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 4)
+	b.ClearFaults()
+	for i := range got {
+		for k := range got[i].Outs {
+			if string(got[i].Outs[k]) != string(want[i].Outs[k]) {
+				t.Fatalf("step %d output %d differs from eager", i, k)
+			}
+		}
+	}
+	final := got[len(got)-1].Stats
+	// One capture at step 0, one at the first move; then cache hits.
+	if final.TracesCaptured != 2 || final.TracesSynthesized != 0 || final.Rerecords != 0 {
+		t.Errorf("captured %d, synthesized %d, re-records %d; want 2, 0, 0", final.TracesCaptured, final.TracesSynthesized, final.Rerecords)
+	}
+}
+
+// TestPatchSteadyStatePingPong is the acceptance check for patch: once both
+// address sets have been seen, a step re-records nothing, captures nothing,
+// misses no trace, and only patches nodes.
+func TestPatchSteadyStatePingPong(t *testing.T) {
+	b := simtest.New(t, 1)
+	w := steptest.NewMLP(4, 16, 3, 64, 8)
+	res, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 20)
+	warm, final := res[1].Stats, res[len(res)-1].Stats
+	d := final.Counters.Sub(warm.Counters)
+	if d.Records != 0 || d.Rerecords != 0 || d.GraphUpdates != 0 || d.TracesCaptured != 0 ||
+		d.TracesSynthesized != 0 || d.TraceCacheMisses != 0 || d.UpdateFallbacks != 0 {
+		t.Errorf("steady state did more than patch: %+v", d)
+	}
+	// Per step: the first GEMM (reads x), the chain's first kernel (reads
+	// x2) and last (writes z), the axpy reading z, the memcpy (y, ycopy),
+	// the last bias_tanh (writes y), the memset and axpy on m.
+	if want := int64(8 * (len(res) - 2)); d.PatchedNodes != want || d.TraceCacheHits != int64(len(res)-2) {
+		t.Errorf("patched %d nodes with %d cache hits over %d steps; want %d and %d", d.PatchedNodes, d.TraceCacheHits, len(res)-2, want, len(res)-2)
+	}
+	for _, info := range mustTraces(t, b, w) {
+		if !info.Patchable {
+			t.Errorf("%s is not patchable on sim: %s", info.Command, info.Reason)
+		}
+	}
+}
+
+func mustTraces(t *testing.T, b gpu.Backend, w *steptest.MLP) []stablegraph.TraceInfo {
+	t.Helper()
+	ctx := context.Background()
+	exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Close()
+	s := simtest.Stream(t, b, 0)
+	bind := stablegraph.Bindings{}
+	for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
+		bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
+	}
+	if _, err := exe.Run(ctx, s, bind); err != nil {
+		t.Fatal(err)
+	}
+	infos := exe.Traces()
+	if len(infos) != w.Layers {
+		t.Fatalf("%d traced commands, want %d GEMMs", len(infos), w.Layers)
+	}
+	return infos
+}

@@ -1,0 +1,23 @@
+package replay
+
+import (
+	"context"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
+// record records the commands into a graph and, whenever an address they
+// use changes, records and instantiates it again: what other runtimes
+// ship, and the cost the other graph strategies avoid.
+type record struct{ recorded }
+
+func newRecord(spec Spec) (Strategy, error) { return &record{recorded{base: newBase(spec)}}, nil }
+
+func (st *record) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	if st.x == nil || st.cb.Moved(st.x.Addrs(), addrs) {
+		if err := st.record(addrs); err != nil {
+			return Result{}, err
+		}
+	}
+	return Result{}, st.launch(s)
+}

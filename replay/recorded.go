@@ -1,0 +1,57 @@
+package replay
+
+import (
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
+)
+
+// recorded is what record, update and patch share: a graph recorded over
+// the step's addresses and launched every step. They differ only in how
+// they bring it up to date when addresses move (record.go, update.go,
+// patch.go).
+type recorded struct {
+	base
+	// patchable records traced commands so that they can be patched
+	// (patch): differential tracing proves their templates.
+	patchable bool
+	x         *graph.Exec // nil before the first step and after a failed patch
+}
+
+// record records and instantiates the commands at addrs, replacing the
+// current exec graph only once the new one exists: a failure leaves the
+// old one in place, consistent with the addresses it holds.
+func (st *recorded) record(addrs []gpu.DevicePtr) error {
+	x, err := st.cb.Instantiate(st.b, addrs, st.patchable)
+	if err != nil {
+		return err
+	}
+	if st.c.Records > 0 {
+		st.c.Rerecords++
+		st.log.Debug("re-recorded the step graph")
+	}
+	st.c.Records++
+	err = st.dropExec()
+	st.x = x
+	return err
+}
+
+// launch launches the exec graph on s.
+func (st *recorded) launch(s gpu.Stream) error {
+	if err := st.x.Launch(st.b, s); err != nil {
+		return err
+	}
+	st.c.GraphLaunches++
+	return nil
+}
+
+func (st *recorded) dropExec() error {
+	if st.x == nil {
+		return nil
+	}
+	err := st.x.Destroy(st.b)
+	st.x = nil
+	return err
+}
+
+// Close destroys the exec graph.
+func (st *recorded) Close() error { return st.dropExec() }

@@ -1,0 +1,137 @@
+package replay_test
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/steptest"
+)
+
+// TestStrategiesMatchEager runs the MLP workload under every strategy and
+// movement and demands every output of every step, and the final state,
+// equal to eager's bit for bit.
+func TestStrategiesMatchEager(t *testing.T) {
+	// Enough for auto to probe its three candidates (14 steps) and then
+	// run the one it kept.
+	const steps = 18
+	for _, move := range steptest.Movements() {
+		t.Run(string(move), func(t *testing.T) {
+			b := simtest.New(t, 1)
+			w := steptest.NewMLP(4, 32, 3, 100, 6)
+			want, wantAcc := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, move, steps)
+			for _, st := range stablegraph.Strategies()[1:] {
+				t.Run(string(st), func(t *testing.T) {
+					got, gotAcc := steptest.RunMLP(t, b, w, st, move, steps)
+					for i := range got {
+						for k := range got[i].Outs {
+							if !bytes.Equal(got[i].Outs[k], want[i].Outs[k]) {
+								t.Fatalf("step %d output %s differs from eager", i, w.Outputs[k].Name())
+							}
+						}
+					}
+					if !bytes.Equal(gotAcc, wantAcc) {
+						t.Fatal("final state differs from eager")
+					}
+					checkStats(t, st, move, got)
+				})
+			}
+		})
+	}
+}
+
+// checkStats asserts what each strategy should have done.
+func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, res []steptest.Step) {
+	t.Helper()
+	final := res[len(res)-1].Stats
+	if final.Steps != int64(len(res)) || final.GraphLaunches != int64(len(res)) {
+		t.Errorf("steps %d, graph launches %d, want %d", final.Steps, final.GraphLaunches, len(res))
+	}
+	decided := false
+	copied := res[0].Stats.Last.BytesCopied // per step, by stable and pool
+	for i, r := range res[1:] {
+		i++
+		last := r.Stats.Last
+		if r.Stats.Probing {
+			// Auto runs each candidate in turn, warm-ups included:
+			// only the bits are checked (by the caller).
+			continue
+		}
+		if st == stablegraph.StrategyAuto && !decided {
+			// The step that runs the candidate kept: what moved is
+			// relative to the step before, which another one ran; the
+			// checks start at the next.
+			decided, copied = true, last.BytesCopied
+			if i < 2 || r.Stats.Ran != r.Stats.Strategy {
+				t.Errorf("step %d: auto decided at once, or ran %s after choosing %s", i, r.Stats.Ran, r.Stats.Strategy)
+			}
+			continue
+		}
+		// Under auto, what the chosen strategy should have done.
+		switch r.Stats.Strategy {
+		case stablegraph.StrategyRecord:
+			if want := int64(b2i(r.Moved)); last.Rerecords != want {
+				t.Errorf("step %d: %d re-records, want %d", i, last.Rerecords, want)
+			}
+		case stablegraph.StrategyUpdate:
+			if want := int64(b2i(r.Moved)); last.GraphUpdates != want || last.Rerecords != 0 {
+				t.Errorf("step %d: %d updates and %d re-records, want %d and 0", i, last.GraphUpdates, last.Rerecords, want)
+			}
+		case stablegraph.StrategyPatch:
+			if last.Rerecords != 0 || last.GraphUpdates != 0 {
+				t.Errorf("step %d: %d re-records, %d updates under patch", i, last.Rerecords, last.GraphUpdates)
+			}
+			if r.Moved != (last.PatchedNodes > 0) {
+				t.Errorf("step %d: moved=%v but %d nodes patched", i, r.Moved, last.PatchedNodes)
+			}
+			// Every traced command on sim is patchable: after the first
+			// step nothing is ever captured again, whatever moves.
+			if last.TracesCaptured != 0 {
+				t.Errorf("step %d: %d traces captured under patch", i, last.TracesCaptured)
+			}
+		case stablegraph.StrategyStable, stablegraph.StrategyPool:
+			// The body is recorded once (per pool slot, at its first
+			// use) and never patched; only copy nodes follow the caller.
+			firstUse := r.Stats.Strategy == stablegraph.StrategyPool && i < 2
+			if !firstUse && (last.Records != 0 || last.TracesCaptured != 0) {
+				t.Errorf("step %d: %d records, %d traces captured", i, last.Records, last.TracesCaptured)
+			}
+			if last.Rerecords != 0 || last.PatchedNodes != 0 || last.GraphUpdates != 0 || last.BytesCopied != copied || copied == 0 {
+				t.Errorf("step %d: %d re-records, %d patched, %d updates, %d bytes copied (first step: %d)", i,
+					last.Rerecords, last.PatchedNodes, last.GraphUpdates, last.BytesCopied, copied)
+			}
+			if r.Stats.Strategy == stablegraph.StrategyStable && r.Moved != (last.CopyNodeUpdates != 0) {
+				t.Errorf("step %d: moved=%v but %d copy nodes updated", i, r.Moved, last.CopyNodeUpdates)
+			}
+			// A pool slot compares with its own last step: with two
+			// slots and ping-pong, each slot always sees the same set.
+			if r.Stats.Strategy == stablegraph.StrategyPool && move != steptest.Random && last.CopyNodeUpdates != 0 {
+				t.Errorf("step %d: %d copy nodes updated under pool with %s buffers", i, last.CopyNodeUpdates, move)
+			}
+			if pool := r.Stats.Strategy == stablegraph.StrategyPool; pool != (last.TimelineWrites == 1) {
+				t.Errorf("step %d: %d timeline writes under %s", i, last.TimelineWrites, r.Stats.Strategy)
+			}
+		}
+		// With ping-pong, every traced command's address sets repeat from
+		// the third step on: all cache hits, nothing captured.
+		if move == steptest.PingPong && i >= 2 && (last.TracesCaptured != 0 || last.TraceCacheMisses != 0 || last.TracesSynthesized != 0) {
+			t.Errorf("step %d (%s, ping-pong): %d captured, %d misses, %d synthesized; want 0",
+				i, st, last.TracesCaptured, last.TraceCacheMisses, last.TracesSynthesized)
+		}
+	}
+	if st == stablegraph.StrategyAuto && (!decided || final.Probing) {
+		t.Errorf("auto still probing after %d steps", len(res))
+	}
+	if testing.Verbose() {
+		fmt.Printf("%-7s %-8s %+v\n", st, move, final.Counters)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,39 @@
+package replay
+
+import (
+	"context"
+	"errors"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
+// update re-records the commands into a new graph when addresses change
+// and applies it to the executable graph with a whole-graph exec update
+// (graph.CommandBuffer.Update), re-instantiating when the driver refuses.
+type update struct{ recorded }
+
+func newUpdate(spec Spec) (Strategy, error) { return &update{recorded{base: newBase(spec)}}, nil }
+
+func (st *update) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	switch {
+	case st.x == nil:
+		if err := st.record(addrs); err != nil {
+			return Result{}, err
+		}
+	case st.cb.Moved(st.x.Addrs(), addrs):
+		err := st.cb.Update(st.b, st.x, addrs)
+		if err == nil {
+			st.c.GraphUpdates++
+			break
+		}
+		if !errors.Is(err, gpu.ErrGraphUpdate) {
+			return Result{}, err
+		}
+		st.c.UpdateFallbacks++
+		st.log.Debug("graph exec update refused; re-recording", "reason", err)
+		if err := st.record(addrs); err != nil {
+			return Result{}, err
+		}
+	}
+	return Result{}, st.launch(s)
+}
