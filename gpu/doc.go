@@ -55,9 +55,8 @@
 // return ErrNotSupported with the reason when a device cannot do it.
 // Collectives are an optional interface of the backend (collectives.go),
 // discovered the same way with CollectivesOf, and so are the others:
-// AddressRangerOf finds
-// allocation extents (extent.go), which CheckBinding uses to refuse a range
-// larger than the memory behind it.
+// AddressRangerOf finds allocation extents (extent.go), which CheckBinding
+// uses to refuse a range larger than the memory behind it.
 //
 // # Refused graph updates
 //
