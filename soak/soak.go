@@ -43,6 +43,11 @@
 // memory, live handles, goroutines and Go heap (after a GC) must come back
 // to where they were after the first segment: the baseline trend.
 //
+// The verdict (Report.Memory) is "grows" when any trend grows, else
+// "too_few_samples" when a strategy has no segment with a trend or there
+// are fewer than three baselines (a short soak: nothing was judged, so it
+// does not pass), else "flat".
+//
 // # Progress
 //
 // Config.Progress is called every Config.Interval (and at the end) with the
@@ -181,8 +186,9 @@ type Progress struct {
 }
 
 func (p Progress) String() string {
-	s := fmt.Sprintf("%v/%v steps %d checks %d mismatches %d; %s (segment %d); device used %s (peak %s)",
-		p.Elapsed.Round(time.Second), p.Duration, p.Steps, p.Checks, p.Mismatches, p.Strategy, p.Segment,
+	s := fmt.Sprintf("%v/%v (%v left) steps %d checks %d mismatches %d; %s (segment %d); device used %s (peak %s)",
+		p.Elapsed.Round(time.Second), p.Duration, max(p.Duration-p.Elapsed, 0).Round(time.Second),
+		p.Steps, p.Checks, p.Mismatches, p.Strategy, p.Segment,
 		report.FormatBytes(p.UsedBytes), report.FormatBytes(p.PeakUsedBytes))
 	if p.Handles >= 0 {
 		s += fmt.Sprintf(", %d live handles", p.Handles)
@@ -336,14 +342,29 @@ type Report struct {
 	BaselineHandles    Trend `json:"baseline_handles_trend"`
 	BaselineGoroutines Trend `json:"baseline_goroutines_trend"`
 	BaselineHeap       Trend `json:"baseline_heap_trend"`
-	// MemoryFlat: every trend above is flat.
+	// Memory is the memory verdict: MemoryFlat, MemoryGrows or
+	// MemoryTooFewSamples (see the package doc). Unjudged lists what had
+	// too few samples: strategies without a segment of three samples
+	// after warm-up, and "baseline" for fewer than three segments.
+	Memory   string   `json:"memory"`
+	Unjudged []string `json:"unjudged,omitempty"`
+	// MemoryFlat: Memory is MemoryFlat (every trend above was judged and
+	// is flat).
 	MemoryFlat  bool     `json:"memory_flat"`
 	Interrupted bool     `json:"interrupted,omitempty"`
 	Error       string   `json:"error,omitempty"`
 	Samples     []Sample `json:"samples"`
 }
 
-// OK reports whether the soak passed: no error, no mismatch, memory flat.
+// Memory verdicts (Report.Memory).
+const (
+	MemoryFlat          = "flat"
+	MemoryGrows         = "grows"
+	MemoryTooFewSamples = "too_few_samples"
+)
+
+// OK reports whether the soak passed: no error, no mismatch, memory judged
+// and flat.
 func (r *Report) OK() bool { return r.Error == "" && r.Mismatches == 0 && r.MemoryFlat }
 
 // WriteText writes the report for people: a line per strategy and the
@@ -367,10 +388,19 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "after each segment: device memory %s; live handles %s; goroutines %s; Go heap %s\n",
 		r.BaselineDevice, r.BaselineHandles, r.BaselineGoroutines, r.BaselineHeap)
 	verdict := "PASS"
-	if !r.OK() {
+	switch {
+	case r.Error != "" || r.Mismatches > 0 || r.Memory == MemoryGrows:
 		verdict = "FAIL"
+	case !r.OK():
+		verdict = "NOT JUDGED"
 	}
-	fmt.Fprintf(&b, "%s: mismatches %d, memory flat %v", verdict, r.Mismatches, r.MemoryFlat)
+	fmt.Fprintf(&b, "%s: mismatches %d, memory ", verdict, r.Mismatches)
+	if r.Memory == MemoryTooFewSamples {
+		fmt.Fprintf(&b, "not judged: too few samples for a trend (%s); run longer (--duration) or sample more often (--interval: a sample every interval/30)",
+			strings.Join(r.Unjudged, ", "))
+	} else {
+		b.WriteString(r.Memory)
+	}
 	if r.Interrupted {
 		b.WriteString(", interrupted")
 	}
@@ -736,6 +766,9 @@ func (s *soaker) finish() {
 			st.Handles, st.HandlesSegment = Trend{Flat: true}, -1
 		}
 		flat = flat && st.Device.Flat && st.Handles.Flat
+		if st.DeviceSegment < 0 || (st.HandlesSegment < 0 && s.handles() >= 0) {
+			r.Unjudged = append(r.Unjudged, st.Strategy)
+		}
 		r.Strategies = append(r.Strategies, *st)
 	}
 	// The first baseline, taken before any step, misses what the first
@@ -767,7 +800,18 @@ func (s *soaker) finish() {
 			r.BaselineHandles.Flat = false
 		}
 	}
-	r.MemoryFlat = flat && r.BaselineDevice.Flat && r.BaselineHandles.Flat && r.BaselineGoroutines.Flat && r.BaselineHeap.Flat
+	if len(bls) < 3 {
+		r.Unjudged = append(r.Unjudged, "baseline")
+	}
+	switch {
+	case !flat || !r.BaselineDevice.Flat || !r.BaselineHandles.Flat || !r.BaselineGoroutines.Flat || !r.BaselineHeap.Flat:
+		r.Memory = MemoryGrows
+	case len(r.Unjudged) > 0:
+		r.Memory = MemoryTooFewSamples
+	default:
+		r.Memory = MemoryFlat
+	}
+	r.MemoryFlat = r.Memory == MemoryFlat
 	s.progress(true)
 }
 
