@@ -105,3 +105,10 @@
 // Close releases everything, reporting every release that fails; on the
 // sim backend the live-handle counters return to zero.
 package stablegraph
+
+// The built-in backends register themselves with gpu.Register: importing
+// stablegraph is enough for gpu.Open("auto"), "sim" and "cuda".
+import (
+	_ "github.com/stablegraph/stablegraph/gpu/cuda"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
+)
