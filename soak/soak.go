@@ -65,7 +65,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -373,7 +372,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "soak: %s (%s buffers) on %s (%s): %.0f s, %d steps, %d checked against eager, %d mismatches, peak device memory in use %s\n",
 		r.Workload, r.Pattern, r.Backend, r.Device, r.DurationS, r.Steps, r.Checks, r.Mismatches, report.FormatBytes(r.PeakDeviceBytes))
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	tw := report.NewTabWriter(&b)
 	fmt.Fprintln(tw, "strategy\tsegments\tsteps\tchecks\tmismatches\tpeak used\texecutable\tdevice memory trend (bytes, worst segment)\tlive handles trend (worst segment)")
 	for _, s := range r.Strategies {
 		name := s.Strategy

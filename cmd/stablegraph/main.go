@@ -74,7 +74,7 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.backend, "backend", g.backend, "`name` of the backend: auto, sim or cuda (auto prefers cuda when a GPU is present); env STABLEGRAPH_BACKEND")
 	fs.IntVar(&g.devices, "devices", g.devices, "`N` simulated devices (sim)")
 	fs.BoolVar(&g.verbose, "v", g.verbose, "debug logs on stderr")
-	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search)")
+	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search); with auto it asks for cuda, and must load")
 	fs.StringVar(&g.libcublas, "libcublas", g.libcublas, "`path` of libcublas to load (cuda; default: the backend's search)")
 	fs.StringVar(&g.libnccl, "libnccl", g.libnccl, "`path` of libnccl to load for collectives (cuda; default: the backend's search)")
 	fs.Var(&g.progress, "progress", "progress bar with the time left on stderr (default: when stderr is a terminal; --progress=false: a line at every quarter)")
