@@ -38,7 +38,7 @@ func TestTrend(t *testing.T) {
 // turn: no mismatch, memory flat, progress reported, a report that encodes.
 func TestShortSoak(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	workloads := map[string]time.Duration{"mlp": 1500 * time.Millisecond, "train": 1500 * time.Millisecond, "chain-moving": 700 * time.Millisecond, "dp": 2500 * time.Millisecond}
+	workloads := map[string]time.Duration{"mlp": 2 * time.Second, "train": 2 * time.Second, "chain-moving": 1500 * time.Millisecond, "dp": 3 * time.Second}
 	if testing.Short() {
 		workloads = map[string]time.Duration{"train": time.Second}
 	}
@@ -56,10 +56,15 @@ func TestShortSoak(t *testing.T) {
 			}()
 			var progress []Progress
 			cfg := Config{
+				// A segment per strategy (and room for the segments'
+				// overhead), long enough for a trend even on a loaded
+				// machine: a memory sample after every checked step once the
+				// 30 warm-up steps have filled the caches.
 				Workload: name, Duration: d, CheckEvery: 3, Warmup: 30,
-				Segment:  d / time.Duration(len(sg.Strategies())+3),
-				Interval: d / 4,
-				Progress: func(p Progress) { progress = append(progress, p) },
+				Segment:     d / time.Duration(len(sg.Strategies())+1),
+				Interval:    d / 4,
+				SampleEvery: time.Millisecond,
+				Progress:    func(p Progress) { progress = append(progress, p) },
 			}
 			cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch, cfg.Shape.K = 2, 32, 4, 16
 			rep, err := Run(context.Background(), b, cfg)

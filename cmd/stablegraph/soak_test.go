@@ -11,9 +11,10 @@ import (
 func TestSoak(t *testing.T) {
 	needSim(t)
 	path := filepath.Join(t.TempDir(), "soak.json")
-	// Three segments of a second (the shortest): patch, auto, patch.
+	// Segments of a second (the shortest): patch, auto, patch, auto; three
+	// at least, on a loaded machine, for the trend between segments.
 	code, out, errs := runCLI(t, "--backend", "sim", "soak", "--workload", "train", "--layers", "2", "--width", "16", "--batch", "4",
-		"--duration", "3s", "--segment", "1s", "--strategies", "patch,auto", "--interval", "400ms", "--check-every", "3", "--warmup", "20", "--json", path)
+		"--duration", "4s", "--segment", "1s", "--strategies", "patch,auto", "--interval", "400ms", "--check-every", "3", "--warmup", "20", "--json", path)
 	if code != exitOK {
 		t.Fatalf("code %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
 	}
