@@ -118,3 +118,10 @@
 // Collective commands (Program.AllReduce and the others) run over a Comm,
 // one rank's communicator (comm.go).
 package stablegraph
+
+// The built-in backends register themselves with gpu.Register: importing
+// stablegraph is enough for gpu.Open("auto"), "sim" and "cuda".
+import (
+	_ "github.com/stablegraph/stablegraph/gpu/cuda"
+	_ "github.com/stablegraph/stablegraph/gpu/sim"
+)

@@ -5,9 +5,11 @@
 // launches, whole-graph exec update, re-capture, per-node parameter updates).
 //
 // It runs through the gpu interface only, so the same measurement runs on
-// the simulator and on CUDA, and puts each figure beside the reference
-// measured on the project's H100 (docs/GPU-MACHINE.md). The command
-// `stablegraph bench-driver` is a thin wrapper around Run.
+// the simulator and on CUDA. On hardware it puts each figure beside the
+// reference measured on the project's H100 (docs/GPU-MACHINE.md); on the
+// simulator the times are its model's, not a GPU measurement, and are never
+// set beside a hardware figure (Result.Simulated; no reference, no ratio).
+// The command `stablegraph bench-driver` is a thin wrapper around Run.
 //
 // # Method
 //
@@ -112,7 +114,7 @@ type Row struct {
 	P90     float64 `json:"p90_us"`
 	Samples int     `json:"samples"`
 	// ReferenceUS is the H100 figure from docs/GPU-MACHINE.md for the same
-	// operation; nil where the document gives none.
+	// operation; nil where the document gives none, and on a simulator.
 	ReferenceUS *float64 `json:"h100_reference_us,omitempty"`
 	// Skipped says why the row was not measured; empty when it was.
 	Skipped string `json:"skipped,omitempty"`
@@ -122,9 +124,12 @@ type Row struct {
 
 // Result is the outcome of Run.
 type Result struct {
-	Backend string          `json:"backend"`
-	Device  string          `json:"device"`
-	Props   gpu.DeviceProps `json:"device_props"`
+	Backend string      `json:"backend"`
+	Device  string      `json:"device"`
+	Props   DeviceProps `json:"device_props"`
+	// Simulated is true on a simulator (report.SimulatedBackend): the
+	// times are its model's, not a GPU measurement.
+	Simulated bool `json:"simulated"`
 	// Iterations, HeavyIterations and GraphIterations are the options the
 	// run used.
 	Iterations      int     `json:"iterations"`
@@ -133,6 +138,27 @@ type Result struct {
 	Ks              []int   `json:"ks"`
 	Rows            []Row   `json:"rows"`
 	ElapsedS        float64 `json:"elapsed_s"`
+}
+
+// DeviceProps are the measured device's properties, with the JSON keys of
+// "stablegraph info --json".
+type DeviceProps struct {
+	Ordinal           int    `json:"ordinal"`
+	Name              string `json:"name"`
+	TotalMemoryBytes  uint64 `json:"total_memory_bytes"`
+	ComputeCapability string `json:"compute_capability"`
+	DriverVersion     int    `json:"driver_version"`
+	VMM               bool   `json:"vmm"`
+	GranularityBytes  uint64 `json:"granularity_bytes"`
+	StreamMemOps      bool   `json:"stream_mem_ops"`
+}
+
+func devicePropsOf(p gpu.DeviceProps) DeviceProps {
+	return DeviceProps{
+		Ordinal: p.Ordinal, Name: p.Name, TotalMemoryBytes: p.TotalMemory,
+		ComputeCapability: fmt.Sprintf("%d.%d", p.ComputeMajor, p.ComputeMinor), DriverVersion: p.DriverVersion,
+		VMM: p.VMM, GranularityBytes: p.Granularity, StreamMemOps: p.StreamMemOps,
+	}
 }
 
 // Row returns the row named name, and false when there is none.
@@ -191,7 +217,7 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		}
 	}
 	res = &Result{
-		Backend: b.Name(), Device: props.Name, Props: props,
+		Backend: b.Name(), Device: props.Name, Props: devicePropsOf(props), Simulated: report.SimulatedBackend(b.Name()),
 		Iterations: opts.Iterations, HeavyIterations: opts.HeavyIterations, GraphIterations: opts.GraphIterations,
 		Ks: opts.Ks, ElapsedS: time.Since(start).Seconds(),
 	}
@@ -201,7 +227,7 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 			p := report.Summarize(row.samples)
 			row.P50, row.P90, row.Samples = p.P50, p.P90, len(row.samples)
 		}
-		if ref, ok := Reference(name); ok {
+		if ref, ok := Reference(name); ok && !res.Simulated {
 			row.ReferenceUS = &ref
 		}
 		row.samples = nil

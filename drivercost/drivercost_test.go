@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stablegraph/stablegraph/gpu"
 	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 func openSim(t *testing.T) gpu.Backend {
@@ -69,8 +71,12 @@ func TestRunSim(t *testing.T) {
 	if r, _ := res.Row(RowCopy1M); r.Clock != GPU {
 		t.Errorf("copy row clock %q, want gpu", r.Clock)
 	}
-	if r, _ := res.Row(RowStreamCreate); r.Samples != o.Iterations || r.ReferenceUS == nil || *r.ReferenceUS != 1.6 {
+	// The sim's times are simulated: never set beside a hardware figure.
+	if r, _ := res.Row(RowStreamCreate); r.Samples != o.Iterations || r.ReferenceUS != nil {
 		t.Errorf("stream row: %+v", r)
+	}
+	if !res.Simulated {
+		t.Error("a sim result is not marked simulated")
 	}
 	if r, _ := res.Row(GraphRow("replay", 10)); r.Samples != o.GraphIterations*10 {
 		t.Errorf("K=10 replay has %d samples, want %d", r.Samples, o.GraphIterations*10)
@@ -150,7 +156,7 @@ func TestReferencesNameRows(t *testing.T) {
 
 func TestWriteTable(t *testing.T) {
 	ref := 1.6
-	r := &Result{Backend: "sim", Device: "simdev", Rows: []Row{
+	r := &Result{Backend: "cuda", Device: "H100", Rows: []Row{
 		{Name: RowStreamCreate, Clock: Host, P50: 3.2, P90: 4, Samples: 10, ReferenceUS: &ref},
 		{Name: RowWriteValueSeen, Clock: Host, Skipped: "gpu: not supported"},
 	}}
@@ -158,18 +164,69 @@ func TestWriteTable(t *testing.T) {
 	if err := r.WriteTable(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := `backend sim, device 0: simdev; microseconds; ref = H100 reference (docs/GPU-MACHINE.md, driver 580, CUDA 13.0)
+	want := `backend cuda, device 0: H100; microseconds; ref = H100 reference (docs/GPU-MACHINE.md, driver 580, CUDA 13.0)
 
-operation                                  clock   p50 µs  p90 µs   n  H100 ref µs  p50/ref
------------------------------------------  -----  -------  ------  --  -----------  -------
-StreamCreate, per stream                   host      3.20    4.00  10         1.60    2.00x
-StreamWriteValue64 until the host sees it  host   skipped       -   0            -        -
+operation                                  clock  p50 µs   p90 µs  n   H100 ref µs  p50/ref
+StreamCreate, per stream                   host   3.20     4.00    10  1.60         2.00x
+StreamWriteValue64 until the host sees it  host   skipped  -       0   -            -
 
 skipped:
   StreamWriteValue64 until the host sees it: gpu: not supported
 `
 	if got := b.String(); got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Simulated: said so, no reference column, no ratio.
+	r.Backend, r.Device, r.Simulated = "sim", "simdev", true
+	b.Reset()
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	want = `backend sim, device 0: simdev; microseconds
+` + report.SimulatedNote + `
+
+operation                                  clock  sim p50 µs  sim p90 µs  n
+StreamCreate, per stream                   host   3.20        4.00        10
+StreamWriteValue64 until the host sees it  host   skipped     -           0
+
+skipped:
+  StreamWriteValue64 until the host sees it: gpu: not supported
+`
+	if got := b.String(); got != want {
+		t.Errorf("simulated table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestJSONKeys: the JSON has snake_case keys throughout, the device's
+// properties included.
+func TestJSONKeys(t *testing.T) {
+	r := &Result{Backend: "sim", Props: devicePropsOf(gpu.DeviceProps{Name: "d", TotalMemory: 1 << 30, ComputeMajor: 9, VMM: true})}
+	var js bytes.Buffer
+	if err := r.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(js.Bytes(), &top); err != nil {
+		t.Fatal(err)
+	}
+	var props map[string]any
+	if err := json.Unmarshal(top["device_props"], &props); err != nil {
+		t.Fatal(err)
+	}
+	snake := regexp.MustCompile(`^[a-z0-9]+(_[a-z0-9]+)*$`)
+	for k := range top {
+		if !snake.MatchString(k) {
+			t.Errorf("key %q is not snake_case", k)
+		}
+	}
+	for k := range props {
+		if !snake.MatchString(k) {
+			t.Errorf("device_props key %q is not snake_case", k)
+		}
+	}
+	if props["total_memory_bytes"] != float64(1<<30) || props["compute_capability"] != "9.0" {
+		t.Errorf("device_props: %v", props)
 	}
 }
 

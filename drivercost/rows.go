@@ -1,6 +1,7 @@
 package drivercost
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -131,41 +132,50 @@ func Reference(row string) (float64, bool) {
 const ReferenceLabel = "H100 reference (docs/GPU-MACHINE.md, driver 580, CUDA 13.0)"
 
 // WriteTable renders r as a text table: one row per operation with its
-// clock, median, p90 and sample count in microseconds, the H100 reference
-// and the ratio of the median to it.
+// clock, median, p90 and sample count in microseconds, and on hardware the
+// H100 reference and the ratio of the median to it. On a simulator the
+// title says the times are simulated, the time columns are named "sim", and
+// no reference is shown.
 func (r *Result) WriteTable(w io.Writer) error {
-	head := fmt.Sprintf("backend %s, device %d: %s; microseconds; ref = %s\n\n", r.Backend, r.Props.Ordinal, r.Device, ReferenceLabel)
-	if _, err := io.WriteString(w, head); err != nil {
-		return fmt.Errorf("drivercost: write table: %w", err)
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "backend %s, device %d: %s; microseconds", r.Backend, r.Props.Ordinal, r.Device)
+	if r.Simulated {
+		fmt.Fprintf(&b, "\n%s\n\n", report.SimulatedNote)
+	} else {
+		fmt.Fprintf(&b, "; ref = %s\n\n", ReferenceLabel)
 	}
-	t := report.Table{
-		Header: []string{"operation", "clock", "p50 µs", "p90 µs", "n", "H100 ref µs", "p50/ref"},
-		Align:  []report.Align{report.Left, report.Left, report.Right, report.Right, report.Right, report.Right, report.Right},
+	tw := report.NewTabWriter(&b)
+	if r.Simulated {
+		fmt.Fprintln(tw, "operation\tclock\tsim p50 µs\tsim p90 µs\tn")
+	} else {
+		fmt.Fprintln(tw, "operation\tclock\tp50 µs\tp90 µs\tn\tH100 ref µs\tp50/ref")
 	}
 	var skipped []string
 	for _, row := range r.Rows {
-		ref, ratio := "-", "-"
-		if row.ReferenceUS != nil {
-			ref = report.FormatUS(*row.ReferenceUS)
-		}
+		p50, p90 := report.FormatUS(row.P50), report.FormatUS(row.P90)
 		if row.Skipped != "" {
-			t.AddRow(row.Name, row.Clock, "skipped", "-", "0", ref, "-")
+			p50, p90 = "skipped", "-"
 			skipped = append(skipped, row.Name+": "+row.Skipped)
-			continue
 		}
-		if row.ReferenceUS != nil && *row.ReferenceUS > 0 {
-			ratio = strconv.FormatFloat(row.P50 / *row.ReferenceUS, 'f', 2, 64) + "x"
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d", row.Name, row.Clock, p50, p90, row.Samples)
+		if !r.Simulated {
+			ref, ratio := "-", "-"
+			if row.ReferenceUS != nil {
+				ref = report.FormatUS(*row.ReferenceUS)
+				if row.Skipped == "" && *row.ReferenceUS > 0 {
+					ratio = strconv.FormatFloat(row.P50 / *row.ReferenceUS, 'f', 2, 64) + "x"
+				}
+			}
+			fmt.Fprintf(tw, "\t%s\t%s", ref, ratio)
 		}
-		t.AddRow(row.Name, row.Clock, report.FormatUS(row.P50), report.FormatUS(row.P90),
-			strconv.Itoa(row.Samples), ref, ratio)
+		fmt.Fprintln(tw)
 	}
-	if err := t.Write(w); err != nil {
-		return err
-	}
+	tw.Flush()
 	if len(skipped) > 0 {
-		if _, err := io.WriteString(w, "\nskipped:\n  "+strings.Join(skipped, "\n  ")+"\n"); err != nil {
-			return fmt.Errorf("drivercost: write table: %w", err)
-		}
+		b.WriteString("\nskipped:\n  " + strings.Join(skipped, "\n  ") + "\n")
+	}
+	if _, err := w.Write(b.Bytes()); err != nil {
+		return fmt.Errorf("drivercost: write table: %w", err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // Driver opens a backend. Drivers register themselves from init with
@@ -101,7 +102,7 @@ func Open(name string, cfg Config) (b Backend, reason string, err error) {
 	if name != "auto" {
 		d, ok := lookup(name)
 		if !ok {
-			return nil, "", fmt.Errorf("gpu: unknown backend %q (registered: %s)", name, strings.Join(Drivers(), ", "))
+			return nil, "", fmt.Errorf("gpu: unknown backend %q (registered: %s)%s", name, registered(), importHint(name))
 		}
 		b, err := d.Open(cfg)
 		if err != nil {
@@ -130,7 +131,34 @@ func Open(name string, cfg Config) (b Backend, reason string, err error) {
 		}
 		return b, reason + ")", nil
 	}
-	return nil, "", fmt.Errorf("gpu: no backend could be opened: %s: %w", strings.Join(why, "; "), ErrUnavailable)
+	return nil, "", fmt.Errorf("gpu: no backend could be opened: %s%s: %w", strings.Join(why, "; "), importHint("auto"), ErrUnavailable)
+}
+
+// builtIn are the backends of this module, registered by importing their
+// packages (the root package stablegraph imports both).
+var builtIn = map[string]string{"sim": "gpu/sim", "cuda": "gpu/cuda"}
+
+func registered() string {
+	if d := Drivers(); len(d) > 0 {
+		return strings.Join(d, ", ")
+	}
+	return "none"
+}
+
+// importHint says which import registers the built-in backend name (for
+// "auto": both), when it is not registered.
+func importHint(name string) string {
+	const mod = "github.com/stablegraph/stablegraph"
+	if name == "auto" {
+		if _, sim := lookup("sim"); !sim {
+			return fmt.Sprintf(" (import %q, which registers sim and cuda, or blank-import %s/gpu/sim)", mod, mod)
+		}
+		return ""
+	}
+	if pkg, ok := builtIn[name]; ok {
+		return fmt.Sprintf(" (%s is built in: import %q, which registers sim and cuda, or blank-import %s/%s)", name, mod, mod, pkg)
+	}
+	return ""
 }
 
 // briefLen bounds each backend's part of the auto reason: the full error
@@ -138,12 +166,23 @@ func Open(name string, cfg Config) (b Backend, reason string, err error) {
 // when that backend is asked for by name.
 const briefLen = 160
 
+// brief is err's message cut to about briefLen bytes at a word boundary.
 func brief(err error) string {
 	msg := err.Error()
 	if len(msg) <= briefLen {
 		return msg
 	}
-	return msg[:briefLen] + "… (open it by name for the whole error)"
+	cut := msg[:briefLen]
+	if i := strings.LastIndexByte(cut, ' '); i > 0 {
+		cut = cut[:i]
+	} else {
+		n := briefLen
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+		cut = msg[:n]
+	}
+	return strings.TrimRight(cut, " ,;:") + " … (open it by name for the whole error)"
 }
 
 func lookup(name string) (Driver, bool) {

@@ -1,7 +1,8 @@
 // Package report is the data model and the renderers of a stablegraph bench
 // run: every replay strategy run side by side on one workload, summarised as
-// JSON, as a text table and as a chart of per-step time. It does not depend
-// on the runtime; the bench command fills a Report and hands it here.
+// JSON, as a text table and as a chart of each strategy's time per step
+// against the floor. It does not depend on the runtime; the bench command
+// fills a Report and hands it here.
 //
 // # JSON
 //
@@ -9,12 +10,13 @@
 //
 //	{
 //	  "backend": "sim", "device": "sim device 0", "workload": "mlp", "steps": 100,
+//	  "simulated": true,
 //	  "results": [
 //	    {
 //	      "strategy": "eager",
 //	      "step_us": {"p50": 12.5, "p90": 14.0},
 //	      "host_us": {"p50": 30.1, "p90": 33.9},
-//	      "rerecords": 0, "graph_updates": 0, "patched_nodes": 0, "bytes_copied": 0,
+//	      "rerecords": 0, "graph_updates": 0, "patched_nodes": 0, "traces_captured": 0, "bytes_copied": 0,
 //	      "peak_device_bytes": 1048576, "outputs_match_eager": true,
 //	      "step_samples_us": [...], "host_samples_us": [...]
 //	    }
@@ -23,10 +25,14 @@
 //
 // step_us is GPU time per step (events around the step), host_us host time
 // per step (the host clock around the call), wall_us (when present) wall time
-// per step with steps running back to back. The counters are totals over the
-// measured steps. The per-step samples are kept under their own keys and may
-// be absent; "note" (absent when empty) records why a strategy fell back or
-// failed.
+// per step with steps running back to back. "simulated" is true when the
+// backend is a simulator (sim): every time is then its model's time on the
+// host CPU, not a GPU measurement, and must not be compared with hardware
+// figures. Keys are snake_case. The counters are totals over the measured
+// steps (after warm-up): traces_captured above zero there means a traced
+// command was captured again in steady state, a re-capture regression. The
+// per-step samples are kept under their own keys and may be absent; "note"
+// (absent when empty) records why a strategy fell back or failed.
 //
 // # Percentiles
 //
@@ -52,12 +58,24 @@ import (
 
 // Report is the outcome of one bench run.
 type Report struct {
-	Backend  string   `json:"backend"`  // registered backend name ("sim", "cuda")
-	Device   string   `json:"device"`   // device description
-	Workload string   `json:"workload"` // workload name and shape
-	Steps    int      `json:"steps"`    // measured steps per strategy
-	Results  []Result `json:"results"`  // one per strategy, in run order
+	Backend  string `json:"backend"`  // registered backend name ("sim", "cuda")
+	Device   string `json:"device"`   // device description
+	Workload string `json:"workload"` // workload name and shape
+	Steps    int    `json:"steps"`    // measured steps per strategy
+	// Simulated is true when the backend is a simulator: the times are its
+	// model's, not a GPU measurement (see SimulatedBackend).
+	Simulated bool     `json:"simulated"`
+	Results   []Result `json:"results"` // one per strategy, in run order
 }
+
+// SimulatedBackend reports whether times measured on the registered
+// backend name are simulated: true for "sim".
+func SimulatedBackend(name string) bool { return name == "sim" }
+
+// FloorRow is the name of the bench's floor row (workload.FloorRow): the
+// step graph replayed with no buffer moving, against which the chart
+// divides every strategy's time.
+const FloorRow = "replay-fixed"
 
 // Result is one strategy's measurements over the measured steps.
 type Result struct {
@@ -76,7 +94,11 @@ type Result struct {
 	Rerecords    int64 `json:"rerecords"`
 	GraphUpdates int64 `json:"graph_updates"`
 	PatchedNodes int64 `json:"patched_nodes"`
-	BytesCopied  int64 `json:"bytes_copied"`
+	// TracesCaptured counts stream captures of traced commands (library
+	// calls) in the measured steps: zero in steady state, unless a trace
+	// is captured again every step.
+	TracesCaptured int64 `json:"traces_captured"`
+	BytesCopied    int64 `json:"bytes_copied"`
 
 	// PeakDeviceBytes is the most device memory the executable held.
 	PeakDeviceBytes uint64 `json:"peak_device_bytes"`

@@ -3,10 +3,12 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"html"
 	"math"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -60,7 +62,7 @@ func TestJSONFieldNames(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &top); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := sortedKeys(top), []string{"backend", "device", "results", "steps", "workload"}; !slices.Equal(got, want) {
+	if got, want := sortedKeys(top), []string{"backend", "device", "results", "simulated", "steps", "workload"}; !slices.Equal(got, want) {
 		t.Errorf("top-level keys %v, want %v", got, want)
 	}
 	var results []map[string]json.RawMessage
@@ -68,7 +70,7 @@ func TestJSONFieldNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	required := []string{"bytes_copied", "graph_updates", "host_us", "outputs_match_eager", "patched_nodes",
-		"peak_device_bytes", "rerecords", "step_us", "strategy"}
+		"peak_device_bytes", "rerecords", "step_us", "strategy", "traces_captured"}
 	for i, res := range results {
 		want := slices.Clone(required)
 		want = append(want, "host_samples_us", "step_samples_us")
@@ -129,22 +131,59 @@ func TestJSONRoundTrip(t *testing.T) {
 
 func TestTable(t *testing.T) {
 	var buf bytes.Buffer
-	if err := sample().WriteTable(&buf); err != nil {
+	r := sample()
+	r.Backend, r.Device = "cuda", "NVIDIA H100"
+	r.Results[1].TracesCaptured = 3
+	if err := r.WriteTable(&buf); err != nil {
 		t.Fatal(err)
 	}
-	want := `backend sim, device sim device 0, workload mlp width=256 batch=8 layers=8, 4 steps
+	want := `backend cuda, device NVIDIA H100, workload mlp width=256 batch=8 layers=8, 4 steps
 
-strategy  step p50 µs  step p90 µs  host p50 µs  host p90 µs  wall p50 µs  re-records  updates  patched nodes   copied  peak memory  matches eager
---------  -----------  -----------  -----------  -----------  -----------  ----------  -------  -------------  -------  -----------  -------------
-eager           122.5        128.5        302.5        308.5            -           0        0              0      0 B      3.0 MiB  yes
-patch            1.55         1680         4.75         3502         2.25           0        0             64      0 B      3.0 MiB  yes
-record          965.0        994.0         1025         1085            -           4        0              0  1.5 KiB      5.0 MiB  NO
+strategy  GPU p50 µs  GPU p90 µs  host p50 µs  host p90 µs  wall p50 µs  re-records  updates  patched nodes  traces captured  copied   peak memory  matches eager
+eager     122.5       128.5       302.5        308.5        -            0           0        0              0                0 B      3.0 MiB      yes
+patch     1.55        1680        4.75         3502         2.25         0           0        64             3                0 B      3.0 MiB      yes
+record    965.0       994.0       1025         1085         -            4           0        0              0                1.5 KiB  5.0 MiB      NO
 
 notes:
   record: fell back from pool: no VMM
 `
 	if got := buf.String(); got != want {
 		t.Errorf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestTableSimulated: on a simulator the table says the times are
+// simulated, in its header and in every time column's name, and never
+// calls them GPU time.
+func TestTableSimulated(t *testing.T) {
+	r := sample()
+	r.Simulated = true
+	var buf bytes.Buffer
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	if lines[1] != SimulatedNote {
+		t.Errorf("second line %q, want the simulated note", lines[1])
+	}
+	header := lines[3]
+	for _, col := range []string{"sim step p50 µs", "sim step p90 µs", "sim host p50 µs", "sim host p90 µs", "sim wall p50 µs"} {
+		if !strings.Contains(header, col) {
+			t.Errorf("header lacks %q: %s", col, header)
+		}
+	}
+	if strings.Contains(buf.String(), "GPU p") {
+		t.Errorf("a simulated table speaks of GPU time:\n%s", buf.String())
+	}
+	var js bytes.Buffer
+	if err := r.WriteJSON(&js, false); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(js.String(), `"simulated": true`) {
+		t.Errorf("JSON lacks simulated: true:\n%s", js.String())
+	}
+	if !SimulatedBackend("sim") || SimulatedBackend("cuda") {
+		t.Error("SimulatedBackend: sim must be simulated and cuda not")
 	}
 }
 
@@ -161,48 +200,125 @@ func TestFormat(t *testing.T) {
 	}
 }
 
-func TestPlot(t *testing.T) {
-	dir := t.TempDir()
-	for _, tc := range []struct {
-		name string
-		r    *Report
-	}{
-		{"wide", sample()}, // log scale: 1.4 µs to 2400 µs
-		{"narrow", func() *Report { r := sample(); r.Results = r.Results[:1]; return r }()},
-		{"zero", func() *Report {
-			r := sample()
-			r.Results[1].StepSamplesUS[1] = 0 // drawn at the floor of the log axis
-			return r
-		}()},
-		{"hostonly", func() *Report {
-			r := sample()
-			for i := range r.Results {
-				r.Results[i].StepSamplesUS = nil
+// withFloor is a report with a floor row: every ratio is known exactly.
+func withFloor() *Report {
+	r := &Report{Backend: "cuda", Device: "NVIDIA H100", Workload: "mlp", Steps: 10}
+	floor := Result{Strategy: FloorRow, WallUS: &Percentiles{P50: 50, P90: 51}}
+	floor.SetSamples([]float64{100, 100, 100, 100, 100}, []float64{5, 5, 5, 5, 5})
+	patch := Result{Strategy: "patch", WallUS: &Percentiles{P50: 75, P90: 80}}
+	patch.SetSamples([]float64{150, 150, 150, 150, 150}, []float64{9, 9, 9, 9, 9})
+	eager := Result{Strategy: "eager", WallUS: &Percentiles{P50: 200, P90: 220}}
+	eager.SetSamples([]float64{300, 250, 400, 350, 500}, []float64{90, 90, 90, 90, 90})
+	failed := Result{Strategy: "pool", Note: "failed: no VMM"}
+	r.Results = []Result{eager, patch, failed, floor}
+	return r
+}
+
+// svgTexts renders r as SVG and returns the text of every text element.
+func svgTexts(t *testing.T, r *Report) []string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := r.WritePlot(&buf, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile(`>([^<>]*)</text>`).FindAllStringSubmatch(buf.String(), -1) {
+		out = append(out, html.UnescapeString(m[1]))
+	}
+	return out
+}
+
+// TestPlotRatios: with a floor row, every strategy is drawn as its ratio to
+// the floor, wall time (p50) in one panel and GPU time (p50, whiskers
+// p10-p90) in the other, each marker labelled with its ratio; a strategy
+// without samples says so; the axis is marked at the floor (1×).
+func TestPlotRatios(t *testing.T) {
+	texts := svgTexts(t, withFloor())
+	count := func(s string) int {
+		n := 0
+		for _, x := range texts {
+			if x == s {
+				n++
 			}
-			return r
-		}()},
-	} {
-		png := filepath.Join(dir, tc.name+".png")
-		svg := filepath.Join(dir, tc.name+".SVG")
-		if err := tc.r.SavePlot(png); err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if err := tc.r.SavePlot(svg); err != nil {
-			t.Fatalf("%s: %v", tc.name, err)
+		return n
+	}
+	for label, want := range map[string]int{
+		"1.00×": 2, // the floor, in both panels
+		"1.50×": 2, // patch: 75/50 wall, 150/100 GPU
+		"4.00×": 1, // eager's wall: 200/50
+		"3.50×": 1, // eager's GPU p50: 350/100
+		"1×":    2, // each panel's axis marks the floor
+		// Row labels, once (left panel).
+		"eager": 1, "patch": 1, "pool": 1, FloorRow: 1,
+		// pool: no GPU samples, no wall time.
+		"no samples (see the notes)": 1, "not measured": 1,
+	} {
+		if got := count(label); got != want {
+			t.Errorf("%q drawn %d times, want %d; texts: %q", label, got, want, texts)
+		}
+	}
+	joined := strings.Join(texts, "\n")
+	for _, want := range []string{"1× is the floor", "GPU time per step (events), p50 with p10–p90 whiskers, ÷ the floor's p50",
+		"wall time per step (steps back to back), p50, ÷ the floor's p50"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("chart lacks %q:\n%s", want, joined)
+		}
+	}
+	if strings.Contains(joined, "simulated") {
+		t.Errorf("a cuda chart says simulated:\n%s", joined)
+	}
+}
+
+// TestPlotMicroseconds: without a floor row the axis is microseconds, and
+// a simulated report says so in the title and the axis labels.
+func TestPlotMicroseconds(t *testing.T) {
+	r := sample()
+	r.Simulated = true
+	joined := strings.Join(svgTexts(t, r), "\n")
+	for _, want := range []string{"122.5 µs", "1.55 µs", "965.0 µs", "2.25 µs", SimulatedNote,
+		"simulated time per step, p50 with p10–p90 whiskers (µs)", "simulated wall time per step (steps back to back), p50 (µs)"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("chart lacks %q:\n%s", want, joined)
+		}
+	}
+	if strings.Contains(joined, "×") || strings.Contains(joined, "GPU time") {
+		t.Errorf("a chart without a floor shows ratios, or a simulated one GPU time:\n%s", joined)
+	}
+
+	host := sample()
+	for i := range host.Results {
+		host.Results[i].StepSamplesUS = nil
+	}
+	if joined := strings.Join(svgTexts(t, host), "\n"); !strings.Contains(joined, "host time per step") {
+		t.Errorf("host-only chart not labelled host time:\n%s", joined)
+	}
+}
+
+func TestPlotFiles(t *testing.T) {
+	dir := t.TempDir()
+	for name, r := range map[string]*Report{"floor": withFloor(), "us": sample()} {
+		png := filepath.Join(dir, name+".png")
+		svg := filepath.Join(dir, name+".SVG")
+		if err := r.SavePlot(png); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := r.SavePlot(svg); err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
 		b, err := os.ReadFile(png)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(b) < 1000 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
-			t.Errorf("%s: not a PNG (%d bytes, starts %q)", tc.name, len(b), b[:min(len(b), 8)])
+			t.Errorf("%s: not a PNG (%d bytes, starts %q)", name, len(b), b[:min(len(b), 8)])
 		}
 		b, err = os.ReadFile(svg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.HasPrefix(b, []byte("<?xml")) || !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("</svg>")) {
-			t.Errorf("%s: not an SVG document: %.200q", tc.name, b)
+			t.Errorf("%s: not an SVG document: %.200q", name, b)
 		}
 	}
 
@@ -221,6 +337,33 @@ func TestPlot(t *testing.T) {
 	bad.Results[0].StepSamplesUS[0] = math.NaN()
 	if err := bad.WritePlot(&bytes.Buffer{}, "png"); err == nil {
 		t.Error("WritePlot accepted a NaN sample")
+	}
+}
+
+// TestTicks: round steps, no more decimals than the step needs, whole
+// numbers once the step is 1 or more, the floor marked on a ratio axis.
+func TestTicks(t *testing.T) {
+	labels := func(tk niceTicks, lo, hi float64) string {
+		var l []string
+		for _, x := range tk.Ticks(lo, hi) {
+			l = append(l, x.Label)
+		}
+		return strings.Join(l, " ")
+	}
+	for _, tc := range []struct {
+		tk     niceTicks
+		lo, hi float64
+		want   string
+	}{
+		{niceTicks{suffix: "×", from: 1, mark1: true}, 0.96, 3.2, "1× 1.5× 2× 2.5× 3×"},
+		{niceTicks{suffix: "×", from: 1, mark1: true}, 0.9, 9.3, "1× 2× 4× 6× 8×"}, // the floor, though the step is 2
+		{niceTicks{suffix: "×", from: 1, mark1: true}, 1, 1.1, "1× 1.02× 1.04× 1.06× 1.08× 1.1×"},
+		{niceTicks{}, 0, 230, "0 50 100 150 200"},
+		{niceTicks{}, 0, 12000, "0 2000 4000 6000 8000 10000 12000"},
+	} {
+		if got := labels(tc.tk, tc.lo, tc.hi); got != tc.want {
+			t.Errorf("ticks of [%v, %v]: %q, want %q", tc.lo, tc.hi, got, tc.want)
+		}
 	}
 }
 
@@ -248,7 +391,7 @@ func TestTableUnchecked(t *testing.T) {
 	if err := r.WriteTable(&buf); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(buf.String(), "0 B  -\n") || strings.Contains(buf.String(), "NO") {
+	if !strings.HasSuffix(strings.SplitAfter(buf.String(), "\n")[3], "  -\n") || strings.Contains(buf.String(), "NO") {
 		t.Errorf("unchecked result shown as a mismatch:\n%s", buf.String())
 	}
 }

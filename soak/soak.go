@@ -43,6 +43,11 @@
 // memory, live handles, goroutines and Go heap (after a GC) must come back
 // to where they were after the first segment: the baseline trend.
 //
+// The verdict (Report.Memory) is "grows" when any trend grows, else
+// "too_few_samples" when a strategy has no segment with a trend or there
+// are fewer than three baselines (a short soak: nothing was judged, so it
+// does not pass), else "flat".
+//
 // # Progress
 //
 // Config.Progress is called every Config.Interval (and at the end) with the
@@ -60,7 +65,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -76,7 +80,9 @@ type Config struct {
 	Workload string
 	// Shape configures the workload (zero fields: its defaults).
 	Shape workload.Config
-	// Duration is how long to run. Default 1 minute.
+	// Duration is how long to run. Default 1 minute. Every strategy runs
+	// at least one whole segment, so a run may last longer when the
+	// segments do not fit.
 	Duration time.Duration
 	// CheckEvery is k: every k-th step is checked against eager. Default
 	// 10.
@@ -181,8 +187,9 @@ type Progress struct {
 }
 
 func (p Progress) String() string {
-	s := fmt.Sprintf("%v/%v steps %d checks %d mismatches %d; %s (segment %d); device used %s (peak %s)",
-		p.Elapsed.Round(time.Second), p.Duration, p.Steps, p.Checks, p.Mismatches, p.Strategy, p.Segment,
+	s := fmt.Sprintf("%v/%v (%v left) steps %d checks %d mismatches %d; %s (segment %d); device used %s (peak %s)",
+		p.Elapsed.Round(time.Second), p.Duration, max(p.Duration-p.Elapsed, 0).Round(time.Second),
+		p.Steps, p.Checks, p.Mismatches, p.Strategy, p.Segment,
 		report.FormatBytes(p.UsedBytes), report.FormatBytes(p.PeakUsedBytes))
 	if p.Handles >= 0 {
 		s += fmt.Sprintf(", %d live handles", p.Handles)
@@ -336,14 +343,29 @@ type Report struct {
 	BaselineHandles    Trend `json:"baseline_handles_trend"`
 	BaselineGoroutines Trend `json:"baseline_goroutines_trend"`
 	BaselineHeap       Trend `json:"baseline_heap_trend"`
-	// MemoryFlat: every trend above is flat.
+	// Memory is the memory verdict: MemoryFlat, MemoryGrows or
+	// MemoryTooFewSamples (see the package doc). Unjudged lists what had
+	// too few samples: strategies without a segment of three samples
+	// after warm-up, and "baseline" for fewer than three segments.
+	Memory   string   `json:"memory"`
+	Unjudged []string `json:"unjudged,omitempty"`
+	// MemoryFlat: Memory is MemoryFlat (every trend above was judged and
+	// is flat).
 	MemoryFlat  bool     `json:"memory_flat"`
 	Interrupted bool     `json:"interrupted,omitempty"`
 	Error       string   `json:"error,omitempty"`
 	Samples     []Sample `json:"samples"`
 }
 
-// OK reports whether the soak passed: no error, no mismatch, memory flat.
+// Memory verdicts (Report.Memory).
+const (
+	MemoryFlat          = "flat"
+	MemoryGrows         = "grows"
+	MemoryTooFewSamples = "too_few_samples"
+)
+
+// OK reports whether the soak passed: no error, no mismatch, memory judged
+// and flat.
 func (r *Report) OK() bool { return r.Error == "" && r.Mismatches == 0 && r.MemoryFlat }
 
 // WriteText writes the report for people: a line per strategy and the
@@ -352,7 +374,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "soak: %s (%s buffers) on %s (%s): %.0f s, %d steps, %d checked against eager, %d mismatches, peak device memory in use %s\n",
 		r.Workload, r.Pattern, r.Backend, r.Device, r.DurationS, r.Steps, r.Checks, r.Mismatches, report.FormatBytes(r.PeakDeviceBytes))
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	tw := report.NewTabWriter(&b)
 	fmt.Fprintln(tw, "strategy\tsegments\tsteps\tchecks\tmismatches\tpeak used\texecutable\tdevice memory trend (bytes, worst segment)\tlive handles trend (worst segment)")
 	for _, s := range r.Strategies {
 		name := s.Strategy
@@ -367,10 +389,19 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "after each segment: device memory %s; live handles %s; goroutines %s; Go heap %s\n",
 		r.BaselineDevice, r.BaselineHandles, r.BaselineGoroutines, r.BaselineHeap)
 	verdict := "PASS"
-	if !r.OK() {
+	switch {
+	case r.Error != "" || r.Mismatches > 0 || r.Memory == MemoryGrows:
 		verdict = "FAIL"
+	case !r.OK():
+		verdict = "NOT JUDGED"
 	}
-	fmt.Fprintf(&b, "%s: mismatches %d, memory flat %v", verdict, r.Mismatches, r.MemoryFlat)
+	fmt.Fprintf(&b, "%s: mismatches %d, memory ", verdict, r.Mismatches)
+	if r.Memory == MemoryTooFewSamples {
+		fmt.Fprintf(&b, "not judged: too few samples for a trend (%s); run longer (--duration) or sample more often (--interval: a sample every interval/30)",
+			strings.Join(r.Unjudged, ", "))
+	} else {
+		b.WriteString(r.Memory)
+	}
 	if r.Interrupted {
 		b.WriteString(", interrupted")
 	}
@@ -482,14 +513,17 @@ func (s *soaker) run(ctx context.Context) (err error) {
 	s.lastProgress = time.Now()
 	end := s.start.Add(s.cfg.Duration)
 	var step int64
-	for seg := 0; time.Now().Before(end); seg++ {
+	// Every strategy runs at least one whole segment, even when setting
+	// them up took the duration: a soak that skipped one would judge it on
+	// no samples.
+	for seg := 0; time.Now().Before(end) || seg < len(s.cfg.Strategies); seg++ {
 		if ctx.Err() != nil {
 			s.rep.Interrupted = true
 			return nil
 		}
 		s.segment, s.strategy = seg, s.cfg.Strategies[seg%len(s.cfg.Strategies)]
 		segEnd := time.Now().Add(s.cfg.Segment)
-		if segEnd.After(end) {
+		if segEnd.After(end) && seg >= len(s.cfg.Strategies) {
 			segEnd = end
 		}
 		if err := s.runSegment(ctx, &step, segEnd); err != nil {
@@ -736,6 +770,9 @@ func (s *soaker) finish() {
 			st.Handles, st.HandlesSegment = Trend{Flat: true}, -1
 		}
 		flat = flat && st.Device.Flat && st.Handles.Flat
+		if st.DeviceSegment < 0 || (st.HandlesSegment < 0 && s.handles() >= 0) {
+			r.Unjudged = append(r.Unjudged, st.Strategy)
+		}
 		r.Strategies = append(r.Strategies, *st)
 	}
 	// The first baseline, taken before any step, misses what the first
@@ -767,7 +804,18 @@ func (s *soaker) finish() {
 			r.BaselineHandles.Flat = false
 		}
 	}
-	r.MemoryFlat = flat && r.BaselineDevice.Flat && r.BaselineHandles.Flat && r.BaselineGoroutines.Flat && r.BaselineHeap.Flat
+	if len(bls) < 3 {
+		r.Unjudged = append(r.Unjudged, "baseline")
+	}
+	switch {
+	case !flat || !r.BaselineDevice.Flat || !r.BaselineHandles.Flat || !r.BaselineGoroutines.Flat || !r.BaselineHeap.Flat:
+		r.Memory = MemoryGrows
+	case len(r.Unjudged) > 0:
+		r.Memory = MemoryTooFewSamples
+	default:
+		r.Memory = MemoryFlat
+	}
+	r.MemoryFlat = r.Memory == MemoryFlat
 	s.progress(true)
 }
 

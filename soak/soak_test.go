@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func TestTrend(t *testing.T) {
 // turn: no mismatch, memory flat, progress reported, a report that encodes.
 func TestShortSoak(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	workloads := map[string]time.Duration{"mlp": 1500 * time.Millisecond, "train": 1500 * time.Millisecond, "chain-moving": 700 * time.Millisecond, "dp": 700 * time.Millisecond}
+	workloads := map[string]time.Duration{"mlp": 2 * time.Second, "train": 2 * time.Second, "chain-moving": 1500 * time.Millisecond, "dp": 3 * time.Second}
 	if testing.Short() {
 		workloads = map[string]time.Duration{"train": time.Second}
 	}
@@ -55,10 +56,15 @@ func TestShortSoak(t *testing.T) {
 			}()
 			var progress []Progress
 			cfg := Config{
+				// A segment per strategy (and room for the segments'
+				// overhead), long enough for a trend even on a loaded
+				// machine: a memory sample after every checked step once the
+				// 30 warm-up steps have filled the caches.
 				Workload: name, Duration: d, CheckEvery: 3, Warmup: 30,
-				Segment:  d / time.Duration(len(sg.Strategies())+3),
-				Interval: d / 4,
-				Progress: func(p Progress) { progress = append(progress, p) },
+				Segment:     d / time.Duration(len(sg.Strategies())+1),
+				Interval:    d / 4,
+				SampleEvery: time.Millisecond,
+				Progress:    func(p Progress) { progress = append(progress, p) },
 			}
 			cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch, cfg.Shape.K = 2, 32, 4, 16
 			rep, err := Run(context.Background(), b, cfg)
@@ -68,8 +74,8 @@ func TestShortSoak(t *testing.T) {
 			var text bytes.Buffer
 			rep.WriteText(&text)
 			t.Logf("\n%s", text.String())
-			if !rep.OK() {
-				t.Fatalf("soak failed")
+			if !rep.OK() || rep.Memory != MemoryFlat {
+				t.Fatalf("soak failed (memory %s)", rep.Memory)
 			}
 			if rep.Steps == 0 || rep.Checks == 0 || len(rep.Strategies) != len(sg.Strategies()) {
 				t.Fatalf("steps %d checks %d strategies %d", rep.Steps, rep.Checks, len(rep.Strategies))
@@ -87,6 +93,40 @@ func TestShortSoak(t *testing.T) {
 				t.Errorf("JSON: %v %.200s", err, js)
 			}
 		})
+	}
+}
+
+// TestShortSoakTooFewSamples: a soak too short for a trend says so, and
+// does not pass, instead of calling memory flat on two samples.
+func TestShortSoakTooFewSamples(t *testing.T) {
+	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	// The default interval samples once a second: a 400 ms soak has one
+	// sample per strategy at most.
+	cfg := Config{Workload: "mlp", Duration: 400 * time.Millisecond, Strategies: []sg.Strategy{sg.StrategyPatch, sg.StrategyStable}}
+	cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch = 2, 16, 4
+	rep, err := Run(context.Background(), b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", text.String())
+	if rep.Memory != MemoryTooFewSamples || rep.MemoryFlat || rep.OK() {
+		t.Errorf("memory %q, flat %v, OK %v; want too few samples, not flat, not OK", rep.Memory, rep.MemoryFlat, rep.OK())
+	}
+	if !slices.Equal(rep.Unjudged, []string{"patch", "stable", "baseline"}) {
+		t.Errorf("unjudged %v", rep.Unjudged)
+	}
+	out := text.String()
+	if !strings.Contains(out, "NOT JUDGED: mismatches 0, memory not judged: too few samples for a trend (patch, stable, baseline)") ||
+		strings.Contains(out, "PASS") || strings.Contains(out, "memory flat") {
+		t.Errorf("verdict:\n%s", out)
 	}
 }
 

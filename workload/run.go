@@ -211,6 +211,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		Rerecords:         st.Rerecords,
 		GraphUpdates:      st.GraphUpdates,
 		PatchedNodes:      st.PatchedNodes,
+		TracesCaptured:    st.TracesCaptured,
 		BytesCopied:       st.BytesCopied,
 		PeakDeviceBytes:   max(peak, exe.Memory().Total()),
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
@@ -303,7 +304,8 @@ func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Output
 // the report. Every strategy's outputs are compared with eager's at every
 // step. A strategy that fails is reported with its error in Note and
 // OutputsMatchEager false, and the others still run; an eager failure ends
-// the bench.
+// the bench. When ctx is cancelled Bench returns the report of the
+// strategies finished so far with ctx's error.
 func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (*report.Report, error) {
 	opts = opts.withDefaults()
 	if len(strategies) == 0 {
@@ -330,7 +332,10 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		o.Strategy = strat
 		res, err := Run(ctx, b, w, o)
 		if err != nil {
-			if strat == sg.StrategyEager || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				return rep, err
+			}
+			if strat == sg.StrategyEager {
 				return nil, err
 			}
 			rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Note: "failed: " + err.Error()})
@@ -350,7 +355,7 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		res, err := Run(ctx, b, w, o)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, err
+				return rep, err
 			}
 			rep.Results = append(rep.Results, report.Result{Strategy: FloorRow, Note: "failed: " + err.Error()})
 		} else {

@@ -1,11 +1,12 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
-	"time"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
@@ -24,11 +25,7 @@ type workloadFlags struct {
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", "))
-	fs.IntVar(&f.cfg.Layers, "layers", 0, "layers of mlp and train (default 8)")
-	fs.IntVar(&f.cfg.Width, "width", 0, "width of mlp and train (default 256; 1024 for the -large ones)")
-	fs.IntVar(&f.cfg.Batch, "batch", 0, "batch of mlp and train (default 8; 64 for the -large ones)")
-	fs.IntVar(&f.cfg.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
-	fs.Uint64Var(&f.cfg.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
+	registerShape(fs, &f.cfg, "mlp and train")
 	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong or random")
@@ -36,8 +33,41 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	f.ranks.register(fs)
 }
 
+// registerShape registers the workload shape flags into cfg; which names
+// the workloads that take layers, width and batch.
+func registerShape(fs *flag.FlagSet, cfg *workload.Config, which string) {
+	fs.IntVar(&cfg.Layers, "layers", 0, "layers of "+which+" (default 8)")
+	fs.IntVar(&cfg.Width, "width", 0, "width of "+which+" (default 256; 1024 for the -large ones)")
+	fs.IntVar(&cfg.Batch, "batch", 0, "batch of "+which+" (default 8; 64 for the -large ones)")
+	fs.IntVar(&cfg.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
+}
+
+// checkShape checks the shape flags that were given: each must be
+// positive (left out, the workload's default applies), k at most
+// workload.MaxChainK.
+func checkShape(fs *flag.FlagSet, cfg workload.Config) error {
+	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K}
+	var err error
+	fs.Visit(func(fl *flag.Flag) {
+		v, ok := vals[fl.Name]
+		dash := "--"
+		if len(fl.Name) == 1 {
+			dash = "-"
+		}
+		switch {
+		case !ok || err != nil:
+		case v <= 0:
+			err = usagef("%s%s must be positive, got %d (leave it out for the workload's default)", dash, fl.Name, v)
+		case fl.Name == "k" && v > workload.MaxChainK:
+			err = usagef("-k must be at most %d, got %d", workload.MaxChainK, v)
+		}
+	})
+	return err
+}
+
 // build checks the flags and builds the workload.
-func (f *workloadFlags) build() (*workload.Workload, error) {
+func (f *workloadFlags) build(fs *flag.FlagSet) (*workload.Workload, error) {
 	p, err := workload.ParsePattern(f.pattern)
 	if err != nil {
 		return nil, usagef("--pattern: %v", err)
@@ -46,6 +76,9 @@ func (f *workloadFlags) build() (*workload.Workload, error) {
 	if f.run.Steps <= 0 || f.run.Warmup < 0 {
 		return nil, usagef("--steps must be positive and --warmup not negative")
 	}
+	if err := checkShape(fs, f.cfg); err != nil {
+		return nil, err
+	}
 	w, err := workload.New(f.name, f.cfg)
 	if err != nil {
 		return nil, usagef("%v", err)
@@ -53,15 +86,23 @@ func (f *workloadFlags) build() (*workload.Workload, error) {
 	return w, f.ranks.check(f.name)
 }
 
-// progressEvery returns a Progress function printing a line to the env's
-// stderr at every quarter of the steps.
-func progressEvery(e *env, cmd string) func(sg.Strategy, int, int) {
-	start := time.Now()
-	return func(s sg.Strategy, step, total int) {
-		if step == total || step%max(1, total/4) == 0 {
-			e.progress("%s: %s step %d/%d (%.1f s)", cmd, s, step, total, time.Since(start).Seconds())
+// benchSteps is the number of steps a bench of strats runs with o: eager
+// and each other strategy once, then the floor (see workload.Bench).
+func benchSteps(strats []sg.Strategy, o workload.RunOptions) int {
+	if len(strats) == 0 {
+		strats = sg.Strategies()
+	}
+	runs := []sg.Strategy{sg.StrategyEager}
+	for _, s := range strats {
+		if !slices.Contains(runs, s) {
+			runs = append(runs, s)
 		}
 	}
+	n := len(runs)
+	if o.Pattern != workload.Fixed && !o.NoFloor {
+		n++
+	}
+	return n * (o.Warmup + o.Steps)
 }
 
 func runCommand() *command {
@@ -71,7 +112,9 @@ func runCommand() *command {
 		detail: `Compiles the workload with the strategy and runs --warmup + --steps steps,
 the caller's buffers moving as --pattern says. Each step's GPU time (events
 around the step) and host time (the host clock around Executable.Run) are
-kept; the summary row goes to stdout, progress to stderr. With --check (the
+kept (on the sim backend both are simulated: its model on this CPU, not a GPU
+measurement); the summary row goes to stdout, progress with the time left to
+stderr. With --check (the
 default) an eager run of the same inputs goes first and the outputs of every
 step are compared bit for bit; a difference makes the command fail.
 
@@ -84,14 +127,17 @@ one rank by hand on any host. Rank 0 reports.`,
 			wf.register(fs)
 			strategy := fs.String("strategy", string(sg.StrategyPatch), "replay `strategy`: "+strategyList())
 			check := fs.Bool("check", true, "compare every step's outputs with an eager run")
-			jsonPath := fs.String("json", "", "write the report as JSON to `file`")
+			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			return func(e *env) error {
 				strat, err := sg.ParseStrategy(*strategy)
 				if err != nil {
 					return usagef("--strategy: %v", err)
 				}
-				w, err := wf.build()
+				w, err := wf.build(fs)
 				if err != nil {
+					return err
+				}
+				if err := checkOutput("json", *jsonPath); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -114,8 +160,18 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 		return nil, err
 	}
 	watch := workload.WatchCollectives(w.Comm, &o)
-	if check && strat != sg.StrategyEager {
-		if lead {
+	reference := check && strat != sg.StrategyEager
+	if lead {
+		runs := 1
+		if reference {
+			runs = 2
+		}
+		prog := newStepProgress(e, "run", runs*(o.Warmup+o.Steps))
+		defer prog.finish()
+		o.Progress = chainProgress(o.Progress, prog.step)
+	}
+	if reference {
+		if lead && !e.global.progress.on {
 			e.progress("run: eager reference run")
 		}
 		ref, err := workload.Run(e.ctx, b, w, o)
@@ -125,9 +181,6 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 		o.Reference = ref.Digests
 	}
 	o.Strategy = strat
-	if lead {
-		o.Progress = chainProgress(o.Progress, progressEvery(e, "run"))
-	}
 	res, err := workload.Run(e.ctx, b, w, o)
 	if err != nil {
 		return nil, err
@@ -142,7 +195,8 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 	rep := &report.Report{
 		Backend: b.Name(), Device: props.Name,
 		Workload: fmt.Sprintf("%s, %s buffers", w.Desc, o.Pattern), Steps: o.Steps,
-		Results: []report.Result{res.Result},
+		Simulated: report.SimulatedBackend(b.Name()),
+		Results:   []report.Result{res.Result},
 	}
 	watch.Annotate(rep)
 	if check && !res.Result.OutputsMatchEager {
@@ -169,19 +223,27 @@ func benchCommand() *command {
 		detail: `Runs the workload with each strategy in turn (eager first: it is the
 reference), on the same inputs and the same buffer movement, and compares every
 step's outputs with eager's bit for bit. Reports per strategy the GPU time per
-step (events) and host time per step (p50, p90), re-records, graph updates,
-patched nodes, bytes copied, peak device memory and whether the outputs
-matched. With no flags: the mlp workload (8 layers, width 256, batch 8),
-100 steps, pingpong buffers, on the default backend. Workloads with
-collectives (dp) take --nproc or --rank/--world/--rendezvous as in run; every
-rank runs every strategy, rank 0 reports, and the notes say how many
-collectives each strategy captured in steady state.`,
+step (events) and host time per step (p50, p90), wall time per step with steps
+back to back, re-records, graph updates, patched nodes, traces captured in
+steady state (above 0: a traced library call is captured again every step),
+bytes copied, peak device memory and whether the outputs matched. Last comes
+replay-fixed, the floor: the same graph replayed with nothing moving. On the
+sim backend every time is simulated (its model on this CPU), not a GPU
+measurement, and the table and JSON say so.
+
+With no flags: the mlp workload (8 layers, width 256, batch 8), 100 steps,
+pingpong buffers, on the default backend. Progress goes to stderr with the
+time left; interrupted (Ctrl-C), the command prints the strategies finished so
+far and exits 130. Workloads with collectives (dp) take --nproc or
+--rank/--world/--rendezvous as in run; every rank runs every strategy, rank 0
+reports, and the notes say how many collectives each strategy captured in
+steady state.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
 			strategies := fs.String("strategies", "", "comma-separated `list` of strategies (default all: "+strategyList()+")")
-			jsonPath := fs.String("json", "", "write the report as JSON to `file`")
-			plotPath := fs.String("plot", "", "draw per-step time per strategy to `file` (.png or .svg)")
+			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
+			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
 			return func(e *env) error {
 				var strats []sg.Strategy
 				for _, s := range strings.Split(*strategies, ",") {
@@ -199,8 +261,11 @@ collectives each strategy captured in steady state.`,
 						return usagef("--plot: %v", err)
 					}
 				}
-				w, err := wf.build()
+				w, err := wf.build(fs)
 				if err != nil {
+					return err
+				}
+				if err := errors.Join(checkOutput("json", *jsonPath), checkOutput("plot", *plotPath)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -219,12 +284,18 @@ collectives each strategy captured in steady state.`,
 // eager, with the error saying which.
 func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, lead bool) (*report.Report, error) {
 	if lead {
-		o.Progress = chainProgress(o.Progress, progressEvery(e, "bench"))
+		prog := newStepProgress(e, "bench", benchSteps(strats, o))
+		defer prog.finish()
+		o.Progress = chainProgress(o.Progress, prog.step)
 	}
 	watch := workload.WatchCollectives(w.Comm, &o)
 	rep, err := workload.Bench(e.ctx, b, w, strats, o)
+	if rep != nil {
+		rep.Simulated = report.SimulatedBackend(b.Name())
+	}
 	if err != nil {
-		return nil, err
+		// Interrupted: the strategies finished so far are reported.
+		return rep, err
 	}
 	watch.Annotate(rep)
 	var bad []string
@@ -239,17 +310,32 @@ func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOption
 	return rep, nil
 }
 
-// writeReport prints the table to stdout and writes the JSON and plot files
-// that were asked for.
+// writeReport prints the table to stdout (or the JSON, for --json -) and
+// writes the JSON and plot files that were asked for. Interrupted, it
+// prints the table of the strategies finished so far and writes no file.
 func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
-	if err := rep.WriteTable(e.stdout); err != nil {
-		return err
+	if e.ctx.Err() != nil {
+		fmt.Fprintf(e.stdout, "interrupted: the %d strategies finished so far\n", len(rep.Results))
+		if err := rep.WriteTable(e.stdout); err != nil {
+			return err
+		}
+		if jsonPath != "" || plotPath != "" {
+			e.progress("interrupted: no file written")
+		}
+		return nil
+	}
+	if jsonPath != "-" {
+		if err := rep.WriteTable(e.stdout); err != nil {
+			return err
+		}
 	}
 	if jsonPath != "" {
-		if err := writeFile(jsonPath, func(w io.Writer) error { return rep.WriteJSON(w, true) }); err != nil {
+		if err := e.writeOutput(jsonPath, func(w io.Writer) error { return rep.WriteJSON(w, true) }); err != nil {
 			return fmt.Errorf("write %s: %w", jsonPath, err)
 		}
-		e.progress("wrote %s", jsonPath)
+		if jsonPath != "-" {
+			e.progress("wrote %s", jsonPath)
+		}
 	}
 	if plotPath != "" {
 		if err := rep.SavePlot(plotPath); err != nil {

@@ -13,7 +13,7 @@ import (
 func benchDriverCommand() *command {
 	return &command{
 		name:    "bench-driver",
-		summary: "measure driver operation costs on the backend, beside the H100 reference",
+		summary: "measure driver operation costs on the backend (on cuda, beside the H100 reference)",
 		detail: `Measures, through the backend-neutral gpu interface, what stablegraph's building
 blocks cost: stream and event creation, VMM create/reserve/map/set access/
 unmap/free/release at 2 MiB and 64 MiB, MemAlloc/MemFree, stream value writes
@@ -21,9 +21,12 @@ until the host sees them, device copies (GPU time by events), and graphs of K
 tiny kernels (capture, instantiate, launch, replay vs eager launches, exec
 update, re-capture + update, per-node parameter updates), plus FuncParamInfo.
 
-Each row gives the median and p90 in microseconds beside the reference figure
-measured on the project's H100 (docs/GPU-MACHINE.md). Progress goes to stderr, the
-table to stdout. The command fails if any handle is still live at the end.`,
+Each row gives the median and p90 in microseconds; on hardware beside the
+reference figure measured on the project's H100 (docs/GPU-MACHINE.md). On the sim
+backend the times are simulated (its model on this CPU), not a GPU
+measurement: they are labelled so and never set beside the H100 figures.
+Progress goes to stderr, the table to stdout. The command fails if any handle
+is still live at the end.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var o drivercost.Options
 			fs.IntVar(&o.Device, "device", 0, "device ordinal to measure")
@@ -40,6 +43,9 @@ table to stdout. The command fails if any handle is still live at the end.`,
 				}
 				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 {
 					return usagef("iteration counts must be positive")
+				}
+				if err := checkOutput("json", *jsonPath); err != nil {
+					return err
 				}
 				return benchDriver(e, o, *jsonPath)
 			}
@@ -70,7 +76,7 @@ func benchDriver(e *env, o drivercost.Options, jsonPath string) (err error) {
 		return err
 	}
 	if jsonPath != "" {
-		if err := writeFile(jsonPath, res.WriteJSON); err != nil {
+		if err := e.writeOutput(jsonPath, res.WriteJSON); err != nil {
 			return fmt.Errorf("write %s: %w", jsonPath, err)
 		}
 		e.progress("bench-driver: wrote %s", jsonPath)

@@ -113,27 +113,22 @@ func writeInfo(w io.Writer, out infoOutput) error {
 		if d.VMM {
 			vmm = "yes, granularity " + report.FormatBytes(d.GranularityBytes)
 		}
-		t := report.Table{Rows: [][]string{
-			{"  memory", mem},
-			{"  compute capability", d.ComputeCapability},
-			{"  driver version", driverVersion(d.DriverVersion)},
-			{"  virtual memory (VMM)", vmm},
-			{"  stream memory ops", yesNo(d.StreamMemOps)},
-		}}
 		fmt.Fprintf(&b, "\ndevice %d: %s\n", d.Ordinal, d.Name)
-		if err := t.Write(&b); err != nil {
-			return err
-		}
+		tw := report.NewTabWriter(&b)
+		fmt.Fprintf(tw, "  memory\t%s\n", mem)
+		fmt.Fprintf(tw, "  compute capability\t%s\n", d.ComputeCapability)
+		fmt.Fprintf(tw, "  driver version\t%s\n", driverVersion(d.DriverVersion))
+		fmt.Fprintf(tw, "  virtual memory (VMM)\t%s\n", vmm)
+		fmt.Fprintf(tw, "  stream memory ops\t%s\n", yesNo(d.StreamMemOps))
+		tw.Flush()
 	}
 	if len(out.Libraries) > 0 {
 		b.WriteString("\nlibraries:\n")
-		t := report.Table{}
+		tw := report.NewTabWriter(&b)
 		for _, name := range slices.Sorted(maps.Keys(out.Libraries)) {
-			t.AddRow("  "+name, out.Libraries[name])
+			fmt.Fprintf(tw, "  %s\t%s\n", name, out.Libraries[name])
 		}
-		if err := t.Write(&b); err != nil {
-			return err
-		}
+		tw.Flush()
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -8,7 +8,12 @@
 //
 // Run "stablegraph help" for the list of commands and "stablegraph <command>
 // -h" for a command's flags. Exit status: 0 on success, 1 when the command
-// failed, 2 on a usage error.
+// failed, 2 on a usage error, 130 when interrupted (SIGINT or SIGTERM).
+//
+// Conventions: results go to stdout, progress and errors to stderr; a file
+// flag given "-" (--json -) writes to stdout instead of the table; files are
+// checked for writing before a run starts; JSON keys are snake_case; times
+// measured on the sim backend are labelled simulated.
 package main
 
 import (
@@ -20,22 +25,33 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // Exit statuses.
 const (
-	exitOK      = 0
-	exitFailure = 1
-	exitUsage   = 2
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitInterrupted = 130 // 128 + SIGINT, the shell's convention
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal the command winds down (printing what it
+		// finished); a second one ends the process at once.
+		<-ctx.Done()
+		stop()
+	}()
 	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -49,6 +65,7 @@ type globalFlags struct {
 	libcuda   string
 	libcublas string
 	libnccl   string
+	progress  tristate
 }
 
 func (g *globalFlags) register(fs *flag.FlagSet) {
@@ -57,10 +74,38 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.backend, "backend", g.backend, "`name` of the backend: auto, sim or cuda (auto prefers cuda when a GPU is present); env STABLEGRAPH_BACKEND")
 	fs.IntVar(&g.devices, "devices", g.devices, "`N` simulated devices (sim)")
 	fs.BoolVar(&g.verbose, "v", g.verbose, "debug logs on stderr")
-	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search)")
+	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search); with auto it asks for cuda, and must load")
 	fs.StringVar(&g.libcublas, "libcublas", g.libcublas, "`path` of libcublas to load (cuda; default: the backend's search)")
 	fs.StringVar(&g.libnccl, "libnccl", g.libnccl, "`path` of libnccl to load for collectives (cuda; default: the backend's search)")
+	fs.Var(&g.progress, "progress", "progress bar with the time left on stderr (default: when stderr is a terminal; --progress=false: a line at every quarter)")
 }
+
+// libraries reports whether a library path was given: it asks for the
+// cuda backend, and must load.
+func (g *globalFlags) libraries() bool {
+	return g.libcuda != "" || g.libcublas != "" || g.libnccl != ""
+}
+
+// tristate is a boolean flag that remembers whether it was set.
+type tristate struct{ set, on bool }
+
+func (t *tristate) String() string {
+	if t == nil || !t.set {
+		return ""
+	}
+	return strconv.FormatBool(t.on)
+}
+
+func (t *tristate) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	t.set, t.on = true, v
+	return nil
+}
+
+func (t *tristate) IsBoolFlag() bool { return true }
 
 // env is what a command runs with.
 type env struct {
@@ -75,7 +120,10 @@ type env struct {
 	exit func(code int)
 }
 
-// open opens the backend the global flags select.
+// open opens the backend the global flags select. A library path given
+// with auto asks for cuda: a library that cannot load is an error, not a
+// quiet fall back to sim. An error is cut to a readable length (-v logs
+// it whole) and says how to run without a GPU.
 func (e *env) open() (gpu.Backend, string, error) {
 	cfg := gpu.Config{
 		Devices:       e.global.devices,
@@ -84,13 +132,44 @@ func (e *env) open() (gpu.Backend, string, error) {
 		NCCLLibrary:   e.global.libnccl,
 		Logger:        e.log,
 	}
-	b, reason, err := gpu.Open(e.global.backend, cfg)
+	name := e.global.backend
+	if name == "auto" && e.global.libraries() {
+		name = "cuda"
+	}
+	b, reason, err := gpu.Open(name, cfg)
 	if err != nil {
-		return nil, "", err
+		e.log.Debug("backend open failed", "backend", name, "err", err)
+		msg := err.Error()
+		if !e.global.verbose {
+			msg = cutWords(msg, maxErrorLen, " … (-v prints the whole error)")
+		}
+		switch {
+		case errors.Is(err, gpu.ErrUnavailable) && e.global.libraries():
+			msg += "\nhint: check the library paths given; without a GPU, leave them out and run on the embedded simulator: --backend sim"
+		case errors.Is(err, gpu.ErrUnavailable):
+			msg += "\nhint: without a GPU, run on the embedded simulator: --backend sim"
+		}
+		return nil, "", &openError{msg: msg, err: err}
+	}
+	if name != e.global.backend {
+		reason += ", because a library path was given"
 	}
 	e.log.Debug("backend opened", "backend", b.Name(), "reason", reason)
 	return b, reason, nil
 }
+
+// maxErrorLen bounds a backend's open error on the terminal: a loader's
+// error lists every place it tried.
+const maxErrorLen = 240
+
+// openError is a backend open error as printed, wrapping the whole one.
+type openError struct {
+	msg string
+	err error
+}
+
+func (o *openError) Error() string { return o.msg }
+func (o *openError) Unwrap() error { return o.err }
 
 // progress writes a progress line to stderr.
 func (e *env) progress(format string, args ...any) {
@@ -100,6 +179,7 @@ func (e *env) progress(format string, args ...any) {
 type command struct {
 	name    string
 	args    string // synopsis of the arguments after the flags
+	nargs   int    // arguments after the flags the command takes
 	summary string // one line
 	detail  string // paragraphs for "help <command>"
 	flags   func(fs *flag.FlagSet) func(e *env) error
@@ -107,7 +187,7 @@ type command struct {
 
 // commands returns the commands in the order help lists them.
 func commands() []*command {
-	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand()}
+	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand(), plotCommand()}
 }
 
 func findCommand(name string) *command {
@@ -135,6 +215,7 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	top := flag.NewFlagSet("stablegraph", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
 	g.register(top)
+	version := top.Bool("version", false, "print the version and exit")
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			mainUsage(stdout, &g)
@@ -142,6 +223,10 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		fmt.Fprintf(stderr, "stablegraph: %v\nRun 'stablegraph help' for usage.\n", err)
 		return exitUsage
+	}
+	if *version {
+		fmt.Fprintln(stdout, versionString())
+		return exitOK
 	}
 	rest := top.Args()
 	if len(rest) == 0 {
@@ -169,14 +254,17 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "stablegraph %s: %v\nRun 'stablegraph %s -h' for usage.\n", c.name, err, c.name)
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > c.nargs {
 		fmt.Fprintf(stderr, "stablegraph %s: unexpected arguments: %s\nRun 'stablegraph %s -h' for usage.\n",
-			c.name, strings.Join(fs.Args(), " "), c.name)
+			c.name, strings.Join(fs.Args()[c.nargs:], " "), c.name)
 		return exitUsage
 	}
-	if g.devices <= 0 {
-		fmt.Fprintf(stderr, "stablegraph %s: --devices must be positive, got %d\n", c.name, g.devices)
+	if err := g.check(); err != nil {
+		fmt.Fprintf(stderr, "stablegraph %s: %v\nRun 'stablegraph help' for the global flags.\n", c.name, err)
 		return exitUsage
+	}
+	if !g.progress.set {
+		g.progress.on = isTerminal(stderr)
 	}
 	level := slog.LevelWarn
 	if g.verbose {
@@ -189,6 +277,11 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	}
 	if err := exec(e); err != nil {
 		var ue *usageError
+		if ctx.Err() != nil {
+			fmt.Fprintf(stderr, "stablegraph %s: interrupted\n", c.name)
+			e.log.Debug("interrupted", "err", err)
+			return exitInterrupted
+		}
 		if errors.As(err, &ue) {
 			fmt.Fprintf(stderr, "stablegraph %s: %v\nRun 'stablegraph %s -h' for usage.\n", c.name, err, c.name)
 			return exitUsage
@@ -205,6 +298,10 @@ func help(args []string, stdout, stderr io.Writer, g *globalFlags) int {
 		mainUsage(stdout, g)
 		return exitOK
 	case 1:
+		if args[0] == "help" {
+			fmt.Fprint(stdout, "Usage: stablegraph help [command]\n\nShows the commands and the global flags, or a command's flags.\n")
+			return exitOK
+		}
 		c := findCommand(args[0])
 		if c == nil {
 			fmt.Fprintf(stderr, "stablegraph help: unknown command %q\nRun 'stablegraph help' for the list of commands.\n", args[0])
@@ -238,16 +335,52 @@ Commands:
 	fs := flag.NewFlagSet("stablegraph", flag.ContinueOnError)
 	g.register(fs)
 	b.WriteString(flagDefaults(fs, nil))
-	b.WriteString(`
+	b.WriteString(`  --version
+        print the version and exit
+
 Registered backends: ` + driverList() + `
 
 Run 'stablegraph help <command>' or 'stablegraph <command> -h' for a command's flags.
-Exit status: 0 on success, 1 when the command failed, 2 on a usage error.
+A file flag given "-" writes to stdout.
+Exit status: 0 on success, 1 when the command failed, 2 on a usage error, 130 when interrupted.
 `)
 	io.WriteString(w, b.String())
 }
 
-var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas", "libnccl"}
+var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas", "libnccl", "progress"}
+
+// check validates the global flags: a registered backend (or auto), a
+// positive device count, library paths only for cuda.
+func (g *globalFlags) check() error {
+	if g.backend != "auto" && !slices.Contains(gpu.Drivers(), g.backend) {
+		return fmt.Errorf("--backend %s: unknown backend (registered: %s; or auto)", g.backend, driverList())
+	}
+	if g.devices <= 0 {
+		return fmt.Errorf("--devices must be positive, got %d", g.devices)
+	}
+	if g.backend != "auto" && g.backend != "cuda" && g.libraries() {
+		return fmt.Errorf("--libcuda, --libcublas and --libnccl are for the cuda backend, not %s", g.backend)
+	}
+	return nil
+}
+
+// versionString names this build: the module version (a tag with go
+// install @version, "(devel)" from a checkout), the commit when the build
+// recorded one, and the Go toolchain.
+func versionString() string {
+	v, rev := "(devel)", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				rev = " " + s.Value[:min(len(s.Value), 12)]
+			}
+		}
+	}
+	return fmt.Sprintf("stablegraph %s%s (%s %s/%s)", v, rev, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
 
 func commandUsage(w io.Writer, c *command, fs *flag.FlagSet) {
 	var b strings.Builder
@@ -288,6 +421,37 @@ func flagDefaults(fs *flag.FlagSet, keep func(string) bool) string {
 	return b.String()
 }
 
+// writeOutput writes to the file path names with fn: stdout for "-",
+// else the file (see writeFile).
+func (e *env) writeOutput(path string, fn func(io.Writer) error) error {
+	if path == "-" {
+		return fn(e.stdout)
+	}
+	return writeFile(path, fn)
+}
+
+// checkOutput checks, before a run, that the file a flag names can be
+// written, so that a bad path fails at once rather than after the run. It
+// leaves an existing file as it was and removes one it created.
+func checkOutput(flagName, path string) error {
+	if path == "" || path == "-" {
+		return nil
+	}
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+	if err != nil {
+		return usagef("--%s: cannot write %s: %v", flagName, path, errors.Unwrap(err))
+	}
+	err = f.Close()
+	if statErr != nil {
+		err = errors.Join(err, os.Remove(path))
+	}
+	if err != nil {
+		return fmt.Errorf("--%s: %w", flagName, err)
+	}
+	return nil
+}
+
 // writeFile writes to path with fn, reporting the first error, and removes a
 // partly written file.
 func writeFile(path string, fn func(io.Writer) error) (err error) {
@@ -325,12 +489,27 @@ func driverList() string {
 }
 
 // shortReason cuts a backend choice reason (which lists every library path
-// tried) to one readable line for progress output; "stablegraph info"
-// prints it whole.
+// tried) to one readable line for progress output, at a word boundary;
+// "stablegraph info" prints it whole.
 func shortReason(r string) string {
-	const max = 120
-	if len(r) <= max {
-		return r
+	return cutWords(r, 120, " … (see 'stablegraph info')")
+}
+
+// cutWords returns s when it is at most n bytes long, else its first words
+// that fit in n bytes followed by more. A single word longer than n is cut
+// at a character boundary.
+func cutWords(s string, n int, more string) string {
+	if len(s) <= n {
+		return s
 	}
-	return r[:max] + "... (see 'stablegraph info')"
+	cut := s[:n]
+	if i := strings.LastIndexAny(cut, " \t\n"); i > 0 {
+		cut = cut[:i]
+	} else {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		cut = s[:n]
+	}
+	return strings.TrimRight(cut, " \t\n,;:") + more
 }

@@ -25,31 +25,40 @@ handles and the Go heap are sampled; memory is flat when, within every segment
 (one executable's life: auto may keep a different candidate in each), the
 average of the last third of the samples is within the tolerance of the first
 third's, and when the device memory, handles, goroutines and heap left between
-segments do not grow. Each strategy reports its worst segment. Progress goes to stderr every --interval, the report to
-stdout (and --json). Exit status 1 on any mismatch, memory growth or error.
+segments do not grow. Each strategy reports its worst segment. A soak too
+short for three samples after warm-up in some segment of every strategy is
+not judged: it says so and fails rather than pass on too few samples.
+Progress, with the time left, goes to stderr every --interval, the report to
+stdout (and --json). Exit status 1 on any mismatch, memory growth, unjudged
+memory or error; 130 when interrupted (the report of what ran is printed).
 
 The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var cfg soak.Config
 			fs.StringVar(&cfg.Workload, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", ")+" (dp runs one rank)")
-			fs.IntVar(&cfg.Shape.Layers, "layers", 0, "layers of mlp, train and dp (default 8)")
-			fs.IntVar(&cfg.Shape.Width, "width", 0, "width of mlp, train and dp (default 256; 1024 for the -large ones)")
-			fs.IntVar(&cfg.Shape.Batch, "batch", 0, "batch of mlp, train and dp (default 8; 64 for the -large ones)")
-			fs.IntVar(&cfg.Shape.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
-			fs.Uint64Var(&cfg.Shape.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
+			registerShape(fs, &cfg.Shape, "mlp, train and dp")
 			fs.DurationVar(&cfg.Duration, "duration", soak.DefaultDuration, "how long to soak")
 			fs.IntVar(&cfg.CheckEvery, "check-every", soak.DefaultCheckEvery, "check every `k`-th step against eager")
 			strategies := fs.String("strategies", "all", "comma-separated `list` of strategies taking turns (all: "+strategyList()+")")
-			fs.DurationVar(&cfg.Segment, "segment", 0, "how long each strategy runs before the next (0: duration/(2×strategies), 1s to 5m)")
+			fs.DurationVar(&cfg.Segment, "segment", 0, "how long each strategy runs before the next, 1s to 5m (default duration/(2×strategies) within those bounds)")
 			fs.IntVar(&cfg.Warmup, "warmup", soak.DefaultWarmup, "steps at the start of each segment left out of the memory trend")
 			pattern := fs.String("pattern", string(workload.Random), "how the caller's buffers move: fixed, pingpong or random")
 			fs.IntVar(&cfg.Device, "device", 0, "device ordinal")
 			fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "progress every `period`")
 			tol := fs.Uint64("tolerance", soak.DefaultTolerance, "device memory growth in `bytes` still counted as flat (beside 1%)")
-			jsonPath := fs.String("json", "", "write the report, with its memory samples, as JSON to `file`")
+			jsonPath := fs.String("json", "", "write the report, with its memory samples, as JSON to `file` (\"-\": stdout, instead of the text)")
 			return func(e *env) (err error) {
-				if cfg.Duration <= 0 || cfg.CheckEvery <= 0 || cfg.Warmup < 0 || cfg.Interval <= 0 || cfg.Segment < 0 {
-					return usagef("--duration, --check-every and --interval must be positive, --segment and --warmup not negative")
+				if cfg.Duration <= 0 || cfg.CheckEvery <= 0 || cfg.Warmup < 0 || cfg.Interval <= 0 {
+					return usagef("--duration, --check-every and --interval must be positive, --warmup not negative")
+				}
+				if cfg.Segment != 0 && (cfg.Segment < time.Second || cfg.Segment > 5*time.Minute) {
+					return usagef("--segment %v: must be from 1s to 5m", cfg.Segment)
+				}
+				if err := checkShape(fs, cfg.Shape); err != nil {
+					return err
+				}
+				if err := checkOutput("json", *jsonPath); err != nil {
+					return err
 				}
 				if cfg.Strategies, err = soak.ParseStrategies(*strategies); err != nil {
 					return usagef("--strategies: %v", err)
@@ -81,24 +90,30 @@ The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 				if err != nil {
 					return err
 				}
-				if err := rep.WriteText(e.stdout); err != nil {
-					return err
+				if *jsonPath != "-" {
+					if err := rep.WriteText(e.stdout); err != nil {
+						return err
+					}
 				}
 				if *jsonPath != "" {
-					if err := writeFile(*jsonPath, func(w io.Writer) error { return writeSoakJSON(w, rep) }); err != nil {
+					if err := e.writeOutput(*jsonPath, func(w io.Writer) error { return writeSoakJSON(w, rep) }); err != nil {
 						return fmt.Errorf("write %s: %w", *jsonPath, err)
 					}
-					e.progress("wrote %s", *jsonPath)
+					if *jsonPath != "-" {
+						e.progress("wrote %s", *jsonPath)
+					}
 				}
 				switch {
 				case rep.Error != "":
 					return fmt.Errorf("soak failed after %d steps: %s", rep.Steps, rep.Error)
 				case rep.Mismatches > 0:
 					return fmt.Errorf("%d checked steps differ from eager", rep.Mismatches)
-				case !rep.MemoryFlat:
+				case rep.Memory == soak.MemoryGrows:
 					return fmt.Errorf("memory grows (see the trends above)")
 				case rep.Interrupted:
 					return fmt.Errorf("interrupted after %v", time.Duration(rep.DurationS*float64(time.Second)).Round(time.Second))
+				case rep.Memory == soak.MemoryTooFewSamples:
+					return fmt.Errorf("memory not judged: too few samples for a trend (%s); run longer", strings.Join(rep.Unjudged, ", "))
 				}
 				return nil
 			}
