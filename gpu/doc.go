@@ -53,5 +53,7 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives will be an optional interface discovered the same way.
+// Collectives (CollectivesOf) and device-side graph updates (DeviceUpdatesOf,
+// devupdate.go: kernel nodes whose parameters a kernel changes while the
+// graph runs) are optional interfaces discovered the same way.
 package gpu

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -39,6 +40,11 @@ type Backend struct {
 
 	blas blasLib   // cuBLAS, loaded at the first Gemm
 	nccl ncclState // NCCL and the communicators (collectives.go)
+
+	// captures counts the stream captures begun through this backend and
+	// not yet ended: while it is 0 no stream of the backend is capturing,
+	// so launches need not ask the driver (devupdate.go).
+	captures atomic.Int64
 
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {

@@ -107,6 +107,14 @@ const (
 	symGraphExecMemcpyNodeSetParams
 	symGraphExecMemsetNodeSetParams
 	symGraphExecChildGraphNodeSetParams
+	// Device-updatable kernel nodes and root nodes (devupdate.go).
+	symGraphKernelNodeSetAttribute
+	symGraphKernelNodeGetAttribute
+	symGraphUpload
+	symGraphGetRootNodes
+	symGraphAddDependenciesV2
+	symGraphAddDependenciesV1
+	symGraphDestroyNode
 	numSyms
 )
 
@@ -200,6 +208,13 @@ var driverSyms = [numSyms]symSpec{
 	symGraphExecMemsetNodeSetParams: {names: []string{"cuGraphExecMemsetNodeSetParams"}},
 	symGraphExecChildGraphNodeSetParams: {
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
+	symGraphKernelNodeSetAttribute: {names: []string{"cuGraphKernelNodeSetAttribute"}},
+	symGraphKernelNodeGetAttribute: {names: []string{"cuGraphKernelNodeGetAttribute"}},
+	symGraphUpload:                 {names: []string{"cuGraphUpload"}},
+	symGraphGetRootNodes:           {names: []string{"cuGraphGetRootNodes"}},
+	symGraphAddDependenciesV2:      {names: []string{"cuGraphAddDependencies_v2"}},
+	symGraphAddDependenciesV1:      {names: []string{"cuGraphAddDependencies"}},
+	symGraphDestroyNode:            {names: []string{"cuGraphDestroyNode"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
