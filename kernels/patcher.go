@@ -47,7 +47,8 @@ import (
 // it applies the table's count updates, entry i by thread i (grid-stride);
 // an update whose slot is out of range, or that the device runtime refuses,
 // adds one to failed and, if firstError is 0, sets it to (i+1)<<32 | the
-// cudaError_t code (1 is cudaErrorInvalidValue). Otherwise it applies
+// cudaError_t code (1 is cudaErrorInvalidValue; with several failures in a
+// launch, whichever thread gets there first). Otherwise it applies
 // nothing and adds one to skipped. Its last block to finish sets done back
 // to 0 and seq to seq+1. So the control block advances once per launch,
 // with no host call.

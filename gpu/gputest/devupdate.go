@@ -118,14 +118,27 @@ type patchRig struct {
 	launches   uint64 // the next launch's sequence number
 }
 
-func (h *h) patchRig(dev int, slots []kernels.PatchSlot, ntables, capacity int) *patchRig {
+// patchRig makes a patcher's memory for nslots slots, written now when
+// slots are given (else with setSlots).
+func (h *h) patchRig(dev int, nslots int, slots []kernels.PatchSlot, ntables, capacity int) *patchRig {
 	h.Helper()
-	r := &patchRig{nslots: len(slots), ntables: ntables, capacity: capacity, stride: kernels.PatchTableStride(capacity)}
+	r := &patchRig{nslots: nslots, ntables: ntables, capacity: capacity, stride: kernels.PatchTableStride(capacity)}
 	r.ctl = h.alloc(dev, kernels.PatchCtlSize)
 	h.ok("Memset(control block)", h.b.Memset(gpu.Memset{Dst: r.ctl, ElemSize: 4, Count: kernels.PatchCtlSize / 4}))
-	r.slots = h.upload(dev, append(kernels.EncodePatchSlots(slots), make([]byte, 16)...)) // never empty
+	r.slots = h.alloc(dev, uint64(kernels.PatchSlotSize*max(nslots, 1)))
+	if slots != nil {
+		h.setSlots(r, slots)
+	}
 	r.tables = h.hostAlloc(r.stride * uint64(ntables))
 	return r
+}
+
+func (h *h) setSlots(r *patchRig, slots []kernels.PatchSlot) {
+	h.Helper()
+	if len(slots) != r.nslots {
+		h.Fatalf("%d slots for a patcher of %d", len(slots), r.nslots)
+	}
+	h.ok("MemcpyHtoD(slots)", h.b.MemcpyHtoD(r.slots, kernels.EncodePatchSlots(slots)))
 }
 
 func (r *patchRig) params(f gpu.Function) gpu.KernelParams {
@@ -307,7 +320,7 @@ func testDevPatchChain(h *h) {
 		c.nodes = append(c.nodes, h.addKernel(g, d, h.chainArgs(0, built, i)))
 		c.devs = append(c.devs, h.optIn(du, c.nodes[i]))
 	}
-	r := h.patchRig(0, chainSlots(c.devs), 2, 2*K)
+	r := h.patchRig(0, 2*K, chainSlots(c.devs), 2, 2*K)
 	_, err := du.GraphAddRootKernelNode(g, r.params(f))
 	h.ok("GraphAddRootKernelNode(patcher)", err)
 	x := h.instantiate(g)
@@ -370,7 +383,7 @@ func testDevPatcherFromStream(h *h) {
 	}
 	x := h.instantiate(g)
 	h.ok("GraphUpload", du.GraphUpload(x, s))
-	r := h.patchRig(0, chainSlots(devs), 1, 2*K)
+	r := h.patchRig(0, 2*K, chainSlots(devs), 1, 2*K)
 	for step := range 3 {
 		bufs := h.devChainBufs(K, float32(step))
 		h.nextTable(r, moveChain(bufs, 0, K))
@@ -395,9 +408,12 @@ func testDevPatcherCounts(h *h) {
 	g := h.graph(0)
 	n0 := h.addKernel(g, nil, h.chainArgs(0, built, 0))
 	n1 := h.addKernel(g, deps(n0), h.chainArgs(0, built, 1))
-	r := h.patchRig(0, chainSlots([]gpu.DevNode{h.optIn(du, n0), h.optIn(du, n1)}), 2, 8)
+	// Here the root node comes before the nodes opt in (PatchChainSameLaunch
+	// does it the other way round).
+	r := h.patchRig(0, 2*K, nil, 2, 8)
 	_, err := du.GraphAddRootKernelNode(g, r.params(f))
 	h.ok("GraphAddRootKernelNode(patcher)", err)
+	h.setSlots(r, chainSlots([]gpu.DevNode{h.optIn(du, n0), h.optIn(du, n1)}))
 	x := h.instantiate(g)
 	s := h.stream(0)
 	h.ok("GraphUpload", du.GraphUpload(x, s))

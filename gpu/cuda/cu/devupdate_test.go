@@ -52,10 +52,10 @@ func TestDevUpdateWrappers(t *testing.T) {
 		got = append(got, name)
 		args = append(args, a)
 		if name == "cuGraphKernelNodeSetAttribute" {
-			val = *(*LaunchAttributeValue)(unsafe.Pointer(a.A[2]))
+			val = *argPtr[LaunchAttributeValue](&a, 2)
 		}
 		if name == "cuGraphKernelNodeGetAttribute" {
-			(*LaunchAttributeValue)(unsafe.Pointer(a.A[2])).DeviceUpdatableKernelNode = DeviceUpdatableKernelNode{DeviceUpdatable: 1, DevNode: 0x7000}
+			argPtr[LaunchAttributeValue](&a, 2).DeviceUpdatableKernelNode = DeviceUpdatableKernelNode{DeviceUpdatable: 1, DevNode: 0x7000}
 		}
 		return Success
 	}
@@ -82,7 +82,7 @@ func TestDevUpdateWrappers(t *testing.T) {
 	got, args = nil, nil
 	if r := d.GraphAddDependencies(0x20, from, to); r != Success || got[0] != "cuGraphAddDependencies_v2" ||
 		args[0].N != 5 || args[0].A[0] != 0x20 || args[0].A[3] != 0 || args[0].A[4] != 2 ||
-		*(*GraphNode)(unsafe.Pointer(args[0].A[2] + 8)) != 3 {
+		unsafe.Slice(argPtr[GraphNode](&args[0], 2), 2)[1] != 3 {
 		t.Errorf("cuGraphAddDependencies_v2: %v %v args %v", r, got, args)
 	}
 	old := NewStub("stub", stub, "cuGraphAddDependencies_v2")
@@ -108,3 +108,6 @@ func TestDevUpdateWrappers(t *testing.T) {
 		}
 	}
 }
+
+// argPtr returns argument i of a stubbed call as the pointer it is.
+func argPtr[T any](a *StubArgs, i int) *T { return *(**T)(unsafe.Pointer(&a.A[i])) }
