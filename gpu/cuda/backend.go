@@ -31,7 +31,7 @@ func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
-// gpu.HandleCounter and GEMMer. Safe for concurrent use (see the package doc
+// gpu.HandleCounter, GEMMer and gpu.DeviceUpdates (devupdate.go). Safe for concurrent use (see the package doc
 // for the graph rule).
 type Backend struct {
 	d    *cu.Driver
