@@ -53,10 +53,11 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives are an optional interface of the backend (collectives.go),
-// discovered the same way with CollectivesOf, and so are the others:
-// AddressRangerOf finds allocation extents (extent.go), which CheckBinding
-// uses to refuse a range larger than the memory behind it.
+// Collectives (CollectivesOf), allocation extents (AddressRangerOf,
+// extent.go, which CheckBinding uses to refuse a range larger than the
+// memory behind it) and device-side graph updates (DeviceUpdatesOf,
+// devupdate.go: kernel nodes whose parameters a kernel changes while the
+// graph runs) are optional interfaces discovered the same way.
 //
 // # Refused graph updates
 //

@@ -16,6 +16,13 @@ type ModuleImage struct {
 	// PTX is the module's PTX text (NUL-terminated or not), for backends
 	// that compile it. Nil when the module has no device code.
 	PTX []byte
+	// Binary, when set, returns prebuilt device code (a cubin) for a device
+	// of compute capability major.minor, which a backend loads as is,
+	// never compiling or linking it, in preference to PTX; or an error
+	// wrapping ErrNotSupported that says why there is none (not built, or
+	// not for that architecture). Modules whose code needs linking (the
+	// device runtime) ship this way.
+	Binary func(major, minor int) ([]byte, error)
 }
 
 // Kernel returns the spec named name.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -30,7 +31,7 @@ func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
-// gpu.HandleCounter and GEMMer. Safe for concurrent use (see the package doc
+// gpu.HandleCounter, GEMMer and gpu.DeviceUpdates (devupdate.go). Safe for concurrent use (see the package doc
 // for the graph rule).
 type Backend struct {
 	d    *cu.Driver
@@ -40,6 +41,11 @@ type Backend struct {
 	blas blasLib     // cuBLAS, loaded at the first Gemm
 	nccl ncclState   // NCCL and the communicators (collectives.go)
 	ext  extentCache // allocation extents (extent.go)
+
+	// captures counts the stream captures begun through this backend and
+	// not yet ended: while it is 0 no stream of the backend is capturing,
+	// so launches need not ask the driver (devupdate.go).
+	captures atomic.Int64
 
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {

@@ -78,6 +78,18 @@
 // known (gpu.ErrNotSupported), nor can memory they free and reallocate
 // behind the backend's back; extent.go says what is and is not seen.
 //
+// # Device-side graph updates
+//
+// *Backend implements gpu.DeviceUpdates on drivers of CUDA 12.4 or newer
+// (devupdate.go): CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE set and
+// read back with cuGraphKernelNodeSetAttribute/GetAttribute, cuGraphUpload,
+// and root nodes through cuGraphGetRootNodes and cuGraphAddDependencies. The
+// backend enforces the rules of gpu.DeviceUpdates itself, before the driver
+// sees the calls, from its handle tables. Modules with prebuilt code
+// (gpu.ModuleImage.Binary, the patcher of package kernels) are loaded as
+// built, never JIT-compiled or linked; a device or driver that cannot run
+// them is gpu.ErrNotSupported naming the device's compute capability.
+//
 // # Faults
 //
 // A fault in device code (an illegal address) poisons the CUDA context: every

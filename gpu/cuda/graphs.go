@@ -19,6 +19,9 @@ type graphInfo struct {
 	owned bool
 	nodes map[gpu.GraphNode]struct{}
 	views []gpu.Graph // child graphs of this graph's nodes handed out
+
+	devNodes int // nodes opted in to device-side updates (devupdate.go)
+	execs    int // live execs instantiated from it
 }
 
 // nodeInfo is a graph node the backend knows: made by a GraphAdd call or
@@ -28,6 +31,8 @@ type nodeInfo struct {
 	n     cu.GraphNode
 	kinds []gpu.ArgKind // the argument kinds of kernel nodes made from typed args
 	typ   gpu.NodeType  // cached (a node's type never changes); 0 until known
+
+	devNode cu.GraphDeviceNode // once opted in to device-side updates (devupdate.go)
 }
 
 func (b *Backend) graphInfo(op string, g gpu.Graph) (*graphInfo, error) {
@@ -331,6 +336,9 @@ func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, chil
 	if err != nil {
 		return 0, err
 	}
+	if err := childCheck(op, child, ci); err != nil {
+		return 0, err
+	}
 	if child == g {
 		return 0, errf(op, gpu.ErrInvalidValue, "graph %#x cannot contain itself", uint64(g))
 	}
@@ -632,9 +640,13 @@ func (b *Backend) StreamBeginCapture(s gpu.Stream) error {
 		}
 		return err
 	}
-	return b.call(dev, "cuStreamBeginCapture_v2", func() cu.Result {
+	err = b.call(dev, "cuStreamBeginCapture_v2", func() cu.Result {
 		return b.d.StreamBeginCapture(cs, cu.StreamCaptureModeRelaxed)
 	})
+	if err == nil {
+		b.captures.Add(1)
+	}
+	return err
 }
 
 // StreamEndCapture implements gpu.Graphs. An invalidated capture is
@@ -656,6 +668,7 @@ func (b *Backend) StreamEndCapture(s gpu.Stream) (gpu.Graph, error) {
 	if err != nil {
 		return 0, err
 	}
+	b.captures.Add(-1) // the stream has left capture mode, whatever r says
 	if r != cu.Success {
 		if g != 0 { // not expected, but never leak a graph
 			_ = b.call(dev, "cuGraphDestroy", func() cu.Result { return b.d.GraphDestroy(g) })
@@ -681,6 +694,12 @@ func (b *Backend) GraphInstantiate(g gpu.Graph) (gpu.GraphExec, error) {
 	if err != nil {
 		return 0, err
 	}
+	b.mu.Lock()
+	err = instantiateCheckLocked("GraphInstantiate", g, gi)
+	b.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	var x cu.GraphExec
 	if err := b.call(gi.dev, "cuGraphInstantiateWithFlags", func() cu.Result { return b.d.GraphInstantiate(&x, gi.g, 0) }); err != nil {
 		return 0, err
@@ -688,7 +707,8 @@ func (b *Backend) GraphInstantiate(g gpu.Graph) (gpu.GraphExec, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h := gpu.GraphExec(b.newIDLocked())
-	b.mu.execs[h] = execInfo{dev: gi.dev, graph: g, x: x}
+	b.mu.execs[h] = execInfo{dev: gi.dev, graph: g, x: x, upd: b.devExecLocked(gi)}
+	gi.execs++
 	return h, nil
 }
 
@@ -698,6 +718,7 @@ type execInfo struct {
 	dev   int
 	graph gpu.Graph
 	x     cu.GraphExec
+	upd   *devExec // device-updatable nodes (devupdate.go); nil when none
 }
 
 func (b *Backend) exec(op string, x gpu.GraphExec) (execInfo, error) {
@@ -762,10 +783,12 @@ func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
 		return errf("GraphExecDestroy", gpu.ErrInvalidHandle, "graph exec %#x is not live", uint64(x))
 	}
 	err := b.call(xi.dev, "cuGraphExecDestroy", func() cu.Result { return b.d.GraphExecDestroy(xi.x) })
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if err != nil {
-		b.mu.Lock()
 		b.mu.execs[x] = xi
-		b.mu.Unlock()
+	} else if gi := b.mu.graphs[xi.graph]; gi != nil {
+		gi.execs--
 	}
 	return err
 }
@@ -785,6 +808,11 @@ func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	case si.dev != xi.dev:
 		return errf(op, gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", xi.dev, si.dev)
 	}
+	if xi.upd != nil {
+		if err := b.launchCheck(op, x, xi, si); err != nil {
+			return err
+		}
+	}
 	return b.call(xi.dev, "cuGraphLaunch", func() cu.Result { return b.d.GraphLaunch(xi.x, si.s) })
 }
 
@@ -798,6 +826,9 @@ func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
 	}
 	gi, err := b.graphInfo("GraphExecUpdate", g)
 	if err != nil {
+		return err
+	}
+	if err := b.updateCheck(x, xi, g); err != nil {
 		return err
 	}
 	var info cu.GraphExecUpdateResultInfo
@@ -847,6 +878,9 @@ func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 	err = b.callFrame(fr, xi.dev, "cuGraphExecKernelNodeSetParams_v2", func() cu.Result {
 		return b.d.GraphExecKernelNodeSetParams(xi.x, cn, &fr.kp)
 	})
+	if err == nil && xi.upd != nil && xi.upd.nodes[cn] {
+		xi.upd.dirty.Store(true)
+	}
 	if err == nil || !isInvalidValue(err, "cuGraphExecKernelNodeSetParams_v2") {
 		return err
 	}
@@ -949,6 +983,9 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphN
 	}
 	ci, err := b.graphInfo(op, child)
 	if err != nil {
+		return err
+	}
+	if err := childCheck(op, child, ci); err != nil {
 		return err
 	}
 	_, cn, _, err := b.execNode(op, x, n, gpu.NodeChildGraph, 0)

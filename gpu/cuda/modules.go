@@ -2,6 +2,8 @@ package cuda
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"runtime"
 	"unsafe"
 
@@ -31,7 +33,8 @@ type funcInfo struct {
 
 // ModuleLoad implements gpu.Modules. It JIT-compiles img.PTX for dev; for the
 // built-in kernel set it prefers the build kernels.PTXFor picks for the
-// device (sm_90 PTX on Hopper).
+// device (sm_90 PTX on Hopper). A module with prebuilt code (img.Binary,
+// such as the patcher) is loaded as built instead (loadBinary).
 func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
 	d, err := b.device("ModuleLoad", dev)
 	if err != nil {
@@ -40,10 +43,15 @@ func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) 
 	if img == nil {
 		return 0, errf("ModuleLoad", gpu.ErrInvalidValue, "nil module image")
 	}
-	if len(img.PTX) == 0 {
+	var m cu.Module
+	switch {
+	case img.Binary != nil:
+		m, err = b.loadBinary(dev, d, img)
+	case len(img.PTX) == 0:
 		return 0, errf("ModuleLoad", gpu.ErrNotSupported, "module %q has no PTX", img.Name)
+	default:
+		m, err = b.loadPTX(dev, d, img)
 	}
-	m, err := b.loadPTX(dev, d, img)
 	if err != nil {
 		return 0, err
 	}
@@ -80,6 +88,37 @@ func (b *Backend) loadPTX(dev int, d *device, img *gpu.ModuleImage) (cu.Module, 
 			ge.Detail += " (module " + img.Name + ")"
 		}
 		return 0, err
+	}
+	return m, nil
+}
+
+// loadBinary loads the prebuilt device code img.Binary returns for dev's
+// architecture, as is (cuModuleLoadDataEx without JIT options: a cubin is
+// not compiled or linked). A device or driver that cannot run it is
+// gpu.ErrNotSupported naming the device's compute capability and the
+// driver; only running out of memory keeps its own sentinel.
+func (b *Backend) loadBinary(dev int, d *device, img *gpu.ModuleImage) (cu.Module, error) {
+	p := d.props
+	where := fmt.Sprintf("module %q on device %d (%s, compute %d.%d, driver %d)", img.Name, dev, p.Name, p.ComputeMajor, p.ComputeMinor, p.DriverVersion)
+	bin, err := img.Binary(p.ComputeMajor, p.ComputeMinor)
+	if err == nil && len(bin) == 0 {
+		err = errors.New("empty binary")
+	}
+	if err != nil {
+		return 0, &gpu.Error{Op: "ModuleLoad", Err: gpu.ErrNotSupported, Detail: where + ": " + err.Error()}
+	}
+	var m cu.Module
+	var r cu.Result
+	if err := b.onDevice(dev, func() error { r = b.d.ModuleLoadDataEx(&m, bin, nil, nil); return nil }); err != nil {
+		return 0, err
+	}
+	if r != cu.Success {
+		e := &gpu.Error{Op: "cuModuleLoadDataEx", Code: int(r), CodeName: r.Name(), Err: gpu.ErrNotSupported,
+			Detail: b.d.GetErrorString(r) + ": prebuilt " + where}
+		if sentinel(r) == gpu.ErrOutOfMemory {
+			e.Err = gpu.ErrOutOfMemory
+		}
+		return 0, e
 	}
 	return m, nil
 }

@@ -43,6 +43,10 @@
 //     backend implements gpu.DeviceResetter: on a real GPU an illegal
 //     address is sticky and poisons the CUDA context for the whole process.
 //   - Tests that need two devices skip on one.
+//   - The DeviceUpdates group skips when gpu.DeviceUpdatesOf reports
+//     ErrNotSupported, and its patcher tests when the patcher of package
+//     kernels cannot be loaded (on CUDA: not built yet, or not for the
+//     device's architecture). Its coverage table is coverage_devupdate.go.
 //
 // # Coverage
 //

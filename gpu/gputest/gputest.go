@@ -52,6 +52,7 @@ func suite() []group {
 		{"Capture", captureTests},
 		{"ExecUpdate", execUpdateTests},
 		{"Extents", extentTests},
+		{"DeviceUpdates", devUpdateTests},
 		{"Faults", faultTests},
 		{"Lifecycle", lifecycleTests},
 	}
@@ -152,21 +153,31 @@ func (l *callLog) check(t *testing.T) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, m := range slices.Sorted(maps.Keys(coverage)) {
-		for _, want := range coverage[m] {
-			ran, called := false, false
-			for name, ms := range l.calls {
-				if name != want && !strings.HasPrefix(name, want+"/") {
-					continue
-				}
-				if l.failed[name] {
-					ran = false // a failed or skipped test may have stopped early
-					break
-				}
-				ran, called = true, called || ms[m]
+		l.checkMethod(t, m, coverage[m])
+	}
+	for _, m := range slices.Sorted(maps.Keys(devUpdateCoverage)) {
+		l.checkMethod(t, m, devUpdateCoverage[m])
+	}
+}
+
+// checkMethod checks that every subtest in tests that ran and passed called
+// method m.
+func (l *callLog) checkMethod(t *testing.T, m string, tests []string) {
+	t.Helper()
+	for _, want := range tests {
+		ran, called := false, false
+		for name, ms := range l.calls {
+			if name != want && !strings.HasPrefix(name, want+"/") {
+				continue
 			}
-			if ran && !called {
-				t.Errorf("gputest coverage table (coverage.go): %s is listed as covering %s but never called it", want, m)
+			if l.failed[name] {
+				ran = false // a failed or skipped test may have stopped early
+				break
 			}
+			ran, called = true, called || ms[m]
+		}
+		if ran && !called {
+			t.Errorf("gputest coverage table (coverage.go): %s is listed as covering %s but never called it", want, m)
 		}
 	}
 }
@@ -204,7 +215,8 @@ type h struct {
 	mods  map[int]gpu.Module
 	fns   map[string]gpu.Function
 	rng   *rand.Rand
-	reset bool // a device was reset: releases may find handles already gone
+	reset bool         // a device was reset: releases may find handles already gone
+	note  func(string) // notes a call for the coverage check (nil: none)
 }
 
 // res is one handle the test owns.
@@ -217,7 +229,7 @@ type res struct {
 
 func newH(t *testing.T, open opener, note func(string)) *h {
 	raw := OpenChecked(t, open)
-	x := &h{T: t, b: wrap(raw, note), raw: raw, mods: map[int]gpu.Module{}, fns: map[string]gpu.Function{}}
+	x := &h{T: t, b: wrap(raw, note), raw: raw, mods: map[int]gpu.Module{}, fns: map[string]gpu.Function{}, note: note}
 	t.Cleanup(x.releaseAll)
 	return x
 }

@@ -124,6 +124,22 @@
 // allocation, so AddressRange always answers, from the address space under
 // its read lock.
 //
+// # Device-side graph updates
+//
+// *Backend implements gpu.DeviceUpdates (devupdate.go) with CUDA's rules and
+// errors, listed in that interface's doc. An exec's device-updatable nodes
+// have device-side parameters apart from the exec's own (host-side) ones:
+// GraphUpload sets them, when its stream reaches it, to the host-side ones;
+// kernels change them through the device runtime (their gpu.Memory is also a
+// gpu.DeviceRuntime, so the patcher of package kernels runs on its Go
+// reference); a launch runs each such node with them as the node starts, so
+// a change by an earlier node of the same launch takes effect in it. A
+// kernel that changes a node of its own launch that does not depend on it
+// (on a GPU, a race) fails with a sticky gpu.ErrIllegalState. Stricter than
+// CUDA: an upload is required before every launch that follows a host-side
+// change of such a node, not only when the graph updates itself; and the
+// root node of GraphAddRootKernelNode is listed first by GraphNodes.
+//
 // # Collectives
 //
 // *Backend implements gpu.Collectives with its devices as the ranks: every

@@ -30,12 +30,15 @@ type enode struct {
 	p     params
 	child *plan
 	homes homes // memcpy and memset nodes: where their operands lived when set
+	dev   bool  // a device-updatable node (top level only): it runs with its exec's device state
 }
 
 type exec struct {
 	handle gpu.GraphExec
 	source gpu.Graph
+	g      *graph                    // the source graph, live or not
 	index  map[gpu.GraphNode][]int32 // source node → path of node indexes through child plans
+	dev    *devState                 // device-updatable nodes (devupdate.go); nil when none
 
 	// plan and epoch change under Backend.mu's write lock (updates) or
 	// under its read lock plus mu (GraphLaunch).
@@ -113,13 +116,21 @@ func (b *Backend) GraphInstantiate(gh gpu.Graph) (gpu.GraphExec, error) {
 	if err != nil {
 		return 0, err
 	}
+	if err := instantiateCheckLocked(op, g); err != nil {
+		return 0, err
+	}
 	p, err := b.planLocked(op, g, 0)
 	if err != nil {
 		return 0, err
 	}
-	x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, plan: p, index: map[gpu.GraphNode][]int32{}}
+	x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, g: g, plan: p, index: map[gpu.GraphNode][]int32{},
+		dev: newDevStateLocked(g, p)}
 	indexNodes(g, nil, x.index)
 	b.mu.execs[x.handle] = x
+	g.execs++
+	if x.dev != nil {
+		g.devExec = x
+	}
 	return x.handle, nil
 }
 
@@ -130,10 +141,12 @@ func (b *Backend) GraphExecDestroy(xh gpu.GraphExec) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, err := getLocked(b, op, "graph exec", b.mu.execs, xh); err != nil {
+	x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
+	if err != nil {
 		return err
 	}
 	delete(b.mu.execs, xh)
+	b.execDestroyedLocked(x)
 	return nil
 }
 
@@ -146,33 +159,52 @@ func (b *Backend) GraphLaunch(xh gpu.GraphExec, s gpu.Stream) error {
 	if err := b.enter(op); err != nil {
 		return err
 	}
-	return b.submit(op, s, capNode, func(*stream) (cmd, error) {
+	return b.submit(op, s, capNode, func(st *stream) (cmd, error) {
 		x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
 		if err != nil {
 			return cmd{}, err
 		}
 		x.mu.Lock()
+		if err := launchCheckLocked(op, x, st); err != nil {
+			x.mu.Unlock()
+			return cmd{}, err
+		}
 		p := x.plan
 		x.epoch++ // p is frozen from now on
 		x.mu.Unlock()
-		return cmd{kind: cmdGraph, plan: p}, nil
+		return cmd{kind: cmdGraph, plan: p, dev: x.dev}, nil
 	})
 }
 
 // runPlan replays p on st's worker, node by node in creation order, and
-// stops at the first node that faults.
-func (st *stream) runPlan(p *plan) bool {
+// stops at the first node that faults. ds is the device state of its exec
+// (nil when it has no device-updatable nodes).
+func (st *stream) runPlan(p *plan, ds *devState) bool { return st.runPlanAt(p, ds, -1) }
+
+// runPlanAt runs p, a plan nested in top-level node top (-1: p is the top
+// level).
+func (st *stream) runPlanAt(p *plan, ds *devState, top int) bool {
 	b := st.b
-	for _, e := range p.nodes {
+	for i, e := range p.nodes {
 		var err error
+		at := top
+		if at < 0 {
+			at = i
+		}
 		switch e.typ {
 		case gpu.NodeKernel:
-			if !st.runKernel(&e.p.kern) {
+			k := &e.p.kern
+			if e.dev && ds != nil {
+				if cur, ok := ds.current(i); ok {
+					k = &cur
+				}
+			}
+			if !st.runKernelIn(k, launchCtx{ds: ds, node: at}) {
 				return false
 			}
 			continue
 		case gpu.NodeChildGraph:
-			if !st.runPlan(e.child) {
+			if !st.runPlanAt(e.child, ds, at) {
 				return false
 			}
 			continue
@@ -261,6 +293,9 @@ func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	if err != nil {
 		return err
 	}
+	if err := updateCheck(op, x, g); err != nil {
+		return err
+	}
 	if err := b.matchLocked(op, x.plan, g); err != nil {
 		return err
 	}
@@ -341,6 +376,7 @@ func (b *Backend) GraphExecKernelNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 	ne := *e
 	ne.p.kern = k
 	x.setLocked(path, &ne)
+	hostChangedLocked(x, e)
 	return nil
 }
 
@@ -414,6 +450,9 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.Graph
 	}
 	g, err := b.graphLocked(op, child)
 	if err != nil {
+		return err
+	}
+	if err := childCheck(op, g); err != nil {
 		return err
 	}
 	if err := b.matchLocked(op, e.child, g); err != nil {

@@ -19,6 +19,11 @@ type graph struct {
 	nodes      []*node
 	owner      *node // the child-graph node owning this graph, nil at top level
 	registered bool  // handles in the tables (false while being captured)
+
+	// Device-updatable nodes (devupdate.go).
+	devNodes []gpu.DevNode // of this graph's nodes opted in
+	execs    int           // live execs instantiated from it
+	devExec  *exec         // the live exec holding its device-updatable nodes
 }
 
 type node struct {
@@ -29,6 +34,9 @@ type node struct {
 	deps   []*node
 	p      params
 	child  *graph
+	// devNode is the node's handle for device code once it opted in to
+	// device-side updates (devupdate.go), 0 before.
+	devNode gpu.DevNode
 }
 
 func (b *Backend) newGraphLocked(dev int, owner *node, register bool) *graph {
@@ -189,6 +197,7 @@ func (b *Backend) GraphDestroy(gh gpu.Graph) error {
 		return gpu.Errorf(op, gpu.ErrInvalidValue, "graph %#x is owned by child-graph node %#x; destroy its top-level graph", uint64(gh), uint64(g.owner.handle))
 	}
 	b.unregisterLocked(g)
+	b.graphDestroyedLocked(g)
 	return nil
 }
 
@@ -220,8 +229,10 @@ func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Me
 func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, child gpu.Graph) (gpu.GraphNode, error) {
 	const op = "GraphAddChildGraphNode"
 	return b.addNode(op, g, deps, gpu.NodeChildGraph, func(n *node) (err error) {
-		n.child, err = b.graphLocked(op, child)
-		return err
+		if n.child, err = b.graphLocked(op, child); err != nil {
+			return err
+		}
+		return childCheck(op, n.child)
 	})
 }
 

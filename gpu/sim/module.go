@@ -229,10 +229,12 @@ func (b *Backend) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.
 	})
 }
 
-// memView is device memory as a kernel running on dev sees it.
+// memView is device memory as a kernel running on dev sees it, and its
+// device runtime (devupdate.go).
 type memView struct {
-	b *Backend
-	a actor
+	b  *Backend
+	a  actor
+	lc launchCtx
 }
 
 func (m memView) Read(p gpu.DevicePtr, dst []byte) error  { return m.b.access(m.a, p, dst, false) }
@@ -243,7 +245,10 @@ func (m memView) Write(p gpu.DevicePtr, src []byte) error { return m.b.access(m.
 // faulted): a fault is the *gpu.FaultError of the access; another error of
 // the reference becomes an *gpu.Error for "LaunchKernel" wrapping it. Both
 // are sticky.
-func (st *stream) runKernel(k *kernelParams) (ok bool) {
+func (st *stream) runKernel(k *kernelParams) bool { return st.runKernelIn(k, launchCtx{}) }
+
+// runKernelIn is runKernel for a kernel of a graph launch.
+func (st *stream) runKernelIn(k *kernelParams, lc launchCtx) (ok bool) {
 	b, fn := st.b, k.fn
 	dev, name := fn.dev, fn.spec.Name
 	if b.faulted(dev) || b.closingNow() {
@@ -261,7 +266,7 @@ func (st *stream) runKernel(k *kernelParams) (ok bool) {
 		}
 	}()
 	st.args = append(st.args[:0], k.args...)
-	err := fn.spec.Ref(memView{b, actor{dev: dev, kernel: name}}, k.cfg, st.args)
+	err := fn.spec.Ref(memView{b, actor{dev: dev, kernel: name}, lc}, k.cfg, st.args)
 	if err == nil {
 		return true
 	}

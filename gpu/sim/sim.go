@@ -80,6 +80,9 @@ type Backend struct {
 		nodes   map[gpu.GraphNode]*node
 		execs   map[gpu.GraphExec]*exec
 		as      addrSpace
+		// devNodes resolves the DevNodes of device-updatable kernel
+		// nodes (devupdate.go).
+		devNodes map[gpu.DevNode]*node
 	}
 }
 
@@ -107,6 +110,7 @@ func New(cfg gpu.Config) (*Backend, error) {
 	b.mu.graphs = map[gpu.Graph]*graph{}
 	b.mu.nodes = map[gpu.GraphNode]*node{}
 	b.mu.execs = map[gpu.GraphExec]*exec{}
+	b.mu.devNodes = map[gpu.DevNode]*node{}
 	b.mu.as.init(cfg.Devices)
 	return b, nil
 }
@@ -161,7 +165,8 @@ var backendType = reflect.TypeFor[gpu.Backend]()
 // fail.
 func (b *Backend) InjectFault(op string, nth int, err error) {
 	_, coll := collectivesType.MethodByName(op)
-	if _, ok := backendType.MethodByName(op); !ok && !coll && op != "ResetDevice" && op != "AddressRange" {
+	_, devup := devUpdatesType.MethodByName(op)
+	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && op != "ResetDevice" && op != "AddressRange" {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()
@@ -375,6 +380,7 @@ func (b *Backend) Close() error {
 	clear(b.mu.graphs)
 	clear(b.mu.nodes)
 	clear(b.mu.execs)
+	clear(b.mu.devNodes)
 	b.mu.as = addrSpace{}
 	b.mu.as.init(len(b.devs))
 	b.mu.as.cursor = addrLimit // nothing can be carved any more

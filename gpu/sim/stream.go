@@ -31,6 +31,7 @@ const (
 	cmdDtoH
 	cmdRecord // EventRecord
 	cmdWait   // StreamWaitEvent
+	cmdFunc   // internal work (GraphUpload): fn, when not nil
 )
 
 // params are the parameters of a command or graph node of the kinds both
@@ -60,6 +61,8 @@ type cmd struct {
 	kind cmdKind
 	p    params
 	plan *plan         // cmdGraph
+	dev  *devState     // cmdGraph: the exec's device state, nil when it has none
+	fn   func()        // cmdFunc
 	ptr  gpu.DevicePtr // cmdHtoD, cmdDtoH: device side
 	host []byte        // cmdHtoD, cmdDtoH: host side, read or written when run
 	rec  *record       // cmdRecord, cmdWait
@@ -228,7 +231,11 @@ func (st *stream) run(c *cmd) {
 		a.kernel = "memcpy"
 		_ = b.access(a, c.ptr, c.host, false)
 	case cmdGraph:
-		st.runPlan(c.plan)
+		st.runPlan(c.plan, c.dev)
+	case cmdFunc:
+		if c.fn != nil {
+			c.fn()
+		}
 	}
 	// Errors above are already the device's sticky error.
 }

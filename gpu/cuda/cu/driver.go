@@ -108,6 +108,14 @@ const (
 	symGraphExecMemsetNodeSetParams
 	symGraphExecChildGraphNodeSetParams
 	symMemGetAddressRange
+	// Device-updatable kernel nodes and root nodes (devupdate.go).
+	symGraphKernelNodeSetAttribute
+	symGraphKernelNodeGetAttribute
+	symGraphUpload
+	symGraphGetRootNodes
+	symGraphAddDependenciesV2
+	symGraphAddDependenciesV1
+	symGraphDestroyNode
 	numSyms
 )
 
@@ -201,7 +209,14 @@ var driverSyms = [numSyms]symSpec{
 	symGraphExecMemsetNodeSetParams: {names: []string{"cuGraphExecMemsetNodeSetParams"}},
 	symGraphExecChildGraphNodeSetParams: {
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
-	symMemGetAddressRange: {names: []string{"cuMemGetAddressRange_v2"}},
+	symMemGetAddressRange:          {names: []string{"cuMemGetAddressRange_v2"}},
+	symGraphKernelNodeSetAttribute: {names: []string{"cuGraphKernelNodeSetAttribute"}},
+	symGraphKernelNodeGetAttribute: {names: []string{"cuGraphKernelNodeGetAttribute"}},
+	symGraphUpload:                 {names: []string{"cuGraphUpload"}},
+	symGraphGetRootNodes:           {names: []string{"cuGraphGetRootNodes"}},
+	symGraphAddDependenciesV2:      {names: []string{"cuGraphAddDependencies_v2"}},
+	symGraphAddDependenciesV1:      {names: []string{"cuGraphAddDependencies"}},
+	symGraphDestroyNode:            {names: []string{"cuGraphDestroyNode"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of

@@ -1,0 +1,375 @@
+package kernels
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
+// TestPatcherMatchesSource fails when cuda/patcher.cu changed after the
+// cubins were built: run kernels/cuda/gen-patcher.sh (needs nvcc) and commit
+// kernels/patcher. It skips while the patcher is not built.
+func TestPatcherMatchesSource(t *testing.T) {
+	rec, err := patcherFS.ReadFile("patcher/SOURCE_SHA256")
+	if errors.Is(err, os.ErrNotExist) {
+		if len(PatcherArchs()) > 0 {
+			t.Fatalf("kernels/patcher has cubins (%v) but no SOURCE_SHA256: rerun kernels/cuda/gen-patcher.sh", PatcherArchs())
+		}
+		t.Skip("the patcher is not built (kernels/cuda/gen-patcher.sh, on a machine with nvcc)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(PatcherArchs()) == 0 {
+		t.Fatal("kernels/patcher/SOURCE_SHA256 exists but no cubin does: rerun kernels/cuda/gen-patcher.sh")
+	}
+	src, err := os.ReadFile("cuda/patcher.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := strings.Fields(string(rec))
+	if len(fields) == 0 {
+		t.Fatal("kernels/patcher/SOURCE_SHA256 is empty")
+	}
+	sum := sha256.Sum256(src)
+	if got := hex.EncodeToString(sum[:]); got != fields[0] {
+		t.Fatalf("kernels/cuda/patcher.cu has sha256 %s but the cubins were built from %s: "+
+			"run kernels/cuda/gen-patcher.sh on a machine with nvcc and commit kernels/patcher", got, fields[0])
+	}
+	for _, a := range patcherArchs(patcherFS) {
+		bin, err := PatcherBinary(a.major, a.minor)
+		if err != nil || !bytes.HasPrefix(bin, []byte("\x7fELF")) || !bytes.Contains(bin, []byte(Patcher)) {
+			t.Errorf("PatcherBinary(%d, %d) for %s: %d bytes, %v; want an ELF cubin defining %s", a.major, a.minor, a, len(bin), err, Patcher)
+		}
+	}
+}
+
+// TestPatcherSourceSignature checks that patcher.cu defines the kernel with
+// the parameter count of its spec, and the record sizes of patcher.go.
+func TestPatcherSourceSignature(t *testing.T) {
+	src, err := os.ReadFile("cuda/patcher.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`extern "C" __global__ void ` + Patcher + `\(([^)]*)\)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatalf("cuda/patcher.cu defines no %s", Patcher)
+	}
+	if got, want := len(strings.Split(string(m[1]), ",")), len(PatcherSpec().Params); got != want {
+		t.Errorf("%s has %d parameters in patcher.cu, %d in its spec", Patcher, got, want)
+	}
+	for name, size := range map[string]int{"sg_patch_slot": PatchSlotSize, "sg_patch_header": PatchHeaderSize,
+		"sg_patch_update": PatchUpdateSize, "sg_patch_ctl": PatchCtlSize} {
+		if !bytes.Contains(src, []byte(fmt.Sprintf("static_assert(sizeof(%s) == %d,", name, size))) {
+			t.Errorf("patcher.cu does not assert sizeof(%s) == %d", name, size)
+		}
+	}
+}
+
+func TestPatcherBinaryPicksArchitecture(t *testing.T) {
+	if _, err := patcherBinary(fstest.MapFS{"patcher/README.md": {Data: []byte("x")}}, 9, 0); !errors.Is(err, gpu.ErrNotSupported) ||
+		!strings.Contains(err.Error(), "not built") {
+		t.Errorf("no cubins: %v, want a 'not built' ErrNotSupported", err)
+	}
+	fsys := fstest.MapFS{
+		"patcher/README.md":     {Data: []byte("x")},
+		"patcher/SOURCE_SHA256": {Data: []byte("abc  patcher.cu")},
+		"patcher/sm_80.cubin":   {Data: []byte("80")},
+		"patcher/sm_86.cubin":   {Data: []byte("86")},
+		"patcher/sm_90.cubin":   {Data: []byte("90")},
+		"patcher/sm_120.cubin":  {Data: []byte("120")},
+		"patcher/sm_9x.cubin":   {Data: []byte("junk")},
+	}
+	for _, c := range []struct {
+		major, minor int
+		want         string
+	}{{8, 0, "80"}, {8, 6, "86"}, {8, 9, "86"}, {9, 0, "90"}, {12, 0, "120"}, {12, 1, "120"}} {
+		got, err := patcherBinary(fsys, c.major, c.minor)
+		if err != nil || string(got) != c.want {
+			t.Errorf("compute %d.%d: %q, %v; want the sm_%s cubin", c.major, c.minor, got, err, c.want)
+		}
+	}
+	for _, cc := range [][2]int{{7, 5}, {10, 0}} {
+		_, err := patcherBinary(fsys, cc[0], cc[1])
+		want := fmt.Sprintf("compute capability %d.%d (built for sm_80, sm_86, sm_90, sm_120)", cc[0], cc[1])
+		if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), want) {
+			t.Errorf("compute %d.%d: %v, want ErrNotSupported naming %q", cc[0], cc[1], err, want)
+		}
+	}
+}
+
+func TestPatchRecords(t *testing.T) {
+	slots := EncodePatchSlots([]PatchSlot{{Node: 0x1122334455667788, Offset: 8}, {Node: 7, Offset: 0x10203}})
+	want := []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 8, 0, 0, 0, 0, 0, 0, 0,
+		7, 0, 0, 0, 0, 0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0}
+	if !bytes.Equal(slots, want) {
+		t.Errorf("EncodePatchSlots = % x\nwant % x", slots, want)
+	}
+	table := bytes.Repeat([]byte{0xee}, int(PatchTableStride(3)))
+	if err := WritePatchTable(table, 0x0102, []PatchUpdate{{Slot: 1, Value: 0xaabb}, {Slot: 0x0304, Value: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	want = []byte{2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
+		1, 0, 0, 0, 0, 0, 0, 0, 0xbb, 0xaa, 0, 0, 0, 0, 0, 0,
+		4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0}
+	if !bytes.Equal(table[:48], want) || !bytes.Equal(table[48:], bytes.Repeat([]byte{0xee}, 16)) {
+		t.Errorf("WritePatchTable = % x", table)
+	}
+	if err := WritePatchTable(table[:40], 1, make([]PatchUpdate, 2)); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("table too small: %v", err)
+	}
+	c := PatchCtl{Seq: 9, Done: 1, Failed: 2, Skipped: 3, FirstEntry: 4, FirstCode: 1}
+	got, err := DecodePatchCtl(c.encode())
+	if err != nil || got != c {
+		t.Errorf("control block round trip: %+v, %v; want %+v", got, err, c)
+	}
+	if _, err := DecodePatchCtl(make([]byte, 31)); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("short control block: %v", err)
+	}
+}
+
+// fakeDevice is device memory in a map of allocations plus a device runtime
+// whose nodes are parameter buffers.
+type fakeDevice struct {
+	mem     map[gpu.DevicePtr][]byte
+	next    gpu.DevicePtr
+	params  map[gpu.DevNode][]byte
+	refuse  map[gpu.DevNode]bool  // SetParam returns ErrInvalidValue
+	fault   map[gpu.DevNode]error // SetParam returns this
+	setLogs []string
+}
+
+func newFakeDevice() *fakeDevice {
+	return &fakeDevice{mem: map[gpu.DevicePtr][]byte{}, next: 1 << 20, params: map[gpu.DevNode][]byte{},
+		refuse: map[gpu.DevNode]bool{}, fault: map[gpu.DevNode]error{}}
+}
+
+func (d *fakeDevice) alloc(b []byte) gpu.DevicePtr {
+	p := d.next
+	d.mem[p] = append([]byte(nil), b...)
+	d.next += gpu.DevicePtr(gpu.RoundUp(uint64(len(b)), 256) + 256)
+	return p
+}
+
+func (d *fakeDevice) find(p gpu.DevicePtr, n int) ([]byte, error) {
+	for base, b := range d.mem {
+		if p >= base && uint64(p-base)+uint64(n) <= uint64(len(b)) {
+			return b[p-base : uint64(p-base)+uint64(n)], nil
+		}
+	}
+	return nil, &gpu.FaultError{Kernel: Patcher, Addr: p, Size: uint64(n), Reason: "unmapped"}
+}
+
+func (d *fakeDevice) Read(p gpu.DevicePtr, dst []byte) error {
+	b, err := d.find(p, len(dst))
+	if err == nil {
+		copy(dst, b)
+	}
+	return err
+}
+
+func (d *fakeDevice) Write(p gpu.DevicePtr, src []byte) error {
+	b, err := d.find(p, len(src))
+	if err == nil {
+		copy(b, src)
+	}
+	return err
+}
+
+func (d *fakeDevice) GraphKernelNodeSetParam(n gpu.DevNode, off uint64, v []byte) error {
+	if err := d.fault[n]; err != nil {
+		return err
+	}
+	pb, ok := d.params[n]
+	if !ok || d.refuse[n] || off+uint64(len(v)) > uint64(len(pb)) {
+		return gpu.Errorf("cudaGraphKernelNodeSetParam", gpu.ErrInvalidValue, "refused")
+	}
+	copy(pb[off:], v)
+	d.setLogs = append(d.setLogs, fmt.Sprintf("%d@%d", n, off))
+	return nil
+}
+
+// memOnly hides the device runtime.
+type memOnly struct{ gpu.Memory }
+
+type patchRig struct {
+	d                  *fakeDevice
+	ctl, slots, tables gpu.DevicePtr
+	nslots, ntables    int
+	capacity           int
+	stride             uint64
+}
+
+func newPatchRig(t *testing.T, nodes int, ntables, capacity int) *patchRig {
+	t.Helper()
+	d := newFakeDevice()
+	var slots []PatchSlot
+	for i := 1; i <= nodes; i++ {
+		d.params[gpu.DevNode(i)] = make([]byte, 24)
+		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0}, PatchSlot{Node: gpu.DevNode(i), Offset: 8})
+	}
+	r := &patchRig{d: d, nslots: len(slots), ntables: ntables, capacity: capacity, stride: PatchTableStride(capacity)}
+	r.ctl = d.alloc(make([]byte, PatchCtlSize))
+	r.slots = d.alloc(EncodePatchSlots(slots))
+	r.tables = d.alloc(make([]byte, int(r.stride)*ntables))
+	return r
+}
+
+func (r *patchRig) write(t *testing.T, seq uint64, ups []PatchUpdate) {
+	t.Helper()
+	tb, err := r.d.find(r.tables.Add(uint64(seq%uint64(r.ntables))*r.stride), int(r.stride))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WritePatchTable(tb, seq, ups); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (r *patchRig) run(mem gpu.Memory, cfg gpu.LaunchConfig) error {
+	return refPatcher(mem, cfg, PatcherArgs(r.ctl, r.slots, r.nslots, r.tables, r.stride, r.ntables, r.capacity))
+}
+
+func (r *patchRig) ctlState(t *testing.T) PatchCtl {
+	t.Helper()
+	b := make([]byte, PatchCtlSize)
+	if err := r.d.Read(r.ctl, b); err != nil {
+		t.Fatal(err)
+	}
+	c, err := DecodePatchCtl(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (r *patchRig) param(n int, off int) uint64 { return lend.Uint64(r.d.params[gpu.DevNode(n)][off:]) }
+
+func TestRefPatcherAppliesRing(t *testing.T) {
+	r := newPatchRig(t, 3, 2, 8)
+	cfg := PatcherConfig(r.capacity)
+	// Launch k moves node 1's first pointer and node 3's second to 100k+n.
+	for k := uint64(0); k < 5; k++ {
+		r.write(t, k, []PatchUpdate{{Slot: 0, Value: 100*k + 1}, {Slot: 5, Value: 100*k + 3}})
+		if err := r.run(r.d, cfg); err != nil {
+			t.Fatalf("launch %d: %v", k, err)
+		}
+		if got := r.param(1, 0); got != 100*k+1 {
+			t.Errorf("launch %d: node 1 offset 0 = %d, want %d", k, got, 100*k+1)
+		}
+		if got := r.param(3, 8); got != 100*k+3 {
+			t.Errorf("launch %d: node 3 offset 8 = %d, want %d", k, got, 100*k+3)
+		}
+		if got := r.param(2, 0) | r.param(2, 8) | r.param(1, 8) | r.param(3, 0); got != 0 {
+			t.Errorf("launch %d: a slot not in the table changed", k)
+		}
+		if c := r.ctlState(t); c != (PatchCtl{Seq: k + 1}) {
+			t.Errorf("launch %d: control block %+v", k, c)
+		}
+	}
+	// An empty table applies nothing and still advances.
+	r.write(t, 5, nil)
+	if err := r.run(r.d, cfg); err != nil || r.ctlState(t) != (PatchCtl{Seq: 6}) || r.param(1, 0) != 401 {
+		t.Errorf("empty table: %v, %+v", err, r.ctlState(t))
+	}
+}
+
+func TestRefPatcherSkipsStaleTables(t *testing.T) {
+	r := newPatchRig(t, 2, 2, 4)
+	cfg := PatcherConfig(r.capacity)
+	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 7}})
+	if err := r.run(r.d, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// Launch 1 finds table 1 written for launch 3: nothing applied.
+	r.write(t, 3, []PatchUpdate{{Slot: 0, Value: 9}})
+	if err := r.run(r.d, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.ctlState(t); c != (PatchCtl{Seq: 2, Skipped: 1}) || r.param(1, 0) != 7 {
+		t.Errorf("stale table: %+v, node 1 = %d (want 7, untouched)", c, r.param(1, 0))
+	}
+	// Launch 2: a count past the capacity is not trusted either.
+	tb, _ := r.d.find(r.tables, int(r.stride))
+	if err := WritePatchTable(tb, 2, []PatchUpdate{{Slot: 0, Value: 11}}); err != nil {
+		t.Fatal(err)
+	}
+	lend.PutUint32(tb[8:], uint32(r.capacity+1))
+	if err := r.run(r.d, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c := r.ctlState(t); c != (PatchCtl{Seq: 3, Skipped: 2}) || r.param(1, 0) != 7 {
+		t.Errorf("count past capacity: %+v, node 1 = %d", c, r.param(1, 0))
+	}
+}
+
+func TestRefPatcherCountsRefusedUpdates(t *testing.T) {
+	r := newPatchRig(t, 3, 1, 8)
+	r.d.refuse[2] = true
+	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 1}, {Slot: 2, Value: 2}, {Slot: 99, Value: 3}, {Slot: 4, Value: 4}})
+	if err := r.run(r.d, PatcherConfig(r.capacity)); err != nil {
+		t.Fatal(err)
+	}
+	want := PatchCtl{Seq: 1, Failed: 2, FirstEntry: 2, FirstCode: cudaErrorInvalidValue}
+	if c := r.ctlState(t); c != want {
+		t.Errorf("control block %+v, want %+v", c, want)
+	}
+	if r.param(1, 0) != 1 || r.param(3, 0) != 4 || r.param(2, 0) != 0 {
+		t.Errorf("the valid updates must apply around the refused ones: %d %d %d", r.param(1, 0), r.param(3, 0), r.param(2, 0))
+	}
+}
+
+func TestRefPatcherErrors(t *testing.T) {
+	r := newPatchRig(t, 1, 1, 4)
+	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 1}})
+	cfg := PatcherConfig(r.capacity)
+	if err := r.run(memOnly{r.d}, cfg); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("memory without a device runtime: %v, want ErrNotSupported", err)
+	}
+	twoD := cfg
+	twoD.Grid.Y = 2
+	if err := r.run(r.d, twoD); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("2-D launch: %v", err)
+	}
+	r.d.fault[1] = &gpu.FaultError{Kernel: Patcher, Addr: 1, Size: 8, Reason: "unmapped"}
+	if err := r.run(r.d, cfg); !errors.Is(err, gpu.ErrIllegalAddress) {
+		t.Errorf("a fault in the device runtime must end the kernel: %v", err)
+	}
+	args := PatcherArgs(r.ctl, r.slots, r.nslots, r.tables, r.stride, 0, r.capacity)
+	if err := refPatcher(r.d, cfg, args); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("zero tables: %v", err)
+	}
+	args = PatcherArgs(0x10, r.slots, r.nslots, r.tables, r.stride, 1, r.capacity)
+	if err := refPatcher(r.d, cfg, args); !errors.Is(err, gpu.ErrIllegalAddress) {
+		t.Errorf("unmapped control block: %v", err)
+	}
+	if c := r.ctlState(t); c.Seq != 0 {
+		t.Errorf("failed launches advanced the control block: %+v", c)
+	}
+}
+
+func TestPatcherModule(t *testing.T) {
+	m := PatcherModule()
+	k, ok := m.Kernel(Patcher)
+	if !ok || k.Ref == nil || m.Binary == nil || m.PTX != nil {
+		t.Fatalf("PatcherModule = %+v", m)
+	}
+	if err := k.CheckArgs("test", PatcherArgs(1, 2, 3, 4, 5, 6, 7)); err != nil {
+		t.Errorf("PatcherArgs do not match the spec: %v", err)
+	}
+	if c := PatcherConfig(1000); c.Grid.X*c.Block.X < 1000 || c.Grid.Y != 1 {
+		t.Errorf("PatcherConfig(1000) = %+v", c)
+	}
+	if _, err := m.Binary(9, 0); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("Binary(9, 0): %v", err)
+	}
+}
