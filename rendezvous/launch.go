@@ -128,9 +128,10 @@ func (l Launch) Device(count int) (int, error) {
 // and world. EnvLauncher picks one explicitly.
 //
 // Rank 0's address, the first of: EnvRendezvous; MASTER_ADDR at port
-// MASTER_PORT+1 (MASTER_PORT itself is torchrun's own store); under SLURM,
-// the first host of SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) at port
-// 20000 + SLURM_JOB_ID mod 10000; when every rank is on this host (Open
+// MASTER_PORT+1 (MASTER_PORT itself is torchrun's own store); in a SLURM job
+// (SLURM_JOB_ID is set), the first host of SLURM_STEP_NODELIST (or
+// SLURM_JOB_NODELIST), where SLURM places task 0, at port 20000 +
+// SLURM_JOB_ID mod 10000; when every rank is on this host (Open
 // MPI's OMPI_COMM_WORLD_LOCAL_SIZE or torchrun's LOCAL_WORLD_SIZE equals the
 // world), 127.0.0.1 at port 20000 + a hash of the job's PMIx namespace
 // (PMIX_NAMESPACE) mod 10000.
@@ -352,22 +353,20 @@ func (e envReader) address(v *view) (addr, from string, err error) {
 	case hasPort:
 		return "", "", errors.New("rendezvous: MASTER_PORT is set but MASTER_ADDR is not")
 	}
-	if v.launcher == Slurm || v.launcher == MPIRun {
-		job, hasJob, err := e.int("SLURM_JOB_ID")
+	job, hasJob, err := e.int("SLURM_JOB_ID")
+	if err != nil {
+		return "", "", err
+	}
+	for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
+		list, ok := e.get(name)
+		if !ok || !hasJob {
+			continue
+		}
+		host, err := FirstHost(list)
 		if err != nil {
-			return "", "", err
+			return "", "", fmt.Errorf("rendezvous: %s=%q: %w", name, list, err)
 		}
-		for _, name := range []string{"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"} {
-			list, ok := e.get(name)
-			if !ok || !hasJob {
-				continue
-			}
-			host, err := FirstHost(list)
-			if err != nil {
-				return "", "", fmt.Errorf("rendezvous: %s=%q: %w", name, list, err)
-			}
-			return net.JoinHostPort(host, strconv.Itoa(20000+job%10000)), fmt.Sprintf("the first host of %s, port 20000 + SLURM_JOB_ID mod 10000", name), nil
-		}
+		return net.JoinHostPort(host, strconv.Itoa(20000+job%10000)), fmt.Sprintf("the first host of %s, port 20000 + SLURM_JOB_ID mod 10000", name), nil
 	}
 	if v.localWorld == v.world {
 		if ns, ok := e.get("PMIX_NAMESPACE"); ok {
