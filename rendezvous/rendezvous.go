@@ -351,6 +351,9 @@ func (g *Group) Rank() int { return g.cfg.Rank }
 // World is the number of ranks.
 func (g *Group) World() int { return g.cfg.World }
 
+// MaxMessage is the most bytes one message may carry (Config.MaxMessage).
+func (g *Group) MaxMessage() int { return g.cfg.MaxMessage }
+
 // Done is closed when the group fails (a peer lost, an abort) or is closed.
 func (g *Group) Done() <-chan struct{} { return g.done }
 
