@@ -3,7 +3,10 @@
 // set-up and run) works, and is tested, without GPUs. The sim's own
 // collectives join the devices of one process only.
 //
-// A Backend wraps one process's sim: every method is the sim's except the
+// A Backend wraps one process's sim (it needs a backend that runs kernels as
+// their Go reference, which only the sim does; it does not import the sim,
+// so that a library linking it does not register one): every method is the
+// sim's except the
 // collectives (gpu.Collectives), which are one rank per process, as with
 // NCCL, and meet the other processes' through an Exchanger (a
 // rendezvous.Group) in the order they run. Each collective is a launch of a
@@ -33,7 +36,6 @@ import (
 	"sync"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/rendezvous"
 )
 
@@ -49,10 +51,10 @@ type Exchanger interface {
 	MaxMessage() int
 }
 
-// Backend is a sim backend whose collectives span processes. It does not
-// own the sim: Close closes it, as the sim's own Close would.
+// Backend is a sim backend whose collectives span processes. Close closes
+// the sim, as its own Close would.
 type Backend struct {
-	*sim.Backend
+	gpu.Backend
 	ex Exchanger
 
 	mu    sync.Mutex
@@ -60,11 +62,26 @@ type Backend struct {
 	next  gpu.Comm
 }
 
-var _ gpu.Collectives = (*Backend)(nil)
+var (
+	_ gpu.Collectives    = (*Backend)(nil)
+	_ gpu.HandleCounter  = (*Backend)(nil)
+	_ gpu.DeviceResetter = (*Backend)(nil)
+)
 
-// New wraps b, whose collectives then go through ex.
-func New(b *sim.Backend, ex Exchanger) *Backend {
-	return &Backend{Backend: b, ex: ex, comms: map[gpu.Comm]*comm{}}
+// New wraps b, a sim, whose collectives then go through ex.
+func New(b gpu.Backend, ex Exchanger) (*Backend, error) {
+	if b.Name() != "sim" {
+		return nil, fmt.Errorf("netsim: backend %s: only the sim's collectives go through a rendezvous (its kernels run on the host)", b.Name())
+	}
+	return &Backend{Backend: b, ex: ex, comms: map[gpu.Comm]*comm{}}, nil
+}
+
+// ResetDevice is the sim's (gpu.DeviceResetter).
+func (b *Backend) ResetDevice(dev int) error {
+	if r, ok := b.Backend.(gpu.DeviceResetter); ok {
+		return r.ResetDevice(dev)
+	}
+	return gpu.Errorf("ResetDevice", gpu.ErrNotSupported, "backend %s cannot reset a device", b.Name())
 }
 
 // comm is one communicator: this process's rank.
@@ -194,9 +211,10 @@ func (b *Backend) CommRank(h gpu.Comm) (rank, nranks int, err error) {
 	return c.rank, c.nranks, nil
 }
 
-// LiveHandles is the sim's, with this backend's communicators.
+// LiveHandles is the sim's, with this backend's communicators
+// (gpu.HandleCounter).
 func (b *Backend) LiveHandles() gpu.Counters {
-	n := b.Backend.LiveHandles()
+	n, _ := gpu.LiveHandles(b.Backend)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n.Comms += len(b.comms)

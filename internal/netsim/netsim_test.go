@@ -48,7 +48,9 @@ func procs(t *testing.T, world, maxMsg int) []*Backend {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bs[r] = New(s, g)
+		if bs[r], err = New(s, g); err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() {
 			if c := bs[r].LiveHandles(); !c.IsZero() {
 				t.Errorf("rank %d: live handles at the end: %+v", r, c)
@@ -377,7 +379,9 @@ func TestLostRankFails(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { g.Close(); s.Close() })
-		bs[r] = New(s, g)
+		if bs[r], err = New(s, g); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cs := initAll(t, bs)
 	groups[2].Abort("the process was killed")
