@@ -117,6 +117,21 @@ var (
 	ErrClosed = errors.New("rendezvous: closed")
 )
 
+// AbortError is the error of a group ended by Abort: Rank is the rank whose
+// abort this rank learnt of (itself, or the rank that told it: rank 0
+// relays the aborts of the others), Reason what it said. It wraps
+// ErrAborted.
+type AbortError struct {
+	Rank   int
+	Reason string
+}
+
+func (e *AbortError) Error() string {
+	return fmt.Sprintf("%v by rank %d: %s", ErrAborted, e.Rank, e.Reason)
+}
+
+func (e *AbortError) Unwrap() error { return ErrAborted }
+
 // Defaults and limits of Config.
 const (
 	DefaultTimeout    = 60 * time.Second
@@ -312,7 +327,7 @@ func (g *Group) read(p *peer) {
 			g.mu.Unlock()
 			continue
 		case frameAbort:
-			g.fail(fmt.Errorf("%w by rank %d: %s", ErrAborted, p.rank, f.body))
+			g.fail(&AbortError{Rank: p.rank, Reason: string(f.body)})
 			return
 		case frameData, frameBarrier, frameRelease, frameGather, frameGathered:
 		default:
@@ -372,7 +387,7 @@ func (g *Group) Abort(reason string) {
 			_ = p.send(frameAbort, []byte(reason))
 		}
 	}
-	g.fail(fmt.Errorf("%w by rank %d: %s", ErrAborted, g.cfg.Rank, reason))
+	g.fail(&AbortError{Rank: g.cfg.Rank, Reason: reason})
 }
 
 // opContext bounds a call by cfg.Timeout when ctx has no deadline.
