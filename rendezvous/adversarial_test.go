@@ -555,8 +555,16 @@ func TestFakeRankZero(t *testing.T) {
 				t.Fatal(err)
 			}
 			hellos := make(chan []byte, 100)
+			done := make(chan struct{})
+			hold := func() { // keep the connection open until the test ends
+				select {
+				case <-done:
+				case <-time.After(1500 * time.Millisecond):
+				}
+			}
 			var wg sync.WaitGroup
 			defer wg.Wait()
+			defer close(done)
 			defer l.Close()
 			wg.Go(func() {
 				for {
@@ -574,7 +582,7 @@ func TestFakeRankZero(t *testing.T) {
 						c.Write(first)
 						if tc.first != nil {
 							if !tc.close {
-								time.Sleep(1500 * time.Millisecond)
+								hold()
 							}
 							return
 						}
@@ -589,7 +597,7 @@ func TestFakeRankZero(t *testing.T) {
 							c.Write(tc.then(ch, h))
 						}
 						if !tc.close {
-							time.Sleep(1500 * time.Millisecond)
+							hold()
 						}
 					})
 				}

@@ -114,11 +114,16 @@ func (a *admission) accept() {
 	for {
 		conn, err := a.l.Accept()
 		if err != nil {
-			if a.ctx.Err() != nil || errors.Is(err, net.ErrClosed) || !temporary(err) {
-				select {
-				case a.failed <- err:
-				default:
-				}
+			select {
+			case <-a.quit:
+				return // Join is over
+			default:
+			}
+			if a.ctx.Err() != nil {
+				return // serve reports the deadline
+			}
+			if !temporary(err) {
+				a.failed <- err // buffered: the acceptor's only send
 				return
 			}
 			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
