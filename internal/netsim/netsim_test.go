@@ -402,3 +402,15 @@ func TestLostRankFails(t *testing.T) {
 		bs[r].ResetDevice(0)
 	}
 }
+
+// notSim is a backend of another name.
+type notSim struct{ gpu.Backend }
+
+func (notSim) Name() string { return "cuda" }
+
+// TestNewNeedsTheSim: only the sim runs the collective kernel as Go code.
+func TestNewNeedsTheSim(t *testing.T) {
+	if _, err := New(notSim{}, nil); err == nil || !strings.Contains(err.Error(), "backend cuda") {
+		t.Fatalf("New of a cuda backend: %v", err)
+	}
+}
