@@ -1,24 +1,30 @@
 package rendezvous
 
 // Adversarial tests: raw TCP clients on 127.0.0.1 that send garbage,
-// oversized or truncated frames, wrong tokens, duplicate or impossible
-// ranks, that stay silent, or that break the protocol after joining; and a
-// fake rank 0 that does the same to a dialing rank. In every case the
-// rendezvous must answer with a clear error (or refuse the connection and
-// go on waiting for the real rank), never hang past its deadline, and the
-// real ranks must still get in.
+// oversized or truncated frames, hellos without the token or replayed,
+// duplicate or impossible ranks, that stay silent, flood rank 0 with
+// connections, or break the protocol after joining; a listener whose Accept
+// fails; and a fake rank 0 that misbehaves or does not hold the token. In
+// every case the rendezvous must answer with a clear error (or refuse the
+// connection and go on waiting for the real rank), tell a stranger nothing
+// about the job, never hang past its deadline, and the real ranks must still
+// get in.
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,11 +120,36 @@ func advFrame(length uint32, typ byte, body []byte) []byte {
 	return append(b, body...)
 }
 
-// advHello is a hello frame with the given fields.
-func advHello(ver byte, world, rank uint32, token string) []byte {
-	h := hello{version: ver, world: world, rank: rank, token: token}
+// advChallenge reads rank 0's challenge on c.
+func advChallenge(t *testing.T, c net.Conn) challenge {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	f, err := readFrame(c, maxHello)
+	if err != nil || f.typ != frameChallenge {
+		t.Fatalf("rank 0 sent %s, %v; want a challenge", frameName(f.typ), err)
+	}
+	ch, err := decodeChallenge(f.body)
+	if err != nil || ch.version != version {
+		t.Fatalf("challenge %+v, %v", ch, err)
+	}
+	c.SetReadDeadline(time.Time{})
+	return ch
+}
+
+// advHello is a hello frame answering ch with the given fields, its proof
+// made with token.
+func advHello(ch challenge, ver byte, world, rank uint32, token string) []byte {
+	n := bytes.Repeat([]byte{7}, nonceLen)
+	h := hello{version: ver, world: world, rank: rank, nonce: n, proof: proof(token, roleRank, ch.nonce, n, world, rank)}
 	body := h.encode()
 	return advFrame(uint32(1+len(body)), frameHello, body)
+}
+
+// advConnect dials rank 0 and reads its challenge.
+func advConnect(t *testing.T, addr string) (net.Conn, challenge) {
+	t.Helper()
+	c := advDial(t, addr)
+	return c, advChallenge(t, c)
 }
 
 // advAnswer reads rank 0's answer on c, within d: a frame, or the error
@@ -129,45 +160,73 @@ func advAnswer(c net.Conn, d time.Duration) (frame, error) {
 }
 
 // TestAdversarialHellosAreRefused sends every kind of bad first message to
-// a waiting rank 0, each on its own connection, and checks the answer: a
-// reject frame with a reason for a readable hello, or a closed connection
-// for a frame that cannot be read. Rank 0 keeps waiting, and the real
-// ranks join afterwards.
+// a waiting rank 0, each on its own connection after reading its challenge,
+// and checks the answer: a reject frame with a reason for a readable hello,
+// or a closed connection for a frame that cannot be read. A hello that does
+// not prove the token gets the bare "not authenticated", whatever else it
+// claims: a stranger learns neither the world size nor which ranks exist.
+// Rank 0 keeps waiting, and the real ranks join afterwards.
 func TestAdversarialHellosAreRefused(t *testing.T) {
 	advNoLeak(t)
-	const token = "the-job-token"
+	const token = testToken
 	cfg := Config{World: 3, Token: token, Timeout: 10 * time.Second, MaxMessage: 1024}
 	addr, root := advRoot(t, cfg)
 	big := make([]byte, 4)
 	binary.BigEndian.PutUint32(big, 0xffffffff)
+	fixed := func(b []byte) func(challenge) []byte { return func(challenge) []byte { return b } }
+	hi := func(ver byte, world, rank uint32, token string) func(challenge) []byte {
+		return func(ch challenge) []byte { return advHello(ch, ver, world, rank, token) }
+	}
 	for _, tc := range []struct {
 		name   string
-		msg    []byte
+		msg    func(challenge) []byte
 		reject string // "" when the connection must be closed without an answer
 	}{
-		{"zero length", []byte{0, 0, 0, 0}, ""},
-		{"length 2^32-1", big, ""},
-		{"length one over a hello's maximum", advFrame(uint32(maxHello+2), frameHello, nil), ""},
-		{"truncated frame", advFrame(100, frameHello, []byte("SGRV")), ""},
-		{"half a length", []byte{0, 0}, ""},
-		{"http request", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), ""},
-		{"not a hello", advFrame(1, frameBarrier, nil), "expected hello, got barrier"},
-		{"unknown frame type", advFrame(1, 0xee, nil), "expected hello, got type 238"},
-		{"hello without magic", advFrame(14, frameHello, []byte("XXXX\x01\x00\x00\x00\x03\x00\x00\x00\x01")), "not a rendezvous hello"},
-		{"hello too short", advFrame(5, frameHello, []byte("SGRV")), "not a rendezvous hello"},
-		{"wrong version", advHello(99, 3, 1, token), "protocol version 99"},
-		{"wrong token", advHello(version, 3, 1, "another-job"), "another job's token"},
-		{"token prefix", advHello(version, 3, 1, token[:5]), "another job's token"},
-		{"token with a NUL", advHello(version, 3, 1, token+"\x00"), "another job's token"},
-		{"empty token", advHello(version, 3, 1, ""), "another job's token"},
-		{"wrong world", advHello(version, 4, 1, token), "says the world has 4 ranks"},
-		{"rank 0 claimed", advHello(version, 3, 0, token), "rank 0 out of range"},
-		{"rank = world", advHello(version, 3, 3, token), "rank 3 out of range"},
-		{"rank 2^32-1", advHello(version, 3, 0xffffffff, token), "out of range"},
+		{"zero length", fixed([]byte{0, 0, 0, 0}), ""},
+		{"length 2^32-1", fixed(big), ""},
+		{"length one over a hello's maximum", fixed(advFrame(uint32(maxHello+2), frameHello, nil)), ""},
+		{"truncated frame", fixed(advFrame(100, frameHello, []byte("SGRV"))), ""},
+		{"half a length", fixed([]byte{0, 0}), ""},
+		{"http request", fixed([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")), ""},
+		{"not a hello", fixed(advFrame(1, frameBarrier, nil)), "expected hello, got barrier"},
+		{"unknown frame type", fixed(advFrame(1, 0xee, nil)), "expected hello, got type 238"},
+		{"hello without magic", fixed(advFrame(14, frameHello, []byte("XXXX\x02\x00\x00\x00\x03\x00\x00\x00\x01"))), "not a rendezvous hello"},
+		{"hello too short", fixed(advFrame(5, frameHello, []byte("SGRV"))), "not a rendezvous hello"},
+		{"hello one byte short", func(ch challenge) []byte {
+			b := advHello(ch, version, 3, 1, token)
+			return append(advFrame(uint32(len(b)-5), frameHello, nil), b[5:len(b)-1]...)
+		}, "not a rendezvous hello"},
+		{"wrong version", hi(99, 3, 1, token), "protocol version 99"},
+		{"version 1 hello with the token in clear", fixed(advFrame(uint32(1+13+len(token)), frameHello,
+			append([]byte("SGRV\x01\x00\x00\x00\x03\x00\x00\x00\x01"), token...))), "protocol version 1"},
+		{"wrong token", hi(version, 3, 1, "another-job-token-0123456789"), notAuthenticated},
+		{"token prefix", hi(version, 3, 1, token[:5]), notAuthenticated},
+		{"token with a NUL", hi(version, 3, 1, token+"\x00"), notAuthenticated},
+		{"empty token", hi(version, 3, 1, ""), notAuthenticated},
+		{"proof for another rank", func(ch challenge) []byte {
+			b := advHello(ch, version, 3, 2, token)
+			binary.BigEndian.PutUint32(b[5+len(magic)+1+4:], 1) // claims rank 1
+			return b
+		}, notAuthenticated},
+		{"proof of rank 0's role", func(ch challenge) []byte {
+			n := bytes.Repeat([]byte{7}, nonceLen)
+			h := hello{version: version, world: 3, rank: 1, nonce: n, proof: proof(token, roleRoot, ch.nonce, n, 3, 1)}
+			return advFrame(uint32(1+helloLen), frameHello, h.encode())
+		}, notAuthenticated},
+		{"proof over another challenge", func(ch challenge) []byte {
+			other := challenge{version: version, nonce: bytes.Repeat([]byte{1}, nonceLen)}
+			return advHello(other, version, 3, 1, token)
+		}, notAuthenticated},
+		{"wrong token and wrong world", hi(version, 4, 1, "another-job-token-0123456789"), notAuthenticated},
+		{"wrong token and rank out of range", hi(version, 3, 7, "another-job-token-0123456789"), notAuthenticated},
+		{"wrong world", hi(version, 4, 1, token), "says the world has 4 ranks"},
+		{"rank 0 claimed", hi(version, 3, 0, token), "rank 0 out of range"},
+		{"rank = world", hi(version, 3, 3, token), "rank 3 out of range"},
+		{"rank 2^32-1", hi(version, 3, 0xffffffff, token), "out of range"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := advDial(t, addr)
-			if _, err := c.Write(tc.msg); err != nil {
+			c, ch := advConnect(t, addr)
+			if _, err := c.Write(tc.msg(ch)); err != nil {
 				t.Fatal(err)
 			}
 			if tc.name == "truncated frame" || tc.name == "half a length" {
@@ -189,6 +248,9 @@ func TestAdversarialHellosAreRefused(t *testing.T) {
 			}
 			if f.typ != frameReject || !strings.Contains(string(f.body), tc.reject) {
 				t.Fatalf("answered %s %q, want reject %q", frameName(f.typ), f.body, tc.reject)
+			}
+			if tc.reject == notAuthenticated && string(f.body) != notAuthenticated {
+				t.Fatalf("the reject of a stranger says more than %q: %q", notAuthenticated, f.body)
 			}
 			if strings.Contains(string(f.body), token) {
 				t.Fatalf("the reject reveals the job token: %q", f.body)
@@ -221,11 +283,12 @@ func isTimeout(err error) bool {
 }
 
 // TestDuplicateRanksByRawClients: two raw clients claim rank 1 with the
-// right token. Whichever hello rank 0 reads second is refused ("already
-// arrived"); the other keeps rank 1 and gets start once the world is
-// complete. A real duplicate rank 1 is refused the same way.
+// token. Whichever hello rank 0 takes second is refused ("already
+// arrived"); the other keeps rank 1, gets welcome with rank 0's valid proof,
+// and start once the world is complete. A real duplicate rank 1 is refused
+// the same way.
 func TestDuplicateRanksByRawClients(t *testing.T) {
-	cfg := Config{World: 3, Token: "tok", Timeout: 10 * time.Second}
+	cfg := Config{World: 3, Token: testToken, Timeout: 10 * time.Second}
 	addr, root := advRoot(t, cfg)
 	type answer struct {
 		i   int
@@ -233,13 +296,21 @@ func TestDuplicateRanksByRawClients(t *testing.T) {
 		err error
 	}
 	answers := make(chan answer, 2)
-	conns := []net.Conn{advDial(t, addr), advDial(t, addr)}
-	for i, c := range conns {
-		if _, err := c.Write(advHello(version, 3, 1, "tok")); err != nil {
+	for i := range 2 {
+		c, ch := advConnect(t, addr)
+		if _, err := c.Write(advHello(ch, version, 3, 1, testToken)); err != nil {
 			t.Fatal(err)
 		}
 		go func() {
 			f, err := advAnswer(c, 8*time.Second)
+			if err == nil && f.typ == frameWelcome {
+				rankNonce := bytes.Repeat([]byte{7}, nonceLen)
+				if !bytes.Equal(f.body, proof(testToken, roleRoot, ch.nonce, rankNonce, 3, 1)) {
+					err = errors.New("welcome without rank 0's proof")
+				} else {
+					f, err = advAnswer(c, 8*time.Second)
+				}
+			}
 			answers <- answer{i, f, err}
 		}()
 	}
@@ -266,7 +337,7 @@ func TestDuplicateRanksByRawClients(t *testing.T) {
 // TestGarbageFlood opens many connections at once that send random bytes,
 // and checks that the real ranks still join well within the deadline.
 func TestGarbageFlood(t *testing.T) {
-	cfg := Config{World: 3, Token: "tok", Timeout: 10 * time.Second, MaxMessage: 4096}
+	cfg := Config{World: 3, Token: testToken, Timeout: 10 * time.Second, MaxMessage: 4096}
 	addr, root := advRoot(t, cfg)
 	var wg sync.WaitGroup
 	for i := range 40 {
@@ -333,7 +404,7 @@ func TestGarbageFlood(t *testing.T) {
 // connections ahead of the real ranks delay them by up to twice that.
 func TestSilentConnectionsDoNotStarveRealRanks(t *testing.T) {
 	advNoLeak(t)
-	cfg := Config{World: 2, Token: "tok", Timeout: 4 * time.Second}
+	cfg := Config{World: 2, Token: testToken, Timeout: 4 * time.Second}
 	addr, root := advRoot(t, cfg)
 	for range 2 {
 		advDial(t, addr) // silent
@@ -361,15 +432,15 @@ func TestPeerBreaksProtocolAfterJoin(t *testing.T) {
 		{"oversized length", []byte{0x7f, 0xff, 0xff, 0xff}, ErrPeerLost, "malformed"},
 		{"zero length", []byte{0, 0, 0, 0}, ErrPeerLost, "malformed"},
 		{"unknown type", advFrame(1, 0x42, nil), ErrMalformed, "rank 1 sent type 66"},
-		{"second hello", advHello(version, 3, 1, "tok"), ErrMalformed, "rank 1 sent hello after start"},
+		{"second hello", advFrame(uint32(1+helloLen), frameHello, make([]byte, helloLen)), ErrMalformed, "rank 1 sent hello after start"},
 		{"data instead of barrier", advFrame(3, frameData, []byte("xx")), ErrMalformed, "rank 1 sent data while rank 0 expects barrier"},
 		{"hang up without bye", nil, ErrPeerLost, "rank 1: connection ended without goodbye"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := Config{World: 3, Token: "tok", Timeout: 5 * time.Second}
+			cfg := Config{World: 3, Token: testToken, Timeout: 5 * time.Second}
 			addr, root := advRoot(t, cfg)
-			c := advDial(t, addr)
-			if _, err := c.Write(advHello(version, 3, 1, "tok")); err != nil {
+			c, ch := advConnect(t, addr)
+			if _, err := c.Write(advHello(ch, version, 3, 1, testToken)); err != nil {
 				t.Fatal(err)
 			}
 			real := make(chan *Group, 1)
@@ -380,6 +451,9 @@ func TestPeerBreaksProtocolAfterJoin(t *testing.T) {
 				}
 				real <- g
 			}()
+			if f, err := advAnswer(c, 5*time.Second); err != nil || f.typ != frameWelcome {
+				t.Fatalf("raw rank 1: %v %s", err, frameName(f.typ))
+			}
 			if f, err := advAnswer(c, 5*time.Second); err != nil || f.typ != frameStart {
 				t.Fatalf("raw rank 1: %v %s", err, frameName(f.typ))
 			}
@@ -417,96 +491,541 @@ func TestPeerBreaksProtocolAfterJoin(t *testing.T) {
 	}
 }
 
-// TestFakeRankZero: a dialing rank talks to a rank 0 that misbehaves. Join
-// must fail with a clear error before its deadline, never hang or accept.
+// TestFakeRankZero: a dialing rank talks to a rank 0 that misbehaves or
+// does not hold the token. Join must fail with a clear error before its
+// deadline, never hang, and never take a peer that did not prove the token
+// for rank 0. The fake answers every connection the same way (the rank
+// dials again after some answers).
 func TestFakeRankZero(t *testing.T) {
+	const other = "another-job-token-0123456789"
+	validChallenge := func(ch challenge) []byte { return advFrame(uint32(1+challengeLen), frameChallenge, ch.encode()) }
+	welcome := func(token string, ch challenge, h hello) []byte {
+		return advFrame(1+proofLen, frameWelcome, proof(token, roleRoot, ch.nonce, h.nonce, h.world, h.rank))
+	}
 	for _, tc := range []struct {
-		name   string
-		answer []byte // nil: say nothing
-		close  bool
-		want   error
-		text   string
+		name  string
+		first func(ch challenge) []byte          // instead of a challenge; nil: a valid challenge
+		then  func(ch challenge, h hello) []byte // after the hello; nil: say nothing
+		close bool
+		want  error
+		text  string
 	}{
-		{"oversized answer", []byte{0x7f, 0xff, 0xff, 0xff}, false, ErrPeerLost, "frame of"},
-		{"zero length", []byte{0, 0, 0, 0}, false, ErrPeerLost, "frame of 0 bytes"},
-		{"unexpected frame", advFrame(1, frameBarrier, nil), false, ErrMalformed, "expected start from rank 0, got barrier"},
-		{"garbage type", advFrame(1, 0x99, nil), false, ErrMalformed, "got type 153"},
-		{"reject", advFrame(8, frameReject, []byte("go away")), false, ErrRejected, "go away"},
-		{"abort", advFrame(5, frameAbort, []byte("boom")), false, ErrAborted, "boom"},
-		{"closes at once", nil, true, ErrPeerLost, "waiting for start"},
-		{"truncated", advFrame(50, frameStart, nil), true, ErrPeerLost, "unexpected EOF"},
-		{"silent", nil, false, ErrTimeout, "waited"},
+		{"closes at once", func(challenge) []byte { return nil }, nil, true, ErrTimeout, "closed the connection before its challenge"},
+		{"silent", func(challenge) []byte { return nil }, nil, false, ErrTimeout, "for rank 0's challenge"},
+		{"oversized instead of a challenge", func(challenge) []byte { return []byte{0x7f, 0xff, 0xff, 0xff} }, nil, false, ErrMalformed, "frame of"},
+		{"barrier instead of a challenge", func(challenge) []byte { return advFrame(1, frameBarrier, nil) }, nil, false, ErrMalformed, "expected a challenge from rank 0"},
+		{"abort instead of a challenge", func(challenge) []byte { return advFrame(5, frameAbort, []byte("boom")) }, nil, false, ErrAborted, "boom"},
+		{"challenge without magic", func(challenge) []byte { return advFrame(6, frameChallenge, []byte("XXXX\x02")) }, nil, false, ErrMalformed, "not a rendezvous challenge"},
+		{"challenge of version 1", func(challenge) []byte { return advFrame(6, frameChallenge, []byte("SGRV\x01")) }, nil, false, ErrRejected, "speaks protocol version 1"},
+		{"challenge without a nonce", func(challenge) []byte { return advFrame(6, frameChallenge, []byte("SGRV\x02")) }, nil, false, ErrMalformed, "challenge of 5 bytes"},
+		{"reject", nil, func(challenge, hello) []byte { return advFrame(8, frameReject, []byte("go away")) }, false, ErrRejected, "go away"},
+		{"reject for the token", nil, func(challenge, hello) []byte {
+			return advFrame(uint32(1+len(notAuthenticated)), frameReject, []byte(notAuthenticated))
+		}, false, ErrRejected, "is the job token the same on every rank?"},
+		{"abort", nil, func(challenge, hello) []byte { return advFrame(5, frameAbort, []byte("boom")) }, false, ErrAborted, "boom"},
+		{"welcome without the token", nil, func(ch challenge, h hello) []byte { return welcome(other, ch, h) }, false, ErrAuth, "not this job's rank 0"},
+		{"welcome of another connection", nil, func(ch challenge, h hello) []byte {
+			ch.nonce = bytes.Repeat([]byte{3}, nonceLen)
+			return welcome(testToken, ch, h)
+		}, false, ErrAuth, "without proving the job token"},
+		{"welcome of the rank's role", nil, func(ch challenge, h hello) []byte {
+			return advFrame(1+proofLen, frameWelcome, proof(testToken, roleRank, ch.nonce, h.nonce, h.world, h.rank))
+		}, false, ErrAuth, "without proving"},
+		{"start without welcome", nil, func(challenge, hello) []byte { return advFrame(1, frameStart, nil) }, false, ErrMalformed, "expected welcome"},
+		{"closes after the hello", nil, func(challenge, hello) []byte { return nil }, true, ErrTimeout, "closed the connection before welcoming rank 1"},
+		// A rank 0 that holds the token and then misbehaves.
+		{"welcome, then oversized", nil, func(ch challenge, h hello) []byte {
+			return append(welcome(testToken, ch, h), 0x7f, 0xff, 0xff, 0xff)
+		}, false, ErrPeerLost, "frame of"},
+		{"welcome, then garbage type", nil, func(ch challenge, h hello) []byte {
+			return append(welcome(testToken, ch, h), advFrame(1, 0x99, nil)...)
+		}, false, ErrMalformed, "got type 153"},
+		{"welcome, then truncated", nil, func(ch challenge, h hello) []byte {
+			return append(welcome(testToken, ch, h), advFrame(50, frameStart, nil)...)
+		}, true, ErrPeerLost, "unexpected EOF"},
+		{"welcome, then closes", nil, func(ch challenge, h hello) []byte { return welcome(testToken, ch, h) }, true, ErrPeerLost, "waiting for start"},
+		{"welcome, then abort", nil, func(ch challenge, h hello) []byte {
+			return append(welcome(testToken, ch, h), advFrame(5, frameAbort, []byte("boom"))...)
+		}, false, ErrAborted, "boom"},
+		{"welcome, then silent", nil, func(ch challenge, h hello) []byte { return welcome(testToken, ch, h) }, false, ErrTimeout, "for the other ranks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
+			hellos := make(chan []byte, 100)
+			done := make(chan struct{})
+			hold := func() { // keep the connection open until the test ends
+				select {
+				case <-done:
+				case <-time.After(1500 * time.Millisecond):
+				}
+			}
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			defer close(done)
 			defer l.Close()
-			got := make(chan []byte, 1)
-			go func() {
-				c, err := l.Accept()
-				if err != nil {
-					got <- nil
-					return
+			wg.Go(func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					wg.Go(func() {
+						defer c.Close()
+						ch := challenge{version: version, nonce: bytes.Repeat([]byte{9}, nonceLen)}
+						first := validChallenge(ch)
+						if tc.first != nil {
+							first = tc.first(ch)
+						}
+						c.Write(first)
+						if tc.first != nil {
+							if !tc.close {
+								hold()
+							}
+							return
+						}
+						c.SetReadDeadline(time.Now().Add(2 * time.Second))
+						f, err := readFrame(c, maxHello)
+						if err != nil {
+							return
+						}
+						hellos <- f.body
+						h, _ := decodeHello(f.body)
+						if tc.then != nil {
+							c.Write(tc.then(ch, h))
+						}
+						if !tc.close {
+							hold()
+						}
+					})
 				}
-				defer c.Close()
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				f, _ := readFrame(c, 1<<20)
-				got <- f.body
-				if tc.answer != nil {
-					c.Write(tc.answer)
-				}
-				if tc.close {
-					return
-				}
-				time.Sleep(2 * time.Second)
-			}()
+			})
 			start := time.Now()
-			_, err = Join(context.Background(), Config{Addr: l.Addr().String(), Rank: 1, World: 2, Token: "tok", Timeout: time.Second})
+			_, err = Join(context.Background(), Config{Addr: l.Addr().String(), Rank: 1, World: 2, Token: testToken, Timeout: time.Second})
 			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
 				t.Fatalf("Join: %v, want %v with %q", err, tc.want, tc.text)
 			}
 			if d := time.Since(start); d > 1500*time.Millisecond {
 				t.Fatalf("Join took %v with a 1 s timeout", d)
 			}
-			if h, err := decodeHello(<-got); err != nil || h.rank != 1 || h.token != "tok" {
+			if tc.first != nil {
+				return
+			}
+			// The hello proves the token without carrying it.
+			body := <-hellos
+			h, err := decodeHello(body)
+			ch := challenge{version: version, nonce: bytes.Repeat([]byte{9}, nonceLen)}
+			if err != nil || h.rank != 1 || h.world != 2 || !bytes.Equal(h.proof, proof(testToken, roleRank, ch.nonce, h.nonce, 2, 1)) {
 				t.Fatalf("the fake rank 0 got %+v, %v", h, err)
+			}
+			if bytes.Contains(body, []byte(testToken)) {
+				t.Fatal("the hello carries the job token")
 			}
 		})
 	}
 }
 
-// TestBigTokenHellos: a hello with the longest token a rank may have (a
-// wrong one) is read and refused like any wrong token; one byte more and
-// rank 0 does not even read it (a hello is small; the job's MaxMessage is
-// for broadcasts), so that many connections at once cannot make it hold
-// MaxMessage bytes each.
-func TestBigTokenHellos(t *testing.T) {
-	cfg := Config{World: 2, Token: "tok", Timeout: 10 * time.Second}
+// TestStrangerGetsNothing: strangers without the token connect before the
+// real ranks, claim their ranks, and replay a real rank's hello recorded off
+// the wire. They get only the challenge and "not authenticated", never the
+// broadcast; the real ranks all get in and receive it.
+func TestStrangerGetsNothing(t *testing.T) {
+	advNoLeak(t)
+	cfg := Config{World: 3, Token: testToken, Timeout: 10 * time.Second}
 	addr, root := advRoot(t, cfg)
-	c := advDial(t, addr)
-	if _, err := c.Write(advHello(version, 2, 1, strings.Repeat("x", maxToken))); err != nil {
+	// Strangers claiming ranks 1 and 2 with a guessed token, first in line.
+	var strangers []net.Conn
+	for _, rank := range []uint32{1, 2} {
+		c, ch := advConnect(t, addr)
+		if _, err := c.Write(advHello(ch, version, 3, rank, "guessed-token-0123456789abcdef")); err != nil {
+			t.Fatal(err)
+		}
+		strangers = append(strangers, c)
+	}
+	// Rank 1 joins through a proxy that records what it sends.
+	rec := &recordingProxy{target: addr}
+	proxyAddr := rec.start(t)
+	got := make(chan []byte, 2)
+	errs := make(chan error, 2)
+	join := func(r int, a string) {
+		c := cfg
+		c.Addr, c.Rank = a, r
+		g, err := Join(context.Background(), c)
+		if err != nil {
+			errs <- err
+			return
+		}
+		defer g.Close()
+		data, err := g.Broadcast(context.Background(), nil)
+		got <- data
+		errs <- err
+	}
+	go join(1, proxyAddr)
+	// An eavesdropper replays rank 1's hello as soon as it has crossed the
+	// wire, on a connection of its own, before rank 2 completes the world.
+	helloBytes := rec.firstFrameFromClient(t)
+	c, _ := advConnect(t, addr)
+	if _, err := c.Write(helloBytes); err != nil {
 		t.Fatal(err)
 	}
-	f, err := advAnswer(c, 5*time.Second)
-	if err != nil || f.typ != frameReject || !strings.Contains(string(f.body), "another job's token") {
-		t.Fatalf("%v %s %q", err, frameName(f.typ), f.body)
-	}
-	if bytes.Contains(f.body, []byte("xxxxxxxx")) {
-		t.Fatal("the reject echoes the token")
-	}
-	c = advDial(t, addr)
-	if _, err := c.Write(advHello(version, 2, 1, strings.Repeat("x", maxToken+1))); err != nil {
+	strangers = append(strangers, c)
+	time.Sleep(100 * time.Millisecond) // rank 0 has read it
+	go join(2, addr)
+	g0, err := root()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if f, err := advAnswer(c, 5*time.Second); err == nil || isTimeout(err) {
-		t.Fatalf("a hello over the maximum: %v %s, want the connection closed", err, frameName(f.typ))
-	}
-	if _, err := advJoin(t, addr, cfg, 1); err != nil {
+	if _, err := g0.Broadcast(context.Background(), []byte("nccl-id")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := root(); err != nil {
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		if d := <-got; string(d) != "nccl-id" {
+			t.Fatalf("a real rank received %q", d)
+		}
+	}
+	for i, c := range strangers {
+		var frames []string
+		for {
+			f, err := advAnswer(c, 3*time.Second)
+			if err != nil {
+				if isTimeout(err) {
+					t.Fatalf("stranger %d: the connection stays open", i)
+				}
+				break
+			}
+			frames = append(frames, fmt.Sprintf("%s %q", frameName(f.typ), f.body))
+		}
+		if len(frames) != 1 || frames[0] != fmt.Sprintf("reject %q", notAuthenticated) {
+			t.Fatalf("stranger %d received %v, want only the bare reject", i, frames)
+		}
+	}
+}
+
+// recordingProxy relays one connection to target and records the first
+// frame the client sends after the challenge (a rank's hello).
+type recordingProxy struct {
+	target string
+	hello  chan []byte
+}
+
+func (p *recordingProxy) start(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatal(err)
 	}
+	p.hello = make(chan []byte, 1)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Go(func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			return
+		}
+		defer s.Close()
+		wg.Go(func() { io.Copy(c, s); c.Close() })
+		var hdr [4]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		body := make([]byte, binary.BigEndian.Uint32(hdr[:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			return
+		}
+		p.hello <- append(hdr[:], body...)
+		s.Write(append(hdr[:], body...))
+		io.Copy(s, c)
+	})
+	return l.Addr().String()
+}
+
+func (p *recordingProxy) firstFrameFromClient(t *testing.T) []byte {
+	t.Helper()
+	select {
+	case b := <-p.hello:
+		return b
+	case <-time.After(5 * time.Second):
+		t.Fatal("the proxy saw no hello")
+		return nil
+	}
+}
+
+// flakyListener fails Accept with err for its first fails calls (forever
+// with fails < 0), then accepts.
+type flakyListener struct {
+	net.Listener
+	err   error
+	fails atomic.Int64
+	calls atomic.Int64
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	l.calls.Add(1)
+	if n := l.fails.Load(); n != 0 {
+		if n > 0 {
+			l.fails.Add(-1)
+		}
+		return nil, l.err
+	}
+	return l.Listener.Accept()
+}
+
+// TestAcceptErrorsAreRetried: an Accept failing with EMFILE (the process is
+// out of descriptors) is retried with back-off, and Join succeeds once it
+// passes; one failing until the deadline ends Join with a timeout that says
+// why, without spinning; a permanent error ends Join at once.
+func TestAcceptErrorsAreRetried(t *testing.T) {
+	emfile := &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EMFILE)}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		fails int64
+		want  string // "" when Join succeeds
+	}{
+		{"EMFILE for a while", emfile, 6, ""},
+		{"ECONNABORTED once", &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.ECONNABORTED)}, 1, ""},
+		{"EMFILE until the deadline", emfile, -1, "too many open files"},
+		{"a permanent error", errors.New("listener broken"), -1, "listener broken"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			advNoLeak(t)
+			inner, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &flakyListener{Listener: inner, err: tc.err}
+			l.fails.Store(tc.fails)
+			timeout := 10 * time.Second
+			if tc.want != "" {
+				timeout = time.Second
+			}
+			cfg := Config{World: 2, Token: testToken, Timeout: timeout, Listener: l,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			rank1 := make(chan *Group, 1)
+			go func() {
+				g, _ := advJoin(t, inner.Addr().String(), Config{World: 2, Token: testToken, Timeout: timeout}, 1)
+				rank1 <- g
+			}()
+			start := time.Now()
+			g0, err := Join(context.Background(), cfg)
+			d := time.Since(start)
+			if g0 != nil {
+				defer g0.Close()
+			}
+			g1 := <-rank1
+			if tc.want == "" {
+				if err != nil || g1 == nil {
+					t.Fatalf("rank 0: %v; rank 1 joined: %v", err, g1 != nil)
+				}
+				if n := l.calls.Load(); n < tc.fails+1 {
+					t.Fatalf("Accept called %d times", n)
+				}
+				if _, err := g0.Broadcast(context.Background(), []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("rank 0: %v, want %q", err, tc.want)
+			}
+			if tc.err == emfile {
+				if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "ranks [1]") {
+					t.Fatalf("rank 0: %v, want a timeout naming rank 1", err)
+				}
+				// Back-off from 5 ms doubling: a dozen calls in a second,
+				// not thousands.
+				if n := l.calls.Load(); n > 20 {
+					t.Fatalf("Accept called %d times in %v: no back-off", n, d)
+				}
+			} else if d > 500*time.Millisecond {
+				t.Fatalf("a permanent accept error took %v to end Join", d)
+			}
+		})
+	}
+}
+
+// countingListener counts the connections it accepted that are still
+// open, and the most open at once.
+type countingListener struct {
+	net.Listener
+	mu             sync.Mutex
+	open, max, all int
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	l.open++
+	l.all++
+	l.max = max(l.max, l.open)
+	l.mu.Unlock()
+	return &countedConn{Conn: c, l: l}, nil
+}
+
+func (l *countingListener) counts() (open, most, all int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open, l.max, l.all
+}
+
+type countedConn struct {
+	net.Conn
+	l    *countingListener
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		c.l.open--
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
+
+// TestConnectionFloodIsCapped: a flood of connections that say nothing
+// holds at most MaxPending connections open on rank 0 (the oldest are
+// dropped for newcomers), and the real ranks, arriving after the flood,
+// still join at once.
+func TestConnectionFloodIsCapped(t *testing.T) {
+	advNoLeak(t)
+	const (
+		maxPending = 4
+		flood      = 40
+		world      = 3
+	)
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &countingListener{Listener: inner}
+	addr := inner.Addr().String()
+	cfg := Config{World: world, Token: testToken, Timeout: 20 * time.Second, MaxPending: maxPending,
+		Listener: l, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	root := make(chan error, 1)
+	var g0 *Group
+	go func() {
+		var err error
+		g0, err = Join(context.Background(), cfg)
+		root <- err
+	}()
+	var held []net.Conn
+	for range flood {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, _, all := l.counts(); all == flood {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 0 did not accept the flood")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if open, _, _ := l.counts(); open > maxPending {
+		t.Fatalf("%d silent connections held open, MaxPending is %d", open, maxPending)
+	}
+	start := time.Now()
+	gs, err := advJoinAll(t, addr, Config{World: world, Token: testToken, Timeout: 20 * time.Second})
+	if err != nil {
+		t.Fatalf("real ranks: %v", err)
+	}
+	if err := <-root; err != nil {
+		t.Fatal(err)
+	}
+	defer g0.Close()
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the real ranks took %v to join after the flood", d)
+	}
+	// Accepting one more before dropping the oldest: MaxPending+1 at
+	// most, besides the ranks.
+	if _, most, _ := l.counts(); most > maxPending+1+world-1 {
+		t.Fatalf("%d connections open at once on rank 0; MaxPending %d and %d ranks allow %d", most, maxPending, world-1, maxPending+world)
+	}
+	// The group works.
+	done := make(chan error, world-1)
+	for _, g := range gs[1:] {
+		go func() {
+			data, err := g.Broadcast(context.Background(), nil)
+			if err == nil && string(data) != "id" {
+				err = fmt.Errorf("broadcast %q", data)
+			}
+			done <- err
+		}()
+	}
+	if _, err := g0.Broadcast(context.Background(), []byte("id")); err != nil {
+		t.Fatal(err)
+	}
+	for range world - 1 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTokenRequired: a world of more than one rank needs a token of at
+// least MinTokenLen bytes on every rank; rank 0 refuses to listen without
+// one, on a loopback address or any other, and closes a listener it was
+// given.
+func TestTokenRequired(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"rank 0 on loopback", Config{Rank: 0, World: 2, Addr: "127.0.0.1:0"}, EnvToken},
+		{"rank 0 on every interface", Config{Rank: 0, World: 2, Addr: "0.0.0.0:0"}, EnvTokenFile},
+		{"rank 0 on an external address", Config{Rank: 0, World: 2, Addr: "192.0.2.1:29500", Listen: ":0"}, "needs a job token"},
+		{"rank 1", Config{Rank: 1, World: 2, Addr: "127.0.0.1:1"}, "needs a job token"},
+		{"a short token", Config{Rank: 0, World: 2, Addr: "127.0.0.1:0", Token: "secret"}, "6 bytes, fewer than 16"},
+		{"a huge token", Config{Rank: 0, World: 2, Addr: "127.0.0.1:0", Token: strings.Repeat("x", MaxTokenLen+1)}, "more than 4096"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &countingListener{Listener: listen(t)}
+			if tc.cfg.Rank == 0 {
+				tc.cfg.Listener = l
+			}
+			start := time.Now()
+			_, err := Join(context.Background(), tc.cfg)
+			if !errors.Is(err, ErrNoToken) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Join: %v, want %v with %q", err, ErrNoToken, tc.want)
+			}
+			if time.Since(start) > time.Second {
+				t.Fatal("Join waited before refusing")
+			}
+			if tc.cfg.Rank == 0 {
+				if _, err := l.Listener.Accept(); !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("the listener was left open: %v", err)
+				}
+			}
+		})
+	}
+	// A world of one has no peer to authenticate.
+	g, err := Join(context.Background(), Config{World: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Close()
 }

@@ -1,8 +1,35 @@
 // Package rendezvous lets the processes of one job, one per GPU, find each
 // other over TCP before they create their NCCL communicator: rank 0 listens,
 // the other ranks connect to it, and the group then shares small messages
-// (NCCL's unique id, with Broadcast) and synchronises (Barrier). It does no
-// collective communication of its own: NCCL does that.
+// (NCCL's unique id, with Broadcast; every rank's data, with AllGather) and
+// synchronises (Barrier). It does no collective communication of its own on
+// GPUs: NCCL does that. Launch reads where a job's launcher (torchrun,
+// srun, mpirun, a Kubernetes Job) says this process stands: its rank, the
+// world and rank 0's address (docs/MULTI-GPU.md).
+//
+// # Security
+//
+// Whoever can reach rank 0's port can try to join, so every job has a
+// secret token (Config.Token, at least MinTokenLen bytes; required for a
+// world of more than one rank) that no rank sends: each side proves it
+// holds it. Rank 0 answers every connection with a challenge (a fresh
+// nonce); the rank answers with an HMAC-SHA256, keyed by the token, of both
+// nonces, the world and its rank; rank 0 checks it in constant time and
+// proves itself back the same way before the rank trusts anything it says.
+// A stranger without the token gets nothing: its hello is refused with the
+// bare reason "not authenticated" (no rank count, no hint of the token), it
+// cannot take a rank's place, and a hello recorded from the network cannot
+// be replayed (the nonce differs on every connection). Connections that have
+// not yet proved the token are capped (Config.MaxPending; the oldest is
+// dropped for a newcomer, and a real rank whose connection was dropped dials
+// again), and each gets at most a few seconds to answer, so a flood of
+// connections cannot keep the real ranks out. Accept errors such as
+// EMFILE (too many open files) are retried with back-off until the deadline.
+//
+// The rendezvous authenticates but does not encrypt: what is broadcast
+// (NCCL's id, which names the address of NCCL's own bootstrap) crosses the
+// network in the clear, as NCCL's traffic does. Run jobs on a network only
+// the job's hosts share.
 //
 // # Protocol
 //
@@ -10,28 +37,36 @@
 // first of which is the frame type. A frame longer than Config.MaxMessage+1
 // bytes, or of length 0, is malformed and ends the connection.
 //
-//  1. A rank other than 0 dials Config.Addr, retrying with backoff until the
-//     deadline (rank 0 may not be listening yet), and sends hello: a magic,
-//     the protocol version, the world size, its rank and the job token.
-//  2. Rank 0 accepts connections until every rank has said hello. A hello
-//     that is malformed, of another version, world or token, or for a rank
-//     already taken or out of range is answered with reject (and the reason)
-//     and the connection closed; the rank it names is still awaited.
-//  3. Once all have arrived rank 0 sends start to each: Join returns on every
-//     rank at about the same time, so Join is also a barrier.
-//  4. After Join: Broadcast sends data from rank 0; Barrier sends barrier to
-//     rank 0, which answers release once it has every rank's; Close sends bye.
+//  1. A rank other than 0 dials rank 0's address, retrying with back-off
+//     until the deadline (rank 0 may not be listening yet).
+//  2. Rank 0 sends challenge (a magic, the protocol version, a nonce); the
+//     rank sends hello (the magic, the version, the world size, its rank, a
+//     nonce of its own and its proof). A hello that is malformed, of another
+//     version or does not prove the token is answered with reject and the
+//     connection closed; so is one for a world of another size or a rank
+//     out of range or already taken (those reasons are given, to ranks that
+//     proved the token only). The rank it names is still awaited.
+//  3. Rank 0 sends welcome (its own proof) to a rank it accepts, and start
+//     to every rank once all have arrived: Join returns on every rank at
+//     about the same time, so Join is also a barrier. A connection that ends
+//     before welcome (dropped under a flood, rank 0 restarting) is dialled
+//     again.
+//  4. After Join: Broadcast sends data from rank 0; AllGather sends gather
+//     to rank 0, which answers gathered once it has every rank's; Barrier
+//     sends barrier to rank 0, which answers release once it has every
+//     rank's; Close sends bye.
 //
 // # Failure
 //
 // Nothing waits forever. Join waits at most Config.Timeout for every rank;
-// on rank 0 the error names the ranks that never arrived (and the ranks that
-// did are told, with abort), on the others it says which address could not
-// be reached or what rank 0 answered. After Join every connection is read by
-// its own goroutine: a peer whose connection ends without bye (its process
-// died), or whose frames are malformed, fails the group, and rank 0 relays
-// the reason to the others with abort. A failed group closes Done, and every
-// later or waiting Broadcast and Barrier returns the error, which wraps
+// on rank 0 the error names the ranks that never arrived and the last
+// connection refused (and the ranks that did arrive are told, with abort),
+// on the others it says which address could not be reached or what rank 0
+// answered. After Join every connection is read by its own goroutine: a peer
+// whose connection ends without bye (its process died), or whose frames are
+// malformed, fails the group, and rank 0 relays the reason to the others
+// with abort. A failed group closes Done, and every later or waiting
+// Broadcast, AllGather and Barrier returns the error, which wraps
 // ErrPeerLost (or ErrAborted, for a reason given by Abort). Callers that run
 // long GPU work between rendezvous calls watch Done to give up at once when a
 // peer is lost instead of waiting in a collective for a rank that is gone.
@@ -39,13 +74,11 @@
 // # Concurrency
 //
 // A Group's methods are safe for concurrent use, but every rank must call
-// Broadcast and Barrier in the same order, as with collectives.
+// Broadcast, AllGather and Barrier in the same order, as with collectives.
 package rendezvous
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -57,14 +90,21 @@ import (
 )
 
 // Errors. Every error this package returns wraps one of them (or the
-// context's error).
+// context's error), except the checks of Config and ParseLaunch.
 var (
 	// ErrTimeout: a rank did not arrive, or an answer did not come, before
 	// the deadline.
 	ErrTimeout = errors.New("rendezvous: timeout")
-	// ErrRejected: rank 0 refused this rank (another job's token, a rank
-	// already taken, another world size or protocol version).
+	// ErrRejected: rank 0 refused this rank (a hello that did not prove
+	// the job's token, a rank already taken, another world size or
+	// protocol version).
 	ErrRejected = errors.New("rendezvous: rejected")
+	// ErrAuth: the peer that answered at rank 0's address did not prove
+	// that it holds the job's token.
+	ErrAuth = errors.New("rendezvous: not authenticated")
+	// ErrNoToken: the configuration has no job token, or one too short, for
+	// a world of more than one rank.
+	ErrNoToken = errors.New("rendezvous: no job token")
 	// ErrMalformed: a peer sent a frame that breaks the protocol (bad
 	// length, unknown type, oversized message, unexpected frame).
 	ErrMalformed = errors.New("rendezvous: malformed message")
@@ -77,10 +117,31 @@ var (
 	ErrClosed = errors.New("rendezvous: closed")
 )
 
-// Defaults of Config.
+// AbortError is the error of a group ended by Abort: Rank is the rank whose
+// abort this rank learnt of (itself, or the rank that told it: rank 0
+// relays the aborts of the others), Reason what it said. It wraps
+// ErrAborted.
+type AbortError struct {
+	Rank   int
+	Reason string
+}
+
+func (e *AbortError) Error() string {
+	return fmt.Sprintf("%v by rank %d: %s", ErrAborted, e.Rank, e.Reason)
+}
+
+func (e *AbortError) Unwrap() error { return ErrAborted }
+
+// Defaults and limits of Config.
 const (
 	DefaultTimeout    = 60 * time.Second
 	DefaultMaxMessage = 1 << 20
+	DefaultMaxPending = 64
+	// MinTokenLen is the shortest job token accepted: a token is a shared
+	// secret, and a short one can be guessed.
+	MinTokenLen = 16
+	// MaxTokenLen bounds the job token.
+	MaxTokenLen = 4096
 )
 
 // helloWait bounds how long rank 0 waits for a new connection's hello.
@@ -89,36 +150,41 @@ const helloWait = 5 * time.Second
 // maxWorld bounds Config.World.
 const maxWorld = 1 << 16
 
-// maxToken bounds Config.Token; a hello is thus at most maxHello bytes,
-// which bounds what rank 0 reads from a connection before it knows it is a
-// rank (hellos are read concurrently, so this bounds memory too).
-const (
-	maxToken = 4096
-	maxHello = len(magic) + 9 + maxToken
-)
-
 // Config configures Join. Zero fields take the defaults given.
 type Config struct {
-	// Addr is rank 0's host:port: where rank 0 listens (unless Listener is
-	// set) and the others connect.
+	// Addr is rank 0's host:port: where the others connect, and where rank 0
+	// listens unless Listen or Listener says otherwise.
 	Addr string
-	// Listener, on rank 0 only, is used instead of listening on Addr (tests
-	// listen on 127.0.0.1 port 0 and give the port to the others). Join
-	// closes it when every rank has arrived or Join fails.
+	// Listen, on rank 0 only, is where it listens when Listener is nil
+	// (":29500" listens on every interface). Default Addr. Launch sets it to
+	// every interface at Addr's port when Addr's host is not a loopback
+	// address: rank 0's host name as the other hosts resolve it need not be
+	// an address of rank 0's host as it resolves it itself.
+	Listen string
+	// Listener, on rank 0 only, is used instead of listening (tests listen
+	// on 127.0.0.1 port 0 and give the port to the others). Join closes it
+	// when every rank has arrived or Join fails.
 	Listener net.Listener
 	// Rank is this process's rank, 0 <= Rank < World.
 	Rank int
 	// World is the number of ranks, at least 1.
 	World int
-	// Token identifies the job: rank 0 refuses a peer whose token differs
-	// (another job using the same port). Default "".
+	// Token is the job's secret, the same on every rank, at least
+	// MinTokenLen bytes: each side proves it holds it without sending it.
+	// Required when World > 1. Pass it to the processes by environment or
+	// a file (Launch reads STABLEGRAPH_TOKEN and STABLEGRAPH_TOKEN_FILE),
+	// never on a command line, which every user of the host can read.
 	Token string
-	// Timeout bounds Join, and Broadcast and Barrier when their context has
-	// no deadline. Default DefaultTimeout.
+	// Timeout bounds Join, and Broadcast, AllGather and Barrier when their
+	// context has no deadline. Default DefaultTimeout.
 	Timeout time.Duration
-	// MaxMessage bounds the payload of one message in bytes. Default
-	// DefaultMaxMessage.
+	// MaxMessage bounds the payload of one message in bytes (AllGather's
+	// answer holds every rank's part). Default DefaultMaxMessage.
 	MaxMessage int
+	// MaxPending, on rank 0 only, bounds the connections accepted whose
+	// hello has not yet been checked; a connection over it makes rank 0
+	// drop the oldest. Default DefaultMaxPending.
+	MaxPending int
 	// Logger receives debug logs. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -130,107 +196,34 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxMessage <= 0 {
 		c.MaxMessage = DefaultMaxMessage
 	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = DefaultMaxPending
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Listen == "" {
+		c.Listen = c.Addr
 	}
 	switch {
 	case c.World < 1 || c.World > maxWorld:
 		return c, fmt.Errorf("rendezvous: world size %d (1 to %d)", c.World, maxWorld)
 	case c.Rank < 0 || c.Rank >= c.World:
 		return c, fmt.Errorf("rendezvous: rank %d out of range [0, %d)", c.Rank, c.World)
-	case c.Addr == "" && (c.Rank != 0 || c.Listener == nil) && c.World > 1:
-		return c, errors.New("rendezvous: no address")
-	case len(c.Token) > maxToken:
-		return c, fmt.Errorf("rendezvous: token longer than %d bytes", maxToken)
+	case c.World > 1 && c.Rank == 0 && c.Listener == nil && c.Listen == "":
+		return c, errors.New("rendezvous: rank 0 has no address to listen on (Config.Addr, Listen or Listener)")
+	case c.World > 1 && c.Rank != 0 && c.Addr == "":
+		return c, fmt.Errorf("rendezvous: rank %d has no address of rank 0 to connect to (Config.Addr)", c.Rank)
+	case c.World > 1 && c.Token == "":
+		return c, fmt.Errorf("%w: a world of %d ranks needs a job token, the same secret on every rank (set %s or %s)",
+			ErrNoToken, c.World, EnvToken, EnvTokenFile)
+	case c.World > 1 && len(c.Token) < MinTokenLen:
+		return c, fmt.Errorf("%w: the job token has %d bytes, fewer than %d; use a random one (32 hex digits or more)",
+			ErrNoToken, len(c.Token), MinTokenLen)
+	case len(c.Token) > MaxTokenLen:
+		return c, fmt.Errorf("%w: the job token has %d bytes, more than %d", ErrNoToken, len(c.Token), MaxTokenLen)
 	}
 	return c, nil
-}
-
-// Frame types.
-const (
-	frameHello byte = iota + 1
-	frameReject
-	frameStart
-	frameData
-	frameBarrier
-	frameRelease
-	frameAbort
-	frameBye
-)
-
-var frameNames = map[byte]string{frameHello: "hello", frameReject: "reject", frameStart: "start", frameData: "data",
-	frameBarrier: "barrier", frameRelease: "release", frameAbort: "abort", frameBye: "bye"}
-
-func frameName(t byte) string {
-	if n, ok := frameNames[t]; ok {
-		return n
-	}
-	return fmt.Sprintf("type %d", t)
-}
-
-const (
-	magic   = "SGRV"
-	version = 1
-)
-
-type frame struct {
-	typ  byte
-	body []byte
-}
-
-// writeFrame writes one frame.
-func writeFrame(w io.Writer, typ byte, body []byte) error {
-	buf := make([]byte, 5+len(body))
-	binary.BigEndian.PutUint32(buf, uint32(1+len(body)))
-	buf[4] = typ
-	copy(buf[5:], body)
-	_, err := w.Write(buf)
-	return err
-}
-
-// readFrame reads one frame whose payload is at most max bytes.
-func readFrame(r io.Reader, max int) (frame, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return frame{}, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n == 0 || uint64(n) > uint64(max)+1 {
-		return frame{}, fmt.Errorf("%w: frame of %d bytes (at most %d)", ErrMalformed, n, max+1)
-	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return frame{}, err
-	}
-	return frame{typ: buf[0], body: buf[1:]}, nil
-}
-
-// hello is what a rank says when it connects.
-type hello struct {
-	version     byte
-	world, rank uint32
-	token       string
-}
-
-func (h hello) encode() []byte {
-	var b bytes.Buffer
-	b.WriteString(magic)
-	b.WriteByte(h.version)
-	binary.Write(&b, binary.BigEndian, h.world)
-	binary.Write(&b, binary.BigEndian, h.rank)
-	b.WriteString(h.token)
-	return b.Bytes()
-}
-
-func decodeHello(body []byte) (hello, error) {
-	if len(body) < len(magic)+9 || string(body[:len(magic)]) != magic {
-		return hello{}, fmt.Errorf("%w: not a rendezvous hello", ErrMalformed)
-	}
-	b := body[len(magic):]
-	return hello{version: b[0], world: binary.BigEndian.Uint32(b[1:]), rank: binary.BigEndian.Uint32(b[5:]), token: string(b[9:])}, nil
 }
 
 // Group is a joined rendezvous: this rank's connections to the others
@@ -244,7 +237,7 @@ type Group struct {
 	mu       sync.Mutex
 	err      error // why done was closed
 	wg       sync.WaitGroup
-	ops      sync.Mutex // serialises Broadcast and Barrier
+	ops      sync.Mutex // serialises Broadcast, AllGather and Barrier
 }
 
 // peer is one connection, read by its own goroutine into frames.
@@ -254,6 +247,8 @@ type peer struct {
 	frames chan frame
 	wmu    sync.Mutex // serialises writes
 	bye    bool       // the peer said bye; guarded by Group.mu
+	// welcome is rank 0's proof for this peer, sent once it is taken.
+	welcome []byte
 }
 
 func (p *peer) send(typ byte, body []byte) error {
@@ -303,240 +298,6 @@ func deadlineErr(ctx context.Context, what string) error {
 	return fmt.Errorf("rendezvous: %s: %w", what, ctx.Err())
 }
 
-// serve is rank 0's Join.
-func (g *Group) serve(ctx context.Context) error {
-	cfg := g.cfg
-	l := cfg.Listener
-	if l == nil && cfg.World > 1 {
-		var err error
-		if l, err = (&net.ListenConfig{}).Listen(ctx, "tcp", cfg.Addr); err != nil {
-			return fmt.Errorf("rendezvous: rank 0 listen on %s: %w", cfg.Addr, err)
-		}
-	}
-	g.conns = make([]*peer, cfg.World)
-	if l == nil {
-		return nil // a world of one
-	}
-	defer l.Close()
-	stop := context.AfterFunc(ctx, func() { l.Close() })
-	defer stop()
-	// Each connection's hello is read by a goroutine of its own (for at
-	// most helloWait), so that a connection that stays silent or trickles
-	// bytes cannot hold up the ranks behind it; ranks are taken here, one
-	// greeting at a time.
-	type greeting struct {
-		conn net.Conn
-		p    *peer
-		err  error
-	}
-	greetings := make(chan greeting)
-	acceptErr := make(chan error, 1)
-	quit := make(chan struct{})
-	var (
-		wg      sync.WaitGroup
-		pmu     sync.Mutex
-		pending = map[net.Conn]bool{} // accepted, greeting not yet taken
-		done    bool
-	)
-	defer func() {
-		// Greetings still being read end now: their connections close.
-		close(quit)
-		pmu.Lock()
-		done = true
-		for c := range pending {
-			c.Close()
-		}
-		pmu.Unlock()
-		l.Close()
-		wg.Wait()
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				acceptErr <- err
-				return
-			}
-			pmu.Lock()
-			if done {
-				conn.Close()
-			}
-			pending[conn] = true
-			pmu.Unlock()
-			wg.Add(1) // the acceptor's own count keeps the group above zero
-			go func() {
-				defer wg.Done()
-				p, err := g.greet(ctx, conn)
-				select {
-				case greetings <- greeting{conn, p, err}:
-				case <-quit:
-					conn.Close()
-				}
-			}()
-		}
-	}()
-	arrived := 1
-	for arrived < cfg.World {
-		var gr greeting
-		select {
-		case gr = <-greetings:
-			pmu.Lock()
-			delete(pending, gr.conn)
-			pmu.Unlock()
-		case err := <-acceptErr:
-			if ctx.Err() != nil {
-				err = deadlineErr(ctx, fmt.Sprintf("rank 0 waited %v for ranks %v, which never arrived at %s", cfg.Timeout, g.missing(), l.Addr()))
-			} else {
-				err = fmt.Errorf("rendezvous: rank 0 accept on %s: %w", l.Addr(), err)
-			}
-			g.abortPeers(err.Error())
-			return err
-		}
-		p, err := gr.p, gr.err
-		if err == nil && g.conns[p.rank] != nil {
-			err = reject(gr.conn, fmt.Sprintf("rank %d has already arrived (from %s)", p.rank, g.conns[p.rank].conn.RemoteAddr()))
-		}
-		if err != nil {
-			cfg.Logger.Warn("rendezvous: refused a connection", "from", gr.conn.RemoteAddr(), "err", err)
-			gr.conn.Close()
-			continue
-		}
-		g.conns[p.rank] = p
-		arrived++
-	}
-	for _, p := range g.conns[1:] {
-		if err := p.send(frameStart, nil); err != nil {
-			err = fmt.Errorf("%w: rank %d: send start: %v", ErrPeerLost, p.rank, err)
-			g.abortPeers(err.Error())
-			return err
-		}
-	}
-	return nil
-}
-
-// greet reads and checks a connection's hello, answering reject when it is
-// refused. It runs on a goroutine of its own and reads only the immutable
-// configuration: serve checks that the rank is not taken.
-func (g *Group) greet(ctx context.Context, conn net.Conn) (*peer, error) {
-	// A connection that says nothing must not hold up the others for long.
-	deadline := time.Now().Add(helloWait)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	_ = conn.SetReadDeadline(deadline)
-	f, err := readFrame(conn, maxHello)
-	if err != nil {
-		return nil, fmt.Errorf("read hello: %w", err)
-	}
-	refuse := func(format string, args ...any) (*peer, error) {
-		return nil, reject(conn, fmt.Sprintf(format, args...))
-	}
-	if f.typ != frameHello {
-		return refuse("expected hello, got %s", frameName(f.typ))
-	}
-	h, err := decodeHello(f.body)
-	if err != nil {
-		return refuse("%v", err)
-	}
-	switch {
-	case h.version != version:
-		return refuse("protocol version %d, rank 0 speaks %d", h.version, version)
-	case h.token != g.cfg.Token:
-		return refuse("rank %d has another job's token", h.rank)
-	case int(h.world) != g.cfg.World:
-		return refuse("rank %d says the world has %d ranks, rank 0 says %d", h.rank, h.world, g.cfg.World)
-	case h.rank == 0 || int(h.rank) >= g.cfg.World:
-		return refuse("rank %d out of range [1, %d)", h.rank, g.cfg.World)
-	}
-	_ = conn.SetReadDeadline(time.Time{})
-	return &peer{rank: int(h.rank), conn: conn, frames: make(chan frame, 16)}, nil
-}
-
-// reject answers a refused connection with reason and returns the error
-// that says so.
-func reject(conn net.Conn, reason string) error {
-	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = writeFrame(conn, frameReject, []byte(reason))
-	return fmt.Errorf("%w: %s", ErrRejected, reason)
-}
-
-func (g *Group) missing() []int {
-	var m []int
-	for r, p := range g.conns {
-		if r > 0 && p == nil {
-			m = append(m, r)
-		}
-	}
-	return m
-}
-
-// abortPeers tells every connected peer why the group ends, and closes them.
-func (g *Group) abortPeers(reason string) {
-	for _, p := range g.conns {
-		if p != nil {
-			_ = p.send(frameAbort, []byte(reason))
-			p.conn.Close()
-		}
-	}
-}
-
-// dial is Join for ranks other than 0.
-func (g *Group) dial(ctx context.Context) error {
-	cfg := g.cfg
-	var conn net.Conn
-	backoff := 10 * time.Millisecond
-	var last error
-	for {
-		d := net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}
-		c, err := d.DialContext(ctx, "tcp", cfg.Addr)
-		if err == nil {
-			conn = c
-			break
-		}
-		last = err
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return deadlineErr(ctx, fmt.Sprintf("rank %d could not reach rank 0 at %s within %v (last error: %v)", cfg.Rank, cfg.Addr, cfg.Timeout, last))
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 500*time.Millisecond)
-	}
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now()) })
-	defer stop()
-	p := &peer{rank: 0, conn: conn, frames: make(chan frame, 16)}
-	h := hello{version: version, world: uint32(cfg.World), rank: uint32(cfg.Rank), token: cfg.Token}
-	if err := p.send(frameHello, h.encode()); err != nil {
-		conn.Close()
-		return fmt.Errorf("%w: rank %d: send hello to %s: %v", ErrPeerLost, cfg.Rank, cfg.Addr, err)
-	}
-	f, err := readFrame(conn, cfg.MaxMessage)
-	if err != nil {
-		conn.Close()
-		if ctx.Err() != nil {
-			return deadlineErr(ctx, fmt.Sprintf("rank %d waited %v at %s for the other ranks", cfg.Rank, cfg.Timeout, cfg.Addr))
-		}
-		return fmt.Errorf("%w: rank %d: waiting for start from rank 0 at %s: %v", ErrPeerLost, cfg.Rank, cfg.Addr, err)
-	}
-	switch f.typ {
-	case frameStart:
-		_ = conn.SetReadDeadline(time.Time{})
-		g.conns = []*peer{p}
-		return nil
-	case frameReject:
-		conn.Close()
-		return fmt.Errorf("%w: rank %d by rank 0 at %s: %s", ErrRejected, cfg.Rank, cfg.Addr, f.body)
-	case frameAbort:
-		conn.Close()
-		return fmt.Errorf("%w: rank 0 at %s gave up: %s", ErrAborted, cfg.Addr, f.body)
-	}
-	conn.Close()
-	return fmt.Errorf("%w: rank %d: expected start from rank 0, got %s", ErrMalformed, cfg.Rank, frameName(f.typ))
-}
-
 // read reads p's frames into p.frames until the connection ends. An end
 // without bye, a malformed frame or an abort fails the group.
 func (g *Group) read(p *peer) {
@@ -566,9 +327,9 @@ func (g *Group) read(p *peer) {
 			g.mu.Unlock()
 			continue
 		case frameAbort:
-			g.fail(fmt.Errorf("%w by rank %d: %s", ErrAborted, p.rank, f.body))
+			g.fail(&AbortError{Rank: p.rank, Reason: string(f.body)})
 			return
-		case frameData, frameBarrier, frameRelease:
+		case frameData, frameBarrier, frameRelease, frameGather, frameGathered:
 		default:
 			g.fail(fmt.Errorf("%w: rank %d sent %s after start", ErrMalformed, p.rank, frameName(f.typ)))
 			return
@@ -605,6 +366,9 @@ func (g *Group) Rank() int { return g.cfg.Rank }
 // World is the number of ranks.
 func (g *Group) World() int { return g.cfg.World }
 
+// MaxMessage is the most bytes one message may carry (Config.MaxMessage).
+func (g *Group) MaxMessage() int { return g.cfg.MaxMessage }
+
 // Done is closed when the group fails (a peer lost, an abort) or is closed.
 func (g *Group) Done() <-chan struct{} { return g.done }
 
@@ -623,7 +387,7 @@ func (g *Group) Abort(reason string) {
 			_ = p.send(frameAbort, []byte(reason))
 		}
 	}
-	g.fail(fmt.Errorf("%w by rank %d: %s", ErrAborted, g.cfg.Rank, reason))
+	g.fail(&AbortError{Rank: g.cfg.Rank, Reason: reason})
 }
 
 // opContext bounds a call by cfg.Timeout when ctx has no deadline.
@@ -695,6 +459,68 @@ func (g *Group) Broadcast(ctx context.Context, data []byte) ([]byte, error) {
 		}
 	}
 	return slices.Clone(data), nil
+}
+
+// AllGather sends data from every rank to every rank: it returns each
+// rank's data, by rank, on every rank. The parts together, with 4 bytes per
+// rank besides, must fit in Config.MaxMessage.
+func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
+	g.ops.Lock()
+	defer g.ops.Unlock()
+	if err := g.check(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := g.opContext(ctx)
+	defer cancel()
+	world := g.cfg.World
+	if partsLen(len(data)) > g.cfg.MaxMessage {
+		err := fmt.Errorf("rendezvous: rank %d: all-gather of %d bytes exceeds the %d-byte maximum", g.cfg.Rank, len(data), g.cfg.MaxMessage)
+		g.Abort(err.Error()) // the others would wait for this rank's part
+		return nil, err
+	}
+	if g.cfg.Rank != 0 {
+		p := g.conns[0]
+		if err := p.send(frameGather, data); err != nil {
+			err = fmt.Errorf("%w: rank 0: send gather: %v", ErrPeerLost, err)
+			g.fail(err)
+			return nil, err
+		}
+		f, err := g.next(ctx, p, frameGathered, "gathered data")
+		if err != nil {
+			return nil, err
+		}
+		parts, err := decodeParts(f.body, world)
+		if err != nil {
+			g.fail(err)
+			return nil, err
+		}
+		return parts, nil
+	}
+	parts := make([][]byte, world)
+	parts[0] = slices.Clone(data)
+	lens := []int{len(data)}
+	for _, p := range g.conns[1:] {
+		f, err := g.next(ctx, p, frameGather, "its part of an all-gather")
+		if err != nil {
+			return nil, err
+		}
+		parts[p.rank] = f.body
+		lens = append(lens, len(f.body))
+	}
+	if n := partsLen(lens...); n > g.cfg.MaxMessage {
+		err := fmt.Errorf("rendezvous: all-gather of %d bytes in all exceeds the %d-byte maximum", n, g.cfg.MaxMessage)
+		g.fail(err)
+		return nil, err
+	}
+	all := encodeParts(parts)
+	for _, p := range g.conns[1:] {
+		if err := p.send(frameGathered, all); err != nil {
+			err = fmt.Errorf("%w: rank %d: send gathered data: %v", ErrPeerLost, p.rank, err)
+			g.fail(err)
+			return nil, err
+		}
+	}
+	return parts, nil
 }
 
 // Barrier returns once every rank has called it.

@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// testToken is the job token of the tests' jobs.
+const testToken = "the-job-token-0123456789abcdef"
+
 // listen returns a loopback listener on a free port.
 func listen(t *testing.T) net.Listener {
 	t.Helper()
@@ -32,7 +35,7 @@ func joinAll(t *testing.T, l net.Listener, world int, timeout time.Duration, edi
 	errs := make([]error, world)
 	var wg sync.WaitGroup
 	for r := range world {
-		cfg := Config{Addr: l.Addr().String(), Rank: r, World: world, Token: "job", Timeout: timeout}
+		cfg := Config{Addr: l.Addr().String(), Rank: r, World: world, Token: testToken, Timeout: timeout}
 		if r == 0 {
 			cfg.Listener = l
 		}
@@ -141,7 +144,7 @@ func TestRankZeroNeverArrives(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // nobody listens: connections are refused until the deadline
 	start := time.Now()
-	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Timeout: 200 * time.Millisecond})
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: testToken, Timeout: 200 * time.Millisecond})
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "could not reach rank 0") {
 		t.Fatalf("got %v", err)
 	}
@@ -156,7 +159,7 @@ func TestRejections(t *testing.T) {
 		edit func(c *Config)
 		want string
 	}{
-		{"token", func(c *Config) { c.Token = "other job" }, "another job's token"},
+		{"token", func(c *Config) { c.Token = "another job's token" }, "not authenticated (is the job token the same on every rank?)"},
 		{"world", func(c *Config) { c.World = 5 }, "says the world has 5 ranks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,23 +186,23 @@ func TestDuplicateRank(t *testing.T) {
 	var rootG *Group
 	go func() {
 		var err error
-		rootG, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 3, Timeout: 5 * time.Second})
+		rootG, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 3, Token: testToken, Timeout: 5 * time.Second})
 		root <- err
 	}()
 	first := make(chan error, 1)
 	go func() {
-		g, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Timeout: 5 * time.Second})
+		g, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 5 * time.Second})
 		if err == nil {
 			defer g.Close()
 		}
 		first <- err
 	}()
 	time.Sleep(100 * time.Millisecond) // rank 1 is in
-	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Timeout: 5 * time.Second})
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 5 * time.Second})
 	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "rank 1 has already arrived") {
 		t.Fatalf("duplicate rank 1: %v", err)
 	}
-	g2, err := Join(context.Background(), Config{Addr: addr, Rank: 2, World: 3, Timeout: 5 * time.Second})
+	g2, err := Join(context.Background(), Config{Addr: addr, Rank: 2, World: 3, Token: testToken, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,10 +224,13 @@ func raw(t *testing.T, addr string, b []byte) frame {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if f, err := readFrame(c, 1<<20); err != nil || f.typ != frameChallenge {
+		t.Fatalf("rank 0 sent %s, %v; want a challenge", frameName(f.typ), err)
+	}
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
 	}
-	c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	f, err := readFrame(c, 1<<20)
 	if err != nil {
 		return frame{typ: 0, body: []byte(err.Error())}
@@ -239,7 +245,7 @@ func TestMalformedAndOversizedConnectionsAreRefused(t *testing.T) {
 	var root *Group
 	go func() {
 		var err error
-		root, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 2, Timeout: 5 * time.Second, MaxMessage: 256})
+		root, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 2, Token: testToken, Timeout: 5 * time.Second, MaxMessage: 256})
 		done <- err
 	}()
 	oversized := make([]byte, 4)
@@ -262,7 +268,7 @@ func TestMalformedAndOversizedConnectionsAreRefused(t *testing.T) {
 		}
 	}
 	// The real rank 1 still gets in.
-	g, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Timeout: 5 * time.Second, MaxMessage: 256})
+	g, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: testToken, Timeout: 5 * time.Second, MaxMessage: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,5 +355,91 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := Join(context.Background(), c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+}
+
+// TestAllGather: every rank gets every rank's data, by rank, for parts of
+// any size (empty ones too), several times in a row.
+func TestAllGather(t *testing.T) {
+	const world = 3
+	gs, errs := joinAll(t, listen(t), world, 5*time.Second, nil)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		data := func(r int) []byte { return bytes.Repeat([]byte{byte(r + 1)}, (r*7+round*3)%11) }
+		got := make([][][]byte, world)
+		var wg sync.WaitGroup
+		for r, g := range gs {
+			wg.Go(func() { got[r], errs[r] = g.AllGather(context.Background(), data(r)) })
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		for r := range world {
+			if len(got[r]) != world {
+				t.Fatalf("round %d: rank %d got %d parts", round, r, len(got[r]))
+			}
+			for from, part := range got[r] {
+				if !bytes.Equal(part, data(from)) {
+					t.Fatalf("round %d: rank %d got %x from rank %d, want %x", round, r, part, from, data(from))
+				}
+			}
+		}
+	}
+}
+
+// TestAllGatherFailures: a part or a whole over MaxMessage, and ranks that
+// call different operations, fail every rank with an error instead of
+// leaving any waiting.
+func TestAllGatherFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(r int, g *Group) error
+		want string
+	}{
+		{"one part too big", func(r int, g *Group) error {
+			_, err := g.AllGather(context.Background(), make([]byte, 70*(r%2)+1))
+			return err
+		}, "exceeds the 64-byte maximum"},
+		{"the whole too big", func(r int, g *Group) error {
+			_, err := g.AllGather(context.Background(), make([]byte, 20))
+			return err
+		}, "in all exceeds the 64-byte maximum"},
+		{"barrier against all-gather", func(r int, g *Group) error {
+			if r == 1 {
+				return g.Barrier(context.Background())
+			}
+			_, err := g.AllGather(context.Background(), []byte("x"))
+			return err
+		}, "rank 1 sent barrier while rank 0 expects gather"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world = 3
+			gs, errs := joinAll(t, listen(t), world, 5*time.Second, func(r int, c *Config) { c.MaxMessage = 64 })
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			var wg sync.WaitGroup
+			for r, g := range gs {
+				wg.Go(func() { errs[r] = tc.call(r, g) })
+			}
+			wg.Wait()
+			if d := time.Since(start); d > 3*time.Second {
+				t.Fatalf("the ranks took %v to fail", d)
+			}
+			found := false
+			for r, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d succeeded", r)
+				}
+				found = found || strings.Contains(err.Error(), tc.want)
+			}
+			if !found {
+				t.Fatalf("no rank says %q: %v", tc.want, errs)
+			}
+		})
 	}
 }

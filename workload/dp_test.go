@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/rendezvous"
+	"github.com/stablegraph/stablegraph/report"
 )
 
 // dpShape is small enough for the race detector and large enough that the
@@ -271,5 +275,171 @@ func TestDPRankDies(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// joinProcesses sets up world ranks as a job of one process per rank would:
+// a sim of its own per rank (a "process"), joined by a rendezvous over
+// loopback (JoinRank), so that dp's all-reduce crosses the rendezvous.
+func joinProcesses(t *testing.T, world int) []*Rank {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranks := make([]*Rank, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		b := openSimN(t, 1, 30*time.Second)
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: "dp-test-token-0123456789", Timeout: 30 * time.Second}
+		if r == 0 {
+			cfg.Listener = l
+		}
+		wg.Go(func() { ranks[r], errs[r] = JoinRank(context.Background(), b, 0, cfg) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = eachRank(world, func(r int) error {
+			if err := ranks[r].Close(context.Background()); err != nil {
+				t.Errorf("rank %d: %v", r, err)
+			}
+			return nil
+		})
+	})
+	return ranks
+}
+
+// TestDPAcrossProcesses runs dp as one process per rank would (each rank
+// its own sim, the all-reduce across the rendezvous): every rank's weights
+// after every step are the bits of the same ranks run as devices of one
+// sim, under patch and pool, and the bench of every strategy matches eager
+// on every rank, capturing no collective in steady state.
+func TestDPAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	const world, steps = 2, 3
+	// The reference: the ranks as devices of one sim.
+	one := openSimN(t, world, 30*time.Second)
+	ws, err := ForRanks("dp", dpShape, openComms(t, one, world))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, strat := range []sg.Strategy{sg.StrategyPatch, sg.StrategyPool} {
+		ref := make([][][]float32, world)
+		if err := eachRank(world, func(r int) error {
+			var err error
+			ref[r], err = stepStates(ctx, one, ws[r], r, strat, steps, nil)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		ranks := joinProcesses(t, world)
+		got := make([][][]float32, world)
+		if err := eachRank(world, func(r int) error {
+			w, err := New("dp", Config{Layers: dpShape.Layers, Width: dpShape.Width, Batch: dpShape.Batch, Comm: ranks[r].Comm})
+			if err != nil {
+				return err
+			}
+			got[r], err = stepStates(ctx, ranks[r].Backend, w, 0, strat, steps, nil)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for r := range world {
+			for step := range steps {
+				for i, v := range got[r][step] {
+					if math.Float32bits(v) != math.Float32bits(ref[r][step][i]) {
+						t.Fatalf("%s: rank %d, step %d: weight %d = %v across processes, %v in one", strat, r, step, i, v, ref[r][step][i])
+					}
+				}
+			}
+		}
+	}
+
+	ranks := joinProcesses(t, world)
+	reps := make([]*report.Report, world)
+	if err := eachRank(world, func(r int) error {
+		w, err := New("dp", Config{Layers: dpShape.Layers, Width: dpShape.Width, Batch: dpShape.Batch, Comm: ranks[r].Comm})
+		if err != nil {
+			return err
+		}
+		o := RunOptions{Steps: 4, Warmup: 2, Pattern: Random, WallBatches: -1}
+		watch := WatchCollectives(w.Comm, &o)
+		if reps[r], err = Bench(ctx, ranks[r].Backend, w, nil, o); err != nil {
+			return err
+		}
+		watch.Annotate(reps[r])
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for r, rep := range reps {
+		seen := map[string]bool{}
+		for _, res := range rep.Results {
+			seen[res.Strategy] = true
+			if !res.OutputsMatchEager {
+				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
+			}
+			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
+				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
+			}
+		}
+		for _, s := range sg.Strategies() {
+			if !seen[string(s)] {
+				t.Errorf("rank %d: no row for %s", r, s)
+			}
+		}
+	}
+}
+
+// TestJoinRankFailures: a rank that cannot make its communicator aborts the
+// group, so the others fail at once instead of waiting; a rank whose
+// rendezvous fails returns its error with nothing left open.
+func TestJoinRankFailures(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const world = 2
+	errs := make([]error, world)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r := range world {
+		b := openSimN(t, 1, 30*time.Second)
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: "dp-test-token-0123456789", Timeout: 30 * time.Second}
+		if r == 0 {
+			cfg.Listener = l
+		}
+		dev := 0
+		if r == 1 {
+			dev = 5 // no such device
+		}
+		wg.Go(func() {
+			rk, err := JoinRank(context.Background(), b, dev, cfg)
+			if err == nil {
+				rk.Close(context.Background())
+			}
+			errs[r] = err
+		})
+	}
+	wg.Wait()
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the ranks took %v to fail", d)
+	}
+	if !errors.Is(errs[1], gpu.ErrInvalidValue) || !strings.Contains(errs[1].Error(), "device 5") {
+		t.Fatalf("rank 1: %v", errs[1])
+	}
+	if !errors.Is(errs[0], gpu.ErrDeviceLost) && !errors.Is(errs[0], rendezvous.ErrAborted) {
+		t.Fatalf("rank 0: %v, want the abort of rank 1", errs[0])
+	}
+	// No rank 0 at all: the rendezvous's error, nothing open.
+	b := openSimN(t, 1, time.Second)
+	_, err = JoinRank(context.Background(), b, 0, rendezvous.Config{Addr: "127.0.0.1:1", Rank: 1, World: 2,
+		Token: "dp-test-token-0123456789", Timeout: 200 * time.Millisecond})
+	if !errors.Is(err, rendezvous.ErrTimeout) {
+		t.Fatalf("no rank 0: %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/netsim"
+	"github.com/stablegraph/stablegraph/rendezvous"
 	"github.com/stablegraph/stablegraph/report"
 )
 
@@ -17,9 +19,106 @@ import (
 // (Config.Comm), on its communicator's device, with the same RunOptions, so
 // that every rank runs the same strategies and steps and its collectives
 // meet the other ranks' in the same order. With one process per GPU (CUDA,
-// `stablegraph run --nproc`), each process runs Run or Bench for its rank;
-// with every rank in one process (the sim's devices), RunRanks and
+// `stablegraph run --nproc`, or a launcher: torchrun, srun, mpirun), each
+// process sets its rank up with JoinRank (or NewRank) and runs Run or Bench
+// for it; with every rank in one process (the sim's devices), RunRanks and
 // BenchRanks run them from one goroutine each.
+//
+// Setting a rank up from its launcher's environment:
+//
+//	l, err := rendezvous.FromEnvironment() // rank, world, rank 0's address, token
+//	dev, err := l.Device(b.DeviceCount())  // the local rank's GPU
+//	r, err := workload.JoinRank(ctx, b, dev, l.Config())
+//	defer r.Close(ctx)
+//	w, err := workload.New("dp", workload.Config{Comm: r.Comm})
+//	rep, err := workload.Bench(ctx, r.Backend, w, nil, workload.RunOptions{Device: dev})
+
+// Rank is this process's rank of a job of one process per GPU: its
+// communicator, and the backend to compile and run its programs on.
+type Rank struct {
+	// Comm is the rank's communicator (Config.Comm of its workloads).
+	Comm *sg.Comm
+	// Backend is the backend given to JoinRank or NewRank, except on sim:
+	// the sim's own collectives join the devices of one process, so there
+	// Backend wraps it with collectives that go through the rendezvous
+	// (package internal/netsim). Compile the rank's programs for Backend.
+	Backend gpu.Backend
+	// Group is the rendezvous JoinRank joined; nil for NewRank's, which
+	// belongs to its caller.
+	Group *rendezvous.Group
+}
+
+// JoinRank joins the rendezvous cfg describes (cfg.Rank of cfg.World) and
+// sets the rank up on device dev of b as NewRank does. On error the other
+// ranks are told and nothing is left open.
+func JoinRank(ctx context.Context, b gpu.Backend, dev int, cfg rendezvous.Config) (*Rank, error) {
+	g, err := rendezvous.Join(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewRank(ctx, b, dev, g)
+	if err != nil {
+		return nil, errors.Join(err, g.Close())
+	}
+	r.Group = g
+	return r, nil
+}
+
+// NewRank sets up this process's rank of the joined group g on device dev
+// of b: rank 0 makes the communicator's id (NCCL's unique id on CUDA) and
+// broadcasts it, and every rank makes its communicator, which returns once
+// all have. On error the group is aborted, so the other ranks stop too, and
+// nothing is left open.
+func NewRank(ctx context.Context, b gpu.Backend, dev int, g *rendezvous.Group) (*Rank, error) {
+	fail := func(err error) (*Rank, error) {
+		g.Abort(fmt.Sprintf("rank %d: %v", g.Rank(), err))
+		return nil, err
+	}
+	rb := b
+	if b.Name() == "sim" && g.World() > 1 {
+		nb, err := netsim.New(b, g)
+		if err != nil {
+			return fail(err)
+		}
+		rb = nb
+	}
+	var id gpu.CommID
+	if g.Rank() == 0 {
+		var err error
+		if id, err = sg.NewCommID(rb); err != nil {
+			return fail(err)
+		}
+	}
+	data, err := g.Broadcast(ctx, id[:])
+	if err != nil {
+		return nil, err
+	}
+	if len(data) != len(id) {
+		return fail(fmt.Errorf("rank 0 sent a communicator id of %d bytes, not %d", len(data), len(id)))
+	}
+	copy(id[:], data)
+	comm, err := sg.NewComm(rb, dev, id, g.World(), g.Rank())
+	if err != nil {
+		return fail(err)
+	}
+	return &Rank{Comm: comm, Backend: rb}, nil
+}
+
+// Close waits, when the rank has its own group, until every rank has come
+// to Close (so that none destroys its communicator while the others still
+// run collectives), then closes the communicator and the group. Close the
+// rank's executables first.
+func (r *Rank) Close(ctx context.Context) error {
+	var err error
+	if r.Group != nil {
+		err = r.Group.Barrier(ctx)
+	}
+	err = errors.Join(err, r.Comm.Close())
+	if r.Group != nil {
+		err = errors.Join(err, r.Group.Close())
+	}
+	return err
+}
 
 // ForRanks builds the workload name once per communicator of comms, with
 // cfg otherwise the same: ranks[i] uses comms[i].

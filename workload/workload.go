@@ -33,6 +33,13 @@
 // peak device memory, and a digest of every step's outputs. Bench runs
 // every strategy, eager first, and marks which matched eager bit for bit.
 //
+// # Ranks
+//
+// A workload with collectives (dp) runs on several ranks: in one process
+// on the sim's devices (ForRanks, RunRanks, BenchRanks), or one process per
+// GPU, each setting its rank up with JoinRank or NewRank from a rendezvous
+// (see ranks.go and docs/MULTI-GPU.md).
+//
 // # Concurrency
 //
 // A Workload is immutable once built and may be compiled many times. A

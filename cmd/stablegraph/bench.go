@@ -120,8 +120,11 @@ step are compared bit for bit; a difference makes the command fail.
 
 Workloads with collectives (dp) run on several ranks: --nproc N starts N
 ranks on this host (N processes, one GPU each, on cuda; N simulated devices
-in this process on sim), or --rank, --world, --rendezvous and --token launch
-one rank by hand on any host. Rank 0 reports.`,
+in this process on sim); under torchrun, srun or mpirun each process is the
+rank its launcher's environment says, with no flag (docs/MULTI-GPU.md); or
+--rank, --world and --rendezvous launch one rank by hand on any host. The job
+token is read from STABLEGRAPH_TOKEN or a file (--token-file), never from
+the command line. Rank 0 reports.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)

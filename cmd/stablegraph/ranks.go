@@ -27,47 +27,72 @@ import (
 // Ranks: run and bench of a workload with collectives (dp) on several
 // ranks, one GPU each.
 //
+//   - Under a launcher (torchrun, srun, mpirun, or a Kubernetes Job setting
+//     torchrun's variables), each process the launcher starts is one rank:
+//     its rank, the world, rank 0's address and its device (its local rank)
+//     come from the launcher's environment (rendezvous.ParseLaunch;
+//     docs/MULTI-GPU.md), the job token from STABLEGRAPH_TOKEN or
+//     STABLEGRAPH_TOKEN_FILE. No flag is needed; --rank, --world,
+//     --rendezvous and --device override what the environment says.
 //   - --nproc N on CUDA starts N processes of this executable on this host,
-//     rank r on GPU r, with --rank r --world N --rendezvous 127.0.0.1:PORT
-//     and a random --token, and the NCCL settings of ncclDefaults unless the
-//     environment sets them. Rank 0's report goes to stdout; every rank's
-//     stderr is relayed with a "[rank r]" prefix. If a rank fails, the
-//     others learn it from the rendezvous and stop; the command fails.
+//     rank r on GPU r, with --rank r --world N --rendezvous 127.0.0.1:PORT,
+//     a random job token in the environment (never on the command line,
+//     which every user of the host can read), and the NCCL settings of
+//     ncclDefaults unless the environment sets them. Rank 0's report goes to
+//     stdout; every rank's stderr is relayed with a "[rank r]" prefix. If a
+//     rank fails, the others learn it from the rendezvous and stop; the
+//     command fails.
 //   - --nproc N on sim runs the N ranks in this process, on N simulated
-//     devices (--devices is raised to N): the sim has no multi-process
-//     collectives.
-//   - --rank R --world W --rendezvous host:port (and the same --token on
-//     every rank) launches one rank by hand, on any host: rank 0 listens on
+//     devices (--devices is raised to N).
+//   - --rank R --world W --rendezvous host:port launches one rank by hand,
+//     on any host, with the job token in STABLEGRAPH_TOKEN, or in a file
+//     named by --token-file or STABLEGRAPH_TOKEN_FILE: rank 0 listens on
 //     host:port, the others connect to it; together they make the NCCL
 //     communicator.
+//
+// On sim, ranks in separate processes (a launcher's, or by hand) run their
+// collectives through the rendezvous (workload.NewRank).
 //
 // A rank process waits at most --rendezvous-timeout for the others to
 // arrive. While it runs, a lost rank (its process died: the rendezvous
 // connection ended without goodbye) makes it exit at once with an error,
 // since collectives waiting for the lost rank would never complete.
 
-// rankFlags are the flags of multi-rank runs.
+// rankFlags are the flags of multi-rank runs, and what the launcher's
+// environment adds to them (resolve).
 type rankFlags struct {
 	nproc      int
 	rank       int
 	world      int
 	rendezvous string
-	token      string
+	tokenFile  string
 	timeout    time.Duration
+
+	token     string            // the job token, from the environment or --token-file
+	launch    rendezvous.Launch // the launcher's environment, when it gave the ranks
+	deviceSet bool              // --device was given: it wins over the local rank
 }
 
 // rankFlagNames are the flags the --nproc launcher sets for each rank
 // itself, rather than passing on the command line it was given.
-var rankFlagNames = []string{"nproc", "rank", "world", "rendezvous", "token", "device"}
+var rankFlagNames = []string{"nproc", "rank", "world", "rendezvous", "token-file", "device"}
+
+// errTokenFlag refuses a token on the command line.
+var errTokenFlag = errors.New("a token on the command line is visible to every user of the host: pass it in " +
+	rendezvous.EnvToken + ", or in a file named by --token-file or " + rendezvous.EnvTokenFile)
 
 func (f *rankFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.nproc, "nproc", 0, "run `N` ranks of a workload with collectives (dp) on this host: N processes, one GPU each (cuda), or N simulated devices in this process (sim)")
-	fs.IntVar(&f.rank, "rank", 0, "this process's `rank`, when ranks are launched by hand (with --world and --rendezvous)")
-	fs.IntVar(&f.world, "world", 0, "the `number` of ranks, when ranks are launched by hand")
-	fs.StringVar(&f.rendezvous, "rendezvous", "", "`host:port` rank 0 listens on and the other ranks connect to")
-	fs.StringVar(&f.token, "token", "", "job `token`, the same on every rank: rank 0 refuses ranks of another job")
+	fs.IntVar(&f.rank, "rank", 0, "this process's `rank`, when ranks are launched by hand (with --world and --rendezvous); default: the launcher's (torchrun, srun, mpirun)")
+	fs.IntVar(&f.world, "world", 0, "the `number` of ranks, when ranks are launched by hand; default: the launcher's")
+	fs.StringVar(&f.rendezvous, "rendezvous", "", "`host:port` rank 0 listens on and the other ranks connect to; default: from the launcher's environment (docs/MULTI-GPU.md)")
+	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the job token, the same on every rank (or set "+rendezvous.EnvToken+" or "+rendezvous.EnvTokenFile+")")
+	fs.Func("token", "not accepted: "+errTokenFlag.Error(), func(string) error { return errTokenFlag })
 	fs.DurationVar(&f.timeout, "rendezvous-timeout", rendezvous.DefaultTimeout, "how long ranks wait for each other to arrive")
 }
+
+// hasCollectives reports whether workload name runs on several ranks.
+func hasCollectives(name string) bool { return name == "dp" }
 
 // check validates the rank flags for workload name.
 func (f *rankFlags) check(name string) error {
@@ -85,8 +110,37 @@ func (f *rankFlags) check(name string) error {
 	case f.timeout <= 0:
 		return usagef("--rendezvous-timeout must be positive")
 	}
-	if (f.nproc > 0 || f.world > 0) && name != "dp" {
+	if (f.nproc > 0 || f.world > 0) && !hasCollectives(name) {
 		return usagef("workload %s has no collectives; --nproc and --world run workloads that do (dp)", name)
+	}
+	return nil
+}
+
+// resolve completes the rank flags from the environment, for workload name
+// (set: the flags given on the command line): the job token, and, when no
+// --world or --nproc was given, the ranks of a launcher. Workloads without
+// collectives ignore the launcher (each process runs alone).
+func (f *rankFlags) resolve(name string, set map[string]bool) error {
+	if !hasCollectives(name) || f.nproc > 0 {
+		return nil
+	}
+	l, err := launchEnv(f.world > 0)
+	if err != nil {
+		return usagef("launcher environment: %v", err)
+	}
+	f.token = l.Token
+	if f.tokenFile != "" {
+		if f.token, err = readTokenFile(f.tokenFile); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if f.world > 0 || !l.Found() {
+		return nil
+	}
+	f.launch = l
+	f.rank, f.world = l.Rank, l.World
+	if !set["rendezvous"] {
+		f.rendezvous = l.Addr
 	}
 	return nil
 }
@@ -98,6 +152,12 @@ type rankBody func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOp
 // execute runs body as the flags say (see the top of this file); output
 // writes the lead rank's report.
 func (f *workloadFlags) execute(e *env, fs *flag.FlagSet, cmd string, w *workload.Workload, body rankBody, output func(*report.Report) error) error {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if err := f.ranks.resolve(f.name, set); err != nil {
+		return err
+	}
+	f.ranks.deviceSet = set["device"]
 	switch {
 	case f.ranks.nproc > 0:
 		return f.launch(e, fs, cmd, body, output)
@@ -202,7 +262,7 @@ func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
 	}
 	addr := l.Addr().String()
 	l.Close() // rank 0 listens there; a port taken meanwhile fails its Join clearly
-	var tok [8]byte
+	var tok [32]byte
 	if _, err := rand.Read(tok[:]); err != nil {
 		return err
 	}
@@ -216,9 +276,9 @@ func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
 	var relays sync.WaitGroup
 	for r := range n {
 		a := slices.Concat(args, []string{"--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
-			"--rendezvous", addr, "--token", token, "--device", strconv.Itoa(r)})
+			"--rendezvous", addr, "--device", strconv.Itoa(r)})
 		c := exec.CommandContext(ctx, self, a...)
-		c.Env = childEnv()
+		c.Env = childEnv(token)
 		c.WaitDelay = 5 * time.Second
 		if r == 0 {
 			c.Stdout = e.stdout
@@ -299,8 +359,8 @@ func relay(w io.Writer, r io.Reader, prefix string) {
 	}
 }
 
-// runRank is one rank of a multi-process run: join the rendezvous, share
-// the NCCL id, make the communicator, run, and report on rank 0.
+// runRank is one rank of a multi-process run: join the rendezvous, set the
+// rank up (the communicator), run, and report on rank 0.
 func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*report.Report) error) (err error) {
 	rk := f.ranks
 	b, reason, err := e.open()
@@ -309,14 +369,26 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 	}
 	defer closeBackend(b, &err)
 	dev := f.run.Device
+	if rk.launch.Found() && !rk.deviceSet {
+		if dev, err = rk.launch.Device(b.DeviceCount()); err != nil {
+			return usagef("%v", err)
+		}
+	}
 	if dev < 0 || dev >= b.DeviceCount() {
 		return usagef("--device %d: backend %s has %d device(s)", dev, b.Name(), b.DeviceCount())
 	}
-	if b.Name() == "sim" && rk.world > 1 {
-		return usagef("the sim's collectives run between the devices of one process: use --nproc %d with --backend sim", rk.world)
+	if rk.world > 1 && rk.token == "" {
+		return usagef("a world of %d ranks needs a job token, the same secret on every rank: set %s, or name a file that holds it with --token-file or %s (not on the command line, which every user of the host can read)",
+			rk.world, rendezvous.EnvToken, rendezvous.EnvTokenFile)
 	}
-	g, err := rendezvous.Join(e.ctx, rendezvous.Config{Addr: rk.rendezvous, Rank: rk.rank, World: rk.world,
-		Token: rk.token, Timeout: rk.timeout, Logger: e.log})
+	if rk.launch.Found() {
+		e.progress("%s: %s, device %d", cmd, rk.launch, dev)
+	}
+	g, err := rendezvous.Join(e.ctx, rendezvous.Config{Addr: rk.rendezvous, Listen: rendezvous.ListenAddr(rk.rendezvous),
+		Rank: rk.rank, World: rk.world, Token: rk.token, Timeout: rk.timeout, Logger: e.log})
+	if errors.Is(err, rendezvous.ErrNoToken) {
+		return usagef("%v", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -326,29 +398,15 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 		g.Abort(fmt.Sprintf("rank %d: %v", rk.rank, err))
 		return err
 	}
-	var id gpu.CommID
-	if rk.rank == 0 {
-		if id, err = sg.NewCommID(b); err != nil {
-			return abort(err)
-		}
-	}
-	data, err := g.Broadcast(e.ctx, id[:])
-	if err != nil {
-		return err
-	}
-	if len(data) != len(id) {
-		return abort(fmt.Errorf("rank 0 sent a communicator id of %d bytes, not %d", len(data), len(id)))
-	}
-	copy(id[:], data)
 	stop := watchRendezvous(e, g, rk.rank)
-	comm, err := sg.NewComm(b, dev, id, rk.world, rk.rank)
+	r, err := workload.NewRank(e.ctx, b, dev, g)
 	if err != nil {
 		stop()
-		return abort(err)
+		return err // NewRank told the others
 	}
-	defer func() { err = errors.Join(err, comm.Close()) }()
+	defer func() { err = errors.Join(err, r.Close(e.ctx)) }()
 	cfg := f.cfg
-	cfg.Comm = comm
+	cfg.Comm = r.Comm
 	w, err := workload.New(f.name, cfg)
 	if err != nil {
 		stop()
@@ -360,7 +418,7 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 	}
 	o := f.run
 	o.Logger, o.Device = e.log, dev
-	rep, err := body(e, b, w, o, lead)
+	rep, err := body(e, r.Backend, w, o, lead)
 	if err != nil && rep == nil {
 		stop()
 		return abort(err)
@@ -387,6 +445,10 @@ func watchRendezvous(e *env, g *rendezvous.Group, rank int) (stop func()) {
 		select {
 		case <-quit:
 		case <-g.Done():
+			var own *rendezvous.AbortError
+			if errors.As(g.Err(), &own) && own.Rank == rank {
+				return // this rank's own abort: its caller returns the error
+			}
 			if err := g.Err(); err != nil && !errors.Is(err, rendezvous.ErrClosed) {
 				fmt.Fprintf(e.stderr, "stablegraph: rank %d stops: %v (collectives waiting for the lost rank cannot complete)\n", rank, err)
 				e.exit(exitFailure)

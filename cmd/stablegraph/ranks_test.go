@@ -45,7 +45,9 @@ func TestRankUsageErrors(t *testing.T) {
 		{[]string{"run", "--workload", "dp", "--nproc", "2", "--world", "2"}, "do not give --world"},
 		{[]string{"run", "--workload", "dp", "--world", "2", "--rank", "2", "--rendezvous", "x:1"}, "--rank 2 out of range"},
 		{[]string{"run", "--workload", "mlp", "--nproc", "2"}, "workload mlp has no collectives"},
-		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rank", "1", "--rendezvous", "127.0.0.1:1"}, "use --nproc 2 with --backend sim"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rank", "1", "--rendezvous", "127.0.0.1:1"}, "needs a job token"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token", "s3cret"}, "visible to every user of the host"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token-file", "/nonexistent/tok"}, "--token-file: open /nonexistent/tok"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--nproc", "3"}, "does not split into 3"},
 	} {
 		code, _, errs := runCLI(t, tc.args...)
@@ -61,7 +63,7 @@ func TestChildArgs(t *testing.T) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	g.register(fs)
 	wf.register(fs)
-	if err := fs.Parse([]string{"--workload", "dp", "--steps", "7", "--nproc", "2", "--device", "1", "--pattern", "random"}); err != nil {
+	if err := fs.Parse([]string{"--workload", "dp", "--steps", "7", "--nproc", "2", "--device", "1", "--pattern", "random", "--token-file", "/tok"}); err != nil {
 		t.Fatal(err)
 	}
 	got := childArgs(g, fs, "bench")
@@ -73,12 +75,23 @@ func TestChildArgs(t *testing.T) {
 
 func TestChildEnv(t *testing.T) {
 	t.Setenv("NCCL_GRAPH_REGISTER", "1")
-	env := childEnv()
+	t.Setenv("STABLEGRAPH_TOKEN", "the parent's token")
+	t.Setenv("STABLEGRAPH_TOKEN_FILE", "/the/parent's/file")
+	env := childEnv("the job's token")
 	if !slices.Contains(env, "NCCL_GRAPH_REGISTER=1") || slices.Contains(env, "NCCL_GRAPH_REGISTER=0") {
 		t.Errorf("a setting of the environment was overridden")
 	}
 	if !slices.Contains(env, "NCCL_NVLS_ENABLE=0") {
 		t.Errorf("NCCL_NVLS_ENABLE=0 not added")
+	}
+	var tokens []string
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "STABLEGRAPH_TOKEN") {
+			tokens = append(tokens, kv)
+		}
+	}
+	if !slices.Equal(tokens, []string{"STABLEGRAPH_TOKEN=the job's token"}) {
+		t.Errorf("the rank's token variables: %q", tokens)
 	}
 }
 
@@ -93,7 +106,7 @@ func TestLostRankExits(t *testing.T) {
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for r := range 2 {
-		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: 2, Timeout: 5 * time.Second}
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: 2, Token: "lost-rank-token-0123456789", Timeout: 5 * time.Second}
 		if r == 0 {
 			cfg.Listener = l
 		}
@@ -120,4 +133,39 @@ func TestLostRankExits(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the rank did not exit when its peer was lost")
 	}
+}
+
+// TestOwnAbortDoesNotExit: a rank that aborts the group itself returns its
+// own error; the watch exits the process only for another rank's failure.
+func TestOwnAbortDoesNotExit(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := make([]*rendezvous.Group, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: 2, Token: "own-abort-token-0123456789", Timeout: 5 * time.Second}
+		if r == 0 {
+			cfg.Listener = l
+		}
+		wg.Go(func() { gs[r], _ = rendezvous.Join(context.Background(), cfg) })
+	}
+	wg.Wait()
+	if gs[0] == nil || gs[1] == nil {
+		t.Fatal("join failed")
+	}
+	defer gs[0].Close()
+	defer gs[1].Close()
+	exited := make(chan int, 2)
+	var stderr bytes.Buffer
+	e := &env{stderr: &stderr, exit: func(code int) { exited <- code }}
+	stop := watchRendezvous(e, gs[1], 1)
+	gs[1].Abort("rank 1 could not make its communicator")
+	select {
+	case code := <-exited:
+		t.Fatalf("the rank exited %d on its own abort: %s", code, stderr.String())
+	case <-time.After(300 * time.Millisecond):
+	}
+	stop()
 }
