@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -431,20 +432,28 @@ func (e *env) writeOutput(path string, fn func(io.Writer) error) error {
 }
 
 // checkOutput checks, before a run, that the file a flag names can be
-// written, so that a bad path fails at once rather than after the run. It
-// leaves an existing file as it was and removes one it created.
+// written, so that a bad path fails at once rather than after the run. An
+// existing file is opened for writing and left as it was; for a new one, a
+// scratch file of its own in the same directory is created and removed, so
+// that processes given the same path (the ranks of one job) never remove
+// each other's files.
 func checkOutput(flagName, path string) error {
 	if path == "" || path == "-" {
 		return nil
 	}
-	_, statErr := os.Stat(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o666)
+	var f *os.File
+	_, err := os.Stat(path)
+	if err == nil {
+		f, err = os.OpenFile(path, os.O_WRONLY, 0)
+	} else {
+		f, err = os.CreateTemp(filepath.Dir(path), ".stablegraph-check-*")
+	}
 	if err != nil {
 		return usagef("--%s: cannot write %s: %v", flagName, path, errors.Unwrap(err))
 	}
 	err = f.Close()
-	if statErr != nil {
-		err = errors.Join(err, os.Remove(path))
+	if f.Name() != path {
+		err = errors.Join(err, os.Remove(f.Name()))
 	}
 	if err != nil {
 		return fmt.Errorf("--%s: %w", flagName, err)
