@@ -62,6 +62,20 @@ type Config struct {
 	K int
 	// N is chain's element count. Default 256.
 	N int
+	// Heads, Vocab and Positions shape gpt2-decode: attention heads,
+	// vocabulary, and the positions of the KV caches and of the position
+	// embedding. Defaults GPT-2 small's 12, 50257 and 1024 (gpt2-decode-tiny:
+	// 4, 256, 64). gpt2-decode also reads Layers (12; tiny 2), Width as the
+	// model width d (768; tiny 64) and Batch (8; tiny 4).
+	Heads, Vocab, Positions int
+	// Pos is gpt2-decode's decode position: sequence s decodes at
+	// max(0, Pos - s mod 4). Default 128 (tiny 16).
+	Pos int
+	// Weights names a safetensors file of gpt2-decode's weights, with GPT-2
+	// checkpoint names and shapes (float32): read when it exists, else
+	// written there with the weights generated from Seed. Empty: generated,
+	// not written.
+	Weights string
 	// Seed seeds the weights and the inputs. Default 1.
 	Seed uint64
 	// Comm is dp's communicator: the rank's shard of the batch and the
@@ -93,6 +107,9 @@ type Workload struct {
 
 	seed   uint64
 	inputs []func(r *rand.Rand) []byte // per param
+	// gpt2 is set for gpt2-decode: its params hold per-sequence state that
+	// the Caller keeps across steps (gpt2.go, gpt2caller.go).
+	gpt2 *gpt2Model
 }
 
 // StateInit is a state buffer's initial contents.
@@ -110,6 +127,10 @@ var builders = map[string]func(Config) (*Workload, error){
 	"chain":        chain,
 	"chain-moving": chainMoving,
 	"dp":           dp,
+	// One decode step of GPT-2 small over per-sequence KV caches, and a
+	// tiny one for CI (gpt2.go).
+	"gpt2-decode":      gpt2Decode("gpt2-decode", gpt2Small),
+	"gpt2-decode-tiny": gpt2Decode("gpt2-decode-tiny", gpt2Tiny),
 }
 
 // Names lists the workloads New knows, sorted.
@@ -131,7 +152,8 @@ func New(name string, cfg Config) (*Workload, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = 1
 	}
-	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 {
+	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 ||
+		cfg.Heads < 0 || cfg.Vocab < 0 || cfg.Positions < 0 || cfg.Pos < 0 {
 		return nil, fmt.Errorf("workload %s: negative size in %+v", name, cfg)
 	}
 	w, err := b(cfg)
@@ -148,6 +170,9 @@ func New(name string, cfg Config) (*Workload, error) {
 // Input returns the contents of param i (index into Params) at step: a pure
 // function of the seed, the step and i.
 func (w *Workload) Input(step, i int) []byte {
+	if w.gpt2 != nil {
+		return w.gpt2.input(step, i)
+	}
 	r := rand.New(rand.NewPCG(w.seed, uint64(step)<<16|uint64(i)))
 	return w.inputs[i](r)
 }

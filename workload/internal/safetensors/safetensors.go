@@ -92,8 +92,8 @@ func elements(shape []int64) (int64, error) {
 }
 
 type headerEntry struct {
-	DType       string   `json:"dtype"`
-	Shape       []int64  `json:"shape"`
+	DType       string  `json:"dtype"`
+	Shape       []int64 `json:"shape"`
 	DataOffsets []int64 `json:"data_offsets"`
 }
 
