@@ -200,6 +200,9 @@ func WriteFile(path string, tensors []Tensor, metadata map[string]string) (err e
 	if err := Write(f, tensors, metadata); err != nil {
 		return fmt.Errorf("safetensors: write %s: %w", path, err)
 	}
+	if err := f.Chmod(0o644); err != nil { // CreateTemp's 0600 is for secrets
+		return err
+	}
 	if err := f.Close(); err != nil {
 		return err
 	}
