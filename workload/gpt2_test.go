@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"math"
 	"os"
 	"path/filepath"
@@ -479,4 +480,74 @@ func TestGPT2WeightsFile(t *testing.T) {
 	if _, err := New("gpt2-decode-tiny", Config{Weights: bad}); !errors.Is(err, safetensors.ErrFormat) {
 		t.Errorf("garbage file: %v", err)
 	}
+}
+
+var updateFixture = flag.Bool("update", false, "rewrite the gpt2 peer fixture in bench/peers/testdata/gpt2")
+
+// The PyTorch peer's tests (bench/peers/test_gpt2.py) run it on a micro
+// config against this workload's weights and eager logits, kept in
+// bench/peers/testdata/gpt2. TestGPT2PeerFixture fails when they no longer
+// match what the workload makes; -update rewrites them.
+const peerFixture = "../bench/peers/testdata/gpt2"
+
+func TestGPT2PeerFixture(t *testing.T) {
+	dir := t.TempDir()
+	if *updateFixture {
+		dir = peerFixture
+		if err := os.Remove(filepath.Join(dir, "weights.safetensors")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err) // else New would read the old weights back
+		}
+	}
+	cfg := Config{Layers: 1, Width: 16, Heads: 2, Vocab: 32, Positions: 16, Pos: 6, Batch: 3, Seed: 5,
+		Weights: filepath.Join(dir, "weights.safetensors")}
+	w := tinyGPT2(t, cfg)
+	dump := filepath.Join(dir, "eager-b3.safetensors")
+	b := openSim(t)
+	if _, err := Run(context.Background(), b, w, RunOptions{Steps: 1, Pattern: Fixed, Dump: dump, WallBatches: -1}); err != nil {
+		t.Fatal(err)
+	}
+	if *updateFixture {
+		t.Logf("wrote %s", dir)
+		return
+	}
+	for _, name := range []string{"weights.safetensors", "eager-b3.safetensors"} {
+		got, err := safetensors.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := safetensors.Open(filepath.Join(peerFixture, name))
+		if err != nil {
+			t.Fatalf("%v (go test ./workload -run TestGPT2PeerFixture -update writes it)", err)
+		}
+		if len(got.Tensors()) != len(want.Tensors()) {
+			t.Errorf("%s: %d tensors, the fixture %d", name, len(got.Tensors()), len(want.Tensors()))
+		}
+		for _, in := range got.Tensors() {
+			g, _ := got.ReadTensor(in.Name)
+			f, err := want.ReadTensor(in.Name)
+			if err != nil || !closeTensor(g, f) {
+				t.Errorf("%s: tensor %s differs from the fixture (%v): run go test ./workload -run TestGPT2PeerFixture -update", name, in.Name, err)
+			}
+		}
+		got.Close()
+		want.Close()
+	}
+}
+
+// closeTensor: same dtype, shape and bytes, or float32 values within 1e-6
+// (the sim's libm may round differently on another platform).
+func closeTensor(a, b safetensors.Tensor) bool {
+	if a.DType != b.DType || !equalShape(a.Shape, b.Shape) || len(a.Data) != len(b.Data) {
+		return false
+	}
+	if a.DType != "F32" {
+		return string(a.Data) == string(b.Data)
+	}
+	x, y := gpu.BytesToF32(a.Data), gpu.BytesToF32(b.Data)
+	for i := range x {
+		if math.Abs(float64(x[i])-float64(y[i])) > 1e-6 {
+			return false
+		}
+	}
+	return true
 }
