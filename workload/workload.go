@@ -14,6 +14,10 @@
 //   - dp: one rank's data-parallel training step: train on the rank's shard
 //     of the batch, the gradients all-reduced over Config.Comm before the
 //     update (see dp.go).
+//   - gpt2-decode: one GPT-2 small decode step over a batch of sequences,
+//     each with its own KV cache, a param bound every step (gpt2-decode-tiny
+//     for CI; see gpt2.go). Its weights can be read from or written to a
+//     safetensors file, so that the PyTorch peer loads the same ones.
 //
 // # Caller
 //
@@ -23,6 +27,9 @@
 // alternating), or random (new buffers every step between live allocations
 // of random sizes). Inputs are a pure function of (seed, step, param), so
 // two runs with the same seed see the same data whatever their strategy.
+// gpt2-decode's sequences keep their KV caches across steps: the Caller
+// owns them (gpt2caller.go), and the swap pattern gives some batch rows
+// another sequence, and another cache, every step.
 //
 // # Runs
 //
@@ -168,7 +175,9 @@ func New(name string, cfg Config) (*Workload, error) {
 }
 
 // Input returns the contents of param i (index into Params) at step: a pure
-// function of the seed, the step and i.
+// function of the seed, the step and i. For gpt2-decode they are those of
+// the fixed pattern (row r holds sequence r): the tokens, the positions,
+// and for a cache param its sequence's initial cache.
 func (w *Workload) Input(step, i int) []byte {
 	if w.gpt2 != nil {
 		return w.gpt2.input(step, i)
