@@ -78,8 +78,13 @@ const MaxSeqsPerLaunch = 8
 // the launch helpers use.
 const (
 	LayerNormBlock = 256
-	AttentionBlock = 128
+	AttentionBlock = 256
 )
+
+// maxShared is the dynamic shared memory a launch may use without opting
+// in per kernel (CUDA's default limit, 48 KiB): DecodeAttention's scores
+// take 4 bytes per cache position, so caches of about 12000 positions fit.
+const maxShared = 48 << 10
 
 // GELU's constant √(2/π), written out so that the CUDA source and the Go
 // reference use the same double.
@@ -368,7 +373,10 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	if err := checkRowBlocks(DecodeAttention, cfg, heads, nseq); err != nil {
 		return err
 	}
-	if want := attentionShared(int(cfg.Block.X), hd, npos); cfg.SharedMem < want {
+	switch want := attentionShared(int(cfg.Block.X), hd, npos); {
+	case want > maxShared:
+		return fmt.Errorf("kernel %s: %d positions of head dim %d need %d bytes of shared memory, more than the %d a launch gets: %w", DecodeAttention, npos, hd, want, maxShared, gpu.ErrInvalidValue)
+	case cfg.SharedMem < want:
 		return fmt.Errorf("kernel %s: %d bytes of shared memory, the kernel needs %d for %d positions: %w", DecodeAttention, cfg.SharedMem, want, npos, gpu.ErrInvalidValue)
 	}
 	d := heads * hd

@@ -169,6 +169,16 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			cfg.SharedMem = 16
 			return spec(t, kernels.DecodeAttention).Ref(mem, cfg, args)
 		}, "shared memory"},
+		{"attention cache too long", func() error {
+			mem := gputest.NewMapMemory()
+			p := mem.Alloc(make([]byte, 64))
+			args := []gpu.Arg{gpu.Ptr(p), gpu.Ptr(p), gpu.Ptr(p)}
+			for range 8 {
+				args = append(args, gpu.Ptr(p))
+			}
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(20000), gpu.F32(1))
+			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, 20000), args)
+		}, "more than the 49152"},
 		{"attention nseq 9", func() error {
 			mem := gputest.NewMapMemory()
 			p := mem.Alloc(make([]byte, 64))

@@ -166,6 +166,7 @@ extern "C" __global__ void sg_gemm(float* c, const float* a, const float* b, int
 // conformance tests compare within a tolerance.
 
 #define SG_MAX_SEQS 8
+#define SG_ATTN_UNROLL 4
 #define SG_FULL_MASK 0xffffffffu
 
 // GELU's tanh form in double, rounded once (the constant is the reference's
@@ -294,7 +295,8 @@ extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float*
 // sequence. Dynamic shared memory, in floats: the query (headDim), the
 // scores (npos), the partial sums of the weighted sum (max(blockDim.x,
 // headDim)), 32 of reduction scratch (kernels.DecodeAttentionConfig).
-// Scores: a warp per position, lanes over the head's columns. Softmax over
+// Scores: a warp per position (four at a time), lanes over the head's
+// columns. Softmax over
 // the first positions[i]+1 scores. Weighted sum: the positions split into
 // blockDim.x/headDim interleaved parts per column, added in part order.
 extern "C" __global__ void sg_decode_attention(float* out, const float* q, const int* positions,
@@ -323,13 +325,28 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
     for (int j = tid; j < headDim; j += nthreads) qs[j] = q[(unsigned long long)i * d + (unsigned long long)h * headDim + j];
     __syncthreads();
 
+    // Each warp takes SG_ATTN_UNROLL positions at a time, so that their
+    // loads are in flight together; per position the sum is the same as one
+    // at a time (lane-strided, then the butterfly), so the unroll does not
+    // change the bits.
     int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
-    for (int t = warp; t < len; t += nwarps) {
-        const float* kt = K + (unsigned long long)t * d;
-        float s = 0.0f;
-        for (int j = lane; j < headDim; j += 32) s = __fadd_rn(s, __fmul_rn(qs[j], kt[j]));
-        for (int off = 16; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(SG_FULL_MASK, s, off));
-        if (lane == 0) sc[t] = __fmul_rn(s, scale);
+    for (int t0 = warp * SG_ATTN_UNROLL; t0 < len; t0 += nwarps * SG_ATTN_UNROLL) {
+        float s[SG_ATTN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SG_ATTN_UNROLL; u++) s[u] = 0.0f;
+        for (int j = lane; j < headDim; j += 32) {
+            float qv = qs[j];
+#pragma unroll
+            for (int u = 0; u < SG_ATTN_UNROLL; u++) {
+                if (t0 + u < len) s[u] = __fadd_rn(s[u], __fmul_rn(qv, K[(unsigned long long)(t0 + u) * d + j]));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < SG_ATTN_UNROLL; u++) {
+            float v = s[u];
+            for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(SG_FULL_MASK, v, off));
+            if (lane == 0 && t0 + u < len) sc[t0 + u] = __fmul_rn(v, scale);
+        }
     }
     __syncthreads();
 
