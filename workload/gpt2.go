@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -434,7 +435,7 @@ func readGPT2Weights(f *safetensors.File, specs []gpt2Tensor) ([]safetensors.Ten
 			return nil, fmt.Errorf("no tensor %q", sp.name)
 		case in.DType != "F32":
 			return nil, fmt.Errorf("tensor %q is %s, the workload runs float32 (F32)", sp.name, in.DType)
-		case !equalShape(in.Shape, sp.shape):
+		case !slices.Equal(in.Shape, sp.shape):
 			return nil, fmt.Errorf("tensor %q has shape %s, the config needs %s", sp.name,
 				safetensors.ShapeString(in.Shape), safetensors.ShapeString(sp.shape))
 		}
@@ -445,18 +446,6 @@ func readGPT2Weights(f *safetensors.File, specs []gpt2Tensor) ([]safetensors.Ten
 		ts = append(ts, t)
 	}
 	return ts, nil
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // genChunk is the number of elements drawn from one generator: chunks are

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -537,7 +538,7 @@ func TestGPT2PeerFixture(t *testing.T) {
 // closeTensor: same dtype, shape and bytes, or float32 values within 1e-6
 // (the sim's libm may round differently on another platform).
 func closeTensor(a, b safetensors.Tensor) bool {
-	if a.DType != b.DType || !equalShape(a.Shape, b.Shape) || len(a.Data) != len(b.Data) {
+	if a.DType != b.DType || !slices.Equal(a.Shape, b.Shape) || len(a.Data) != len(b.Data) {
 		return false
 	}
 	if a.DType != "F32" {
