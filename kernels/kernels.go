@@ -7,10 +7,14 @@
 // each kernel against the reference on random inputs.
 //
 // All kernels work on float32 row-major data unless their name says
-// otherwise. Sizes are int32 (n, rows, cols, m, k) as in the CUDA sources.
-// Each kernel has a launch helper (Elementwise, Gemm) giving the geometry the
-// CUDA kernels expect; the references reject a launch whose threads do not
-// cover the problem, because device code would silently compute only part.
+// otherwise; the transformer-decode kernels (gpt2.go: embedding, layer norm,
+// GELU, residual, KV-cache append, decode attention) also read int32 token
+// ids and positions from device memory. Sizes are int32 (n, rows, cols, m,
+// k) as in the CUDA sources. Each kernel has a launch helper (Elementwise,
+// GemmConfig, LayerNormConfig, DecodeAttentionConfig) giving the geometry
+// the CUDA kernels expect; the references reject a launch whose threads do
+// not cover the problem, because device code would silently compute only
+// part.
 package kernels
 
 import (
@@ -69,7 +73,7 @@ var (
 
 // Specs returns the kernel set's specs, in a stable order.
 func Specs() []gpu.KernelSpec {
-	return []gpu.KernelSpec{
+	return append([]gpu.KernelSpec{
 		{Name: Fill, Params: []gpu.ArgKind{p, f32, i32}, Ref: refFill},
 		{Name: FillU64, Params: []gpu.ArgKind{p, u64, i32}, Ref: refFillU64},
 		{Name: Copy, Params: []gpu.ArgKind{p, p, i32}, Ref: unary(func(x float32) float32 { return x })},
@@ -90,7 +94,7 @@ func Specs() []gpu.KernelSpec {
 		})},
 		{Name: BiasGrad, Params: []gpu.ArgKind{p, p, i32, i32}, Ref: refBiasGrad},
 		{Name: Gemm, Params: []gpu.ArgKind{p, p, p, i32, i32, i32, i32, i32, f32, f32}, Ref: refGemm},
-	}
+	}, gpt2Specs()...)
 }
 
 // Module returns the built-in module image: the specs and, when the CUDA

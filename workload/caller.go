@@ -21,18 +21,25 @@ const (
 	PingPong Pattern = "pingpong"
 	// Random allocates new buffers every step at random positions of the
 	// region, between live allocations of random sizes, and frees the
-	// previous step's.
+	// previous step's. A workload's per-sequence state (gpt2-decode's KV
+	// caches) is moved to a new place every step too.
 	Random Pattern = "random"
+	// Swap is for workloads with per-sequence state (gpt2-decode): the
+	// caller owns more sequences than the batch has rows, and every step
+	// some rows get another sequence, and with it another KV cache (see
+	// gpt2caller.go); the other buffers move as with PingPong.
+	Swap Pattern = "swap"
 )
 
-// Patterns lists the patterns.
+// Patterns lists the patterns every workload takes. Swap, for workloads
+// with per-sequence state, is not among them.
 func Patterns() []Pattern { return []Pattern{Fixed, PingPong, Random} }
 
 // ParsePattern returns the pattern named s.
 func ParsePattern(s string) (Pattern, error) {
 	p := Pattern(s)
-	if !slices.Contains(Patterns(), p) {
-		return "", fmt.Errorf("workload: unknown movement pattern %q (fixed, pingpong or random)", s)
+	if !slices.Contains(Patterns(), p) && p != Swap {
+		return "", fmt.Errorf("workload: unknown movement pattern %q (fixed, pingpong, random, or swap for gpt2-decode)", s)
 	}
 	return p, nil
 }
@@ -55,9 +62,10 @@ type Caller struct {
 	region  gpu.DevicePtr
 	alloc   *bfc.Allocator
 	rng     *rand.Rand
-	sets    [][]gpu.DevicePtr // fixed and pingpong: the sets, params then outputs
+	sets    [][]gpu.DevicePtr // fixed, pingpong, swap: the sets of w.movable()
 	current []gpu.DevicePtr   // random: this step's buffers
 	filler  []gpu.DevicePtr   // random: live fillers
+	seq     *seqCaller        // the sequences of a gpt2-decode workload
 }
 
 // NewCaller allocates the caller's region on dev (a size that fits the
@@ -66,13 +74,16 @@ func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64
 	if _, err := ParsePattern(string(pattern)); err != nil {
 		return nil, err
 	}
+	if pattern == Swap && w.gpt2 == nil {
+		return nil, fmt.Errorf("workload %s: pattern swap needs per-sequence state (gpt2-decode); use fixed, pingpong or random", w.Name)
+	}
 	var perSet uint64
-	for _, buf := range w.buffers() {
+	for _, buf := range w.movable() {
 		perSet += gpu.RoundUp(uint64(buf.Size()), 256)
 	}
 	// Three sets cover pingpong, and random's current and previous step
 	// with room to move; fillers take at most fillers*fillerMaxSize.
-	size := gpu.RoundUp(3*perSet+2*fillers*fillerMaxSize, 1<<20)
+	size := gpu.RoundUp(3*perSet+2*fillers*fillerMaxSize+seqRegion(w, pattern), 1<<20)
 	region, err := b.MemAlloc(dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
@@ -86,7 +97,7 @@ func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64
 	if c.alloc, err = bfc.New(region, size, bfc.Options{Name: "caller"}); err != nil {
 		return nil, fmt.Errorf("workload: caller allocator: %w", err)
 	}
-	nsets := map[Pattern]int{Fixed: 1, PingPong: 2}[pattern]
+	nsets := map[Pattern]int{Fixed: 1, PingPong: 2, Swap: 2}[pattern]
 	for range nsets {
 		set, err := c.allocSet()
 		if err != nil {
@@ -94,15 +105,36 @@ func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64
 		}
 		c.sets = append(c.sets, set)
 	}
+	if w.gpt2 != nil {
+		if c.seq, err = newSeqCaller(c, seed); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
 // buffers are the caller-bound buffers: params, then outputs.
 func (w *Workload) buffers() []sg.Buffer { return slices.Concat(w.Params, w.Outputs) }
 
+// movable are the caller-bound buffers that the pattern moves as sets:
+// all of them but per-sequence state (gpt2-decode's caches), which the
+// sequences own.
+func (w *Workload) movable() []sg.Buffer {
+	if w.gpt2 == nil {
+		return w.buffers()
+	}
+	var out []sg.Buffer
+	for _, b := range w.buffers() {
+		if !slices.Contains(w.gpt2.caches, b) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
 func (c *Caller) allocSet() ([]gpu.DevicePtr, error) {
 	var set []gpu.DevicePtr
-	for _, buf := range c.w.buffers() {
+	for _, buf := range c.w.movable() {
 		p, err := c.alloc.Alloc(uint64(buf.Size()))
 		if err != nil {
 			for _, q := range set {
@@ -118,11 +150,13 @@ func (c *Caller) allocSet() ([]gpu.DevicePtr, error) {
 // Bind returns the bindings of step, with the inputs of that step written
 // into the params (synchronously). Under Random it first frees the previous
 // step's buffers (the caller must have waited for that step) and churns the
-// fillers.
+// fillers. For gpt2-decode, whose sequences keep their caches across steps,
+// the steps must be bound in order (as Run does): each Bind moves the
+// sequences on from the previous one's (see seqCaller.bind).
 func (c *Caller) Bind(step int) (sg.Bindings, error) {
 	var set []gpu.DevicePtr
 	switch c.pattern {
-	case Fixed, PingPong:
+	case Fixed, PingPong, Swap:
 		set = c.sets[step%len(c.sets)]
 	case Random:
 		if err := c.churn(); err != nil {
@@ -139,8 +173,14 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 		c.current = set
 	}
 	bind := sg.Bindings{}
-	for i, buf := range c.w.buffers() {
+	for i, buf := range c.w.movable() {
 		bind[buf] = set[i]
+	}
+	if c.seq != nil {
+		if err := c.seq.bind(step, bind); err != nil {
+			return nil, err
+		}
+		return bind, nil
 	}
 	for i, buf := range c.w.Params {
 		if err := c.b.MemcpyHtoD(set[i], c.w.Input(step, i)); err != nil {

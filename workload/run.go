@@ -12,6 +12,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/report"
+	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
 )
 
 // RunOptions configure Run and Bench. The zero value is valid; defaults are
@@ -44,6 +45,12 @@ type RunOptions struct {
 	WallBatchSize int
 	// NoFloor leaves out Bench's replay-fixed row.
 	NoFloor bool
+	// Dump, when set, names a safetensors file that Run writes the last
+	// step's inputs (those the caller writes: for gpt2-decode the tokens,
+	// positions and the sequence in each row) and outputs to, by buffer
+	// name, with the step's index in the metadata: what a peer needs to
+	// check its own outputs against ours.
+	Dump string
 	// Progress, when set, is called after every step.
 	Progress func(strategy sg.Strategy, step, total int)
 	// Logger receives debug logs. Default slog.Default().
@@ -182,9 +189,16 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		if err != nil {
 			return nil, fmt.Errorf("workload: step %d: elapsed time: %w", step, err)
 		}
-		d, err := digest(ctx, exe, w, outs)
+		d, data, err := digest(ctx, exe, w, outs)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: step %d: %w", w.Name, step, err)
+		}
+		if opts.Dump != "" && step == total-1 {
+			meta := map[string]string{"workload": w.Desc, "step": fmt.Sprint(step), "strategy": string(opts.Strategy),
+				"pattern": string(opts.Pattern), "backend": b.Name()}
+			if err := safetensors.WriteFile(opts.Dump, slices.Concat(caller.lastInputs(step), w.outputTensors(data)), meta); err != nil {
+				return nil, fmt.Errorf("workload %s: dump step %d: %w", w.Name, step, err)
+			}
 		}
 		res.Digests = append(res.Digests, d)
 		if opts.Reference != nil && res.Mismatch < 0 && d != opts.Reference[step] {
@@ -285,18 +299,22 @@ func usedMemory(b gpu.Backend, dev int) (uint64, bool) {
 	return total - free, true
 }
 
-func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Outputs) (Digest, error) {
+// digest reads a step's outputs and hashes them; it returns the outputs
+// too, in the order of w.Outputs.
+func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Outputs) (Digest, [][]byte, error) {
 	h := sha256.New()
+	var all [][]byte
 	for _, buf := range w.Outputs {
 		data, err := exe.ReadOutput(ctx, outs, buf)
 		if err != nil {
-			return Digest{}, fmt.Errorf("read output %s: %w", buf.Name(), err)
+			return Digest{}, nil, fmt.Errorf("read output %s: %w", buf.Name(), err)
 		}
 		h.Write(data)
+		all = append(all, data)
 	}
 	var d Digest
 	h.Sum(d[:0])
-	return d, nil
+	return d, all, nil
 }
 
 // Bench runs w with every strategy in strategies (default
@@ -330,6 +348,9 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 	for _, strat := range order {
 		o := opts
 		o.Strategy = strat
+		if strat != sg.StrategyEager {
+			o.Dump = "" // eager's outputs are the ones every strategy matched
+		}
 		res, err := Run(ctx, b, w, o)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -351,8 +372,8 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		// The floor every overhead ratio is measured against: the same
 		// step graph replayed with nothing moving, in the same run.
 		o := opts
-		o.Strategy, o.Pattern = sg.StrategyPatch, Fixed
-		res, err := Run(ctx, b, w, o)
+		o.Strategy, o.Pattern, o.Dump = sg.StrategyPatch, Fixed, ""
+		res, err := floorRun(ctx, b, w, o, opts.Pattern)
 		if err != nil {
 			if ctx.Err() != nil {
 				return rep, err
@@ -365,6 +386,23 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		}
 	}
 	return rep, nil
+}
+
+// floorRun runs Bench's floor o (patch on fixed buffers). Under Swap the
+// rows of a fixed-buffer run hold other sequences than the swapping run's,
+// so its outputs are checked against an eager run on fixed buffers of its
+// own rather than against o.Reference.
+func floorRun(ctx context.Context, b gpu.Backend, w *Workload, o RunOptions, moving Pattern) (*RunResult, error) {
+	if moving == Swap {
+		e := o
+		e.Strategy, e.Reference, e.WallBatches, e.Progress, e.Dump = sg.StrategyEager, nil, -1, nil, ""
+		ref, err := Run(ctx, b, w, e)
+		if err != nil {
+			return nil, fmt.Errorf("eager reference on fixed buffers: %w", err)
+		}
+		o.Reference = ref.Digests
+	}
+	return Run(ctx, b, w, o)
 }
 
 // FloorRow is the name of Bench's row for the step graph replayed with no

@@ -14,6 +14,10 @@
 //   - dp: one rank's data-parallel training step: train on the rank's shard
 //     of the batch, the gradients all-reduced over Config.Comm before the
 //     update (see dp.go).
+//   - gpt2-decode: one GPT-2 small decode step over a batch of sequences,
+//     each with its own KV cache, a param bound every step (gpt2-decode-tiny
+//     for CI; see gpt2.go). Its weights can be read from or written to a
+//     safetensors file, so that the PyTorch peer loads the same ones.
 //
 // # Caller
 //
@@ -23,6 +27,9 @@
 // alternating), or random (new buffers every step between live allocations
 // of random sizes). Inputs are a pure function of (seed, step, param), so
 // two runs with the same seed see the same data whatever their strategy.
+// gpt2-decode's sequences keep their KV caches across steps: the Caller
+// owns them (gpt2caller.go), and the swap pattern gives some batch rows
+// another sequence, and another cache, every step.
 //
 // # Runs
 //
@@ -69,6 +76,20 @@ type Config struct {
 	K int
 	// N is chain's element count. Default 256.
 	N int
+	// Heads, Vocab and Positions shape gpt2-decode: attention heads,
+	// vocabulary, and the positions of the KV caches and of the position
+	// embedding. Defaults GPT-2 small's 12, 50257 and 1024 (gpt2-decode-tiny:
+	// 4, 256, 64). gpt2-decode also reads Layers (12; tiny 2), Width as the
+	// model width d (768; tiny 64) and Batch (8; tiny 4).
+	Heads, Vocab, Positions int
+	// Pos is gpt2-decode's decode position: sequence s decodes at
+	// max(0, Pos - s mod 4). Default 128 (tiny 16).
+	Pos int
+	// Weights names a safetensors file of gpt2-decode's weights, with GPT-2
+	// checkpoint names and shapes (float32): read when it exists, else
+	// written there with the weights generated from Seed. Empty: generated,
+	// not written.
+	Weights string
 	// Seed seeds the weights and the inputs. Default 1.
 	Seed uint64
 	// Comm is dp's communicator: the rank's shard of the batch and the
@@ -100,6 +121,9 @@ type Workload struct {
 
 	seed   uint64
 	inputs []func(r *rand.Rand) []byte // per param
+	// gpt2 is set for gpt2-decode: its params hold per-sequence state that
+	// the Caller keeps across steps (gpt2.go, gpt2caller.go).
+	gpt2 *gpt2Model
 }
 
 // StateInit is a state buffer's initial contents.
@@ -117,6 +141,10 @@ var builders = map[string]func(Config) (*Workload, error){
 	"chain":        chain,
 	"chain-moving": chainMoving,
 	"dp":           dp,
+	// One decode step of GPT-2 small over per-sequence KV caches, and a
+	// tiny one for CI (gpt2.go).
+	"gpt2-decode":      gpt2Decode("gpt2-decode", gpt2Small),
+	"gpt2-decode-tiny": gpt2Decode("gpt2-decode-tiny", gpt2Tiny),
 }
 
 // Names lists the workloads New knows, sorted.
@@ -138,7 +166,8 @@ func New(name string, cfg Config) (*Workload, error) {
 	if cfg.Seed == 0 {
 		cfg.Seed = 1
 	}
-	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 {
+	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 ||
+		cfg.Heads < 0 || cfg.Vocab < 0 || cfg.Positions < 0 || cfg.Pos < 0 {
 		return nil, fmt.Errorf("workload %s: negative size in %+v", name, cfg)
 	}
 	w, err := b(cfg)
@@ -153,8 +182,13 @@ func New(name string, cfg Config) (*Workload, error) {
 }
 
 // Input returns the contents of param i (index into Params) at step: a pure
-// function of the seed, the step and i.
+// function of the seed, the step and i. For gpt2-decode they are those of
+// the fixed pattern (row r holds sequence r): the tokens, the positions,
+// and for a cache param its sequence's initial cache.
 func (w *Workload) Input(step, i int) []byte {
+	if w.gpt2 != nil {
+		return w.gpt2.input(step, i)
+	}
 	r := rand.New(rand.NewPCG(w.seed, uint64(step)<<16|uint64(i)))
 	return w.inputs[i](r)
 }

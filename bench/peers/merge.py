@@ -9,7 +9,8 @@ Standard library only.
 A PATH is a JSON file or a directory searched recursively for *.json (the
 layout bench/compare writes: DIR/<workload>/{stablegraph,stablegraph-fixed,
 torch,jax,...}.json). A file's workload is --workload if given, else the name
-of its directory when that is a known workload, else its "workload" field
+of its directory when that is a known workload (or gpt2-decode-bN: the
+batch-B runs of gpt2-decode), else its "workload" field
 (up to the first space or parenthesis).
 
 Files are told apart by content:
@@ -53,7 +54,9 @@ import os
 import re
 import sys
 
-KNOWN_WORKLOADS = ("mlp", "mlp-large", "train", "chain")
+KNOWN_WORKLOADS = ("mlp", "mlp-large", "train", "chain", "gpt2-decode-b1", "gpt2-decode-b8", "gpt2-decode-b32")
+# bench/compare puts gpt2-decode's runs of batch B in gpt2-decode-bB.
+BATCHED_DIR = re.compile(r"gpt2-decode(-tiny)?-b\d+")
 SYSTEM_ORDER = {"stablegraph": 0, "pytorch": 1, "jax": 2}
 PEER_SYSTEMS = ("pytorch", "jax")
 SG_FLOOR_ROW = "replay-fixed"
@@ -110,7 +113,7 @@ def workload_of(doc, path, override=None):
     if override:
         return override
     parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    if parent in KNOWN_WORKLOADS:
+    if parent in KNOWN_WORKLOADS or BATCHED_DIR.fullmatch(parent):
         return parent
     w = str(doc.get("workload") or "").strip()
     w = re.split(r"[\s(\[,:;]", w, maxsplit=1)[0] if w else ""

@@ -24,24 +24,32 @@ FAKES = os.path.join(HERE, "testdata", "fakes")
 
 FAKE_SG = textwrap.dedent("""\
     #!{python}
-    # TEST FAKE of `stablegraph bench`: fabricated numbers, report JSON format.
-    import json, sys
+    # TEST FAKE of `stablegraph bench` and `stablegraph run`: fabricated
+    # numbers in the report JSON format. Like an older binary it rejects
+    # --plot. run copies the gpt2 fixture (bench/peers/testdata/gpt2) to
+    # --weights (when missing) and --dump, as the real one writes them.
+    import json, os, shutil, sys
     args = sys.argv[1:]
     if "--plot" in args:
         print("flag provided but not defined: -plot", file=sys.stderr)
         sys.exit(2)
     def val(flag, default=None):
         return args[args.index(flag) + 1] if flag in args else default
-    fixed = val("--movement") == "fixed"
-    base = 50.0 if fixed else 60.0
+    if "run" in args:
+        fixture = {fixture!r}
+        if val("--weights") and not os.path.exists(val("--weights")):
+            shutil.copy(os.path.join(fixture, "weights.safetensors"), val("--weights"))
+        if val("--dump"):
+            shutil.copy(os.path.join(fixture, "eager-b3.safetensors"), val("--dump"))
+        print("fake run done", file=sys.stderr)
+        sys.exit(0)
+    rows = (("eager", 300.0), ("patch", 60.0), ("replay-fixed", 50.0))
     doc = {{"backend": "cuda", "device": "FAKE GPU", "workload": val("--workload") + " (fake shape)",
            "steps": int(val("--steps")), "results": [
-             {{"strategy": s, "step_us": {{"p50": base * k, "p90": base * k + 1}},
+             {{"strategy": s, "step_us": {{"p50": t, "p90": t + 1}},
               "host_us": {{"p50": 5.0, "p90": 6.0}}, "rerecords": 0, "graph_updates": 0,
               "patched_nodes": 0, "bytes_copied": 0, "peak_device_bytes": 1048576,
-              "outputs_match_eager": True}} for s, k in (("eager", 5), ("patch", 1))]}}
-    if fixed:
-        doc["movement"] = "fixed"
+              "outputs_match_eager": True}} for s, t in rows]}}
     with open(val("--json"), "w") as f:
         json.dump(doc, f)
     print("fake bench done", file=sys.stderr)
@@ -55,7 +63,7 @@ class CompareScriptTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             sg = os.path.join(d, "stablegraph")
             with open(sg, "w") as f:
-                f.write(FAKE_SG.format(python=sys.executable))
+                f.write(FAKE_SG.format(python=sys.executable, fixture=os.path.join(HERE, "testdata", "gpt2")))
             os.chmod(sg, 0o755)
             out = os.path.join(d, "out")
             env = dict(os.environ, PYTHONPATH=FAKES, SG_BIN=sg, PY=sys.executable, SG_LIBCUBLAS="")
@@ -73,15 +81,46 @@ class CompareScriptTest(unittest.TestCase):
                 systems = {r["system"] for r in rows}
                 self.assertEqual(systems, {"stablegraph", "pytorch", "jax"}, w)
                 patch = [r for r in rows if r["system"] == "stablegraph" and r["strategy"] == "patch"][0]
-                self.assertEqual(patch["floor"], "patch-fixed")
+                self.assertEqual(patch["floor"], "replay-fixed")
                 self.assertAlmostEqual(patch["gpu_ratio"], 1.2)
-                for f in ("stablegraph.log", "stablegraph-fixed.json", "torch.json", "jax.json", "jax.log"):
+                for f in ("stablegraph.log", "torch.json", "jax.json", "jax.log"):
                     self.assertTrue(os.path.exists(os.path.join(out, w, f)), (w, f))
             with open(os.path.join(out, "summary.txt")) as f:
                 summary = f.read()
             self.assertIn("== chain ==", summary)
             # The fakes have no libcuda: the update strategy's failure is listed, not fatal.
             self.assertIn("torch peers", summary)
+
+    def test_gpt2_decode_with_fakes(self):
+        with tempfile.TemporaryDirectory() as d:
+            sg = os.path.join(d, "stablegraph")
+            with open(sg, "w") as f:
+                f.write(FAKE_SG.format(python=sys.executable, fixture=os.path.join(HERE, "testdata", "gpt2")))
+            os.chmod(sg, 0o755)
+            out = os.path.join(d, "out")
+            env = dict(os.environ, PYTHONPATH=FAKES, SG_BIN=sg, PY=sys.executable, SG_LIBCUBLAS="", SG_PLOT="0")
+            env.pop("OUT", None)
+            p = subprocess.run(["bash", os.path.join(ROOT, "bench", "compare"), "--out", out,
+                                "--workloads", "gpt2-decode", "--gpt2-batches", "3", "--steps", "4", "--warmup", "1",
+                                "--budget", "240"],
+                               capture_output=True, text=True, timeout=600, env=env)
+            self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+            d3 = os.path.join(out, "gpt2-decode-b3")
+            for f in ("eager.safetensors", "eager-dump.log", "stablegraph.json", "torch.json", "torch.log"):
+                self.assertTrue(os.path.exists(os.path.join(d3, f)), f)
+            self.assertTrue(os.path.exists(os.path.join(out, "gpt2-weights.safetensors")))
+            self.assertIn("--pattern swap", p.stderr)
+            with open(os.path.join(out, "merged.json")) as f:
+                merged = json.load(f)
+            rows = merged["workloads"]["gpt2-decode-b3"]
+            self.assertEqual({r["system"] for r in rows}, {"stablegraph", "pytorch"})
+            torch_rows = [r for r in rows if r["system"] == "pytorch"]
+            self.assertEqual(len(torch_rows), 5)
+            for r in torch_rows:
+                self.assertNotIn("error", r, r)
+                self.assertIn("logits vs stablegraph eager: max abs", r["note"])
+            with open(os.path.join(d3, "torch.json")) as f:
+                self.assertTrue(all(r["output_ok"] for r in json.load(f)["results"]))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	registerShape(fs, &f.cfg, "mlp and train")
 	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
-	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong or random")
+	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong, random, or swap (gpt2-decode: sequences and their KV caches swap in and out of the batch)")
+	fs.StringVar(&f.cfg.Weights, "weights", "", "gpt2-decode: safetensors `file` of the weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	f.ranks.register(fs)
 }
@@ -130,6 +131,7 @@ the command line. Rank 0 reports.`,
 			wf.register(fs)
 			strategy := fs.String("strategy", string(sg.StrategyPatch), "replay `strategy`: "+strategyList())
 			check := fs.Bool("check", true, "compare every step's outputs with an eager run")
+			fs.StringVar(&wf.run.Dump, "dump", "", "write the last step's inputs and outputs to `file` (safetensors), for a peer to check against")
 			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			return func(e *env) error {
 				strat, err := sg.ParseStrategy(*strategy)

@@ -187,7 +187,7 @@ func kernelCases() []kernelCase {
 	}}, kernelCase{name: kernels.Gemm + "_tall", kernel: kernels.Gemm, make: func(r *rand.Rand) kernelInst {
 		return makeGemm(r, 45, 1, 7, 1, 0, 0)
 	}})
-	return cases
+	return append(cases, gpt2KernelCases()...)
 }
 
 func makeBiasGrad(r *rand.Rand) kernelInst {

@@ -130,6 +130,35 @@ func (m *extentStale) AddressRange(p gpu.DevicePtr) (gpu.DevicePtr, uint64, erro
 	return base, size, err
 }
 
+// argsMutated loads a module whose kernel named kernel gets its arguments
+// through change first: a wrong argument in device code (a swapped cache,
+// a dropped scale) that the kernel cases must catch.
+type argsMutated struct {
+	gpu.Backend
+	kernel string
+	change func(a []gpu.Arg)
+}
+
+func (m argsMutated) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
+	if img != nil {
+		img2 := *img
+		img2.Kernels = nil
+		for _, k := range img.Kernels {
+			if k.Name == m.kernel {
+				ref := k.Ref
+				k.Ref = func(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
+					a = append([]gpu.Arg(nil), a...)
+					m.change(a)
+					return ref(mem, cfg, a)
+				}
+			}
+			img2.Kernels = append(img2.Kernels, k)
+		}
+		img = &img2
+	}
+	return m.Backend.ModuleLoad(dev, img)
+}
+
 var mutants = []mutant{
 	{"wait-ignored", []string{"Streams/WaitEvent", "Streams/WaitEventCrossDevice"},
 		func(b *sim.Backend) gpu.Backend { return waitIgnored{b} }},
@@ -155,6 +184,22 @@ var mutants = []mutant{
 		}},
 	{"gemm-transB-ignored", []string{"Kernels/sg_gemm_NT_beta0", "Kernels/sg_gemm_TT_beta0.75", "Kernels/sg_gemm_thin"},
 		func(b *sim.Backend) gpu.Backend { return gemmTransBIgnored{b} }},
+	{"attention-caches-swapped", []string{"Kernels/sg_decode_attention_3seq", "Kernels/sg_decode_attention_8seq"},
+		func(b *sim.Backend) gpu.Backend {
+			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[3], a[4] = a[4], a[3] }}
+		}},
+	{"attention-scale-ignored", []string{"Kernels/sg_decode_attention_1seq", "Kernels/sg_decode_attention_8seq"},
+		func(b *sim.Backend) gpu.Backend {
+			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[15] = gpu.F32(1) }}
+		}},
+	{"kv-append-caches-swapped", []string{"Kernels/sg_kv_append_3seq", "Kernels/sg_kv_append_8seq"},
+		func(b *sim.Backend) gpu.Backend {
+			return argsMutated{b, kernels.KVAppend, func(a []gpu.Arg) { a[4], a[5] = a[5], a[4] }}
+		}},
+	{"layernorm-eps-wrong", []string{"Kernels/sg_layernorm"},
+		func(b *sim.Backend) gpu.Backend {
+			return argsMutated{b, kernels.LayerNorm, func(a []gpu.Arg) { a[6] = gpu.F32(0.5) }}
+		}},
 }
 
 const mutantEnv = "GPUTEST_MUTANT"

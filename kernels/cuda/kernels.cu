@@ -155,3 +155,223 @@ extern "C" __global__ void sg_gemm(float* c, const float* a, const float* b, int
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Transformer decode (kernels/gpt2.go has the specification: argument order,
+// the KV-cache layout of one layer, what bad input does). float32 data; token
+// ids and positions are int32 arrays read from device memory, so that a step
+// graph does not change with them. Sums that are reductions (layer norm,
+// attention) run in a fixed order per launch shape, so a kernel gives the
+// same bits every run; the Go references compute them in double and the
+// conformance tests compare within a tolerance.
+
+#define SG_MAX_SEQS 8
+#define SG_ATTN_UNROLL 4
+#define SG_FULL_MASK 0xffffffffu
+
+// GELU's tanh form in double, rounded once (the constant is the reference's
+// geluC). __dmul_rn/__dadd_rn keep nvcc from contracting into FMAs.
+__device__ __forceinline__ float sg_gelu(float xf) {
+    double v = (double)xf;
+    double v3 = __dmul_rn(__dmul_rn(v, v), v);
+    double u = __dmul_rn(0.7978845608028654, __dadd_rn(v, __dmul_rn(0.044715, v3)));
+    return (float)__dmul_rn(__dmul_rn(0.5, v), __dadd_rn(1.0, tanh(u)));
+}
+
+// Cache i of a launch's eight cache arguments.
+__device__ __forceinline__ float* sg_pick(int i, float* c0, float* c1, float* c2, float* c3,
+                                          float* c4, float* c5, float* c6, float* c7) {
+    switch (i) {
+    case 0: return c0;
+    case 1: return c1;
+    case 2: return c2;
+    case 3: return c3;
+    case 4: return c4;
+    case 5: return c5;
+    case 6: return c6;
+    default: return c7;
+    }
+}
+
+// Block-wide sum and max of v over a one-dimensional block of whole warps:
+// a butterfly within each warp, then every thread adds the warp results in
+// warp order, so all threads return the same value. red holds 32 floats.
+__device__ __forceinline__ float sg_block_sum(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(SG_FULL_MASK, v, off));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads(); // red may still be read by a previous reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < nwarps; w++) s = __fadd_rn(s, red[w]);
+    return s;
+}
+
+__device__ __forceinline__ float sg_block_max(float v, float* red) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(SG_FULL_MASK, v, off));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = red[0];
+    for (int w = 1; w < nwarps; w++) m = fmaxf(m, red[w]);
+    return m;
+}
+
+extern "C" __global__ void sg_embed(float* y, const float* wte, const float* wpe, const int* tokens,
+                                    const int* positions, int rows, int d, int vocab, int npos) {
+    unsigned long long i = sg_index();
+    if (rows <= 0 || d <= 0 || i >= (unsigned long long)rows * (unsigned long long)d) return;
+    unsigned long long r = i / d, c = i % d;
+    int tok = tokens[r], pos = positions[r];
+    if (tok < 0 || tok >= vocab || pos < 0 || pos >= npos) {
+        y[i] = __int_as_float(0x7fc00000); // NaN: a bad id cannot be reported otherwise
+        return;
+    }
+    y[i] = __fadd_rn(wte[(unsigned long long)tok * d + c], wpe[(unsigned long long)pos * d + c]);
+}
+
+// One block per row: the mean, then the biased variance around it, then the
+// normalised row. y may be x: each thread writes only elements it read.
+extern "C" __global__ void sg_layernorm(float* y, const float* x, const float* gamma, const float* beta,
+                                        int rows, int cols, float eps) {
+    __shared__ float red[32];
+    int r = blockIdx.x;
+    if (r >= rows || cols <= 0) return;
+    const float* xr = x + (unsigned long long)r * cols;
+    float* yr = y + (unsigned long long)r * cols;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s = __fadd_rn(s, xr[c]);
+    float mean = __fdiv_rn(sg_block_sum(s, red), (float)cols);
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float dv = __fsub_rn(xr[c], mean);
+        v = __fadd_rn(v, __fmul_rn(dv, dv));
+    }
+    float var = __fdiv_rn(sg_block_sum(v, red), (float)cols);
+    float rstd = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float n = __fmul_rn(__fsub_rn(xr[c], mean), rstd);
+        yr[c] = __fadd_rn(__fmul_rn(n, gamma[c]), beta[c]);
+    }
+}
+
+extern "C" __global__ void sg_bias_gelu(float* y, const float* x, const float* bias, int rows, int cols) {
+    unsigned long long i = sg_index();
+    if (rows <= 0 || cols <= 0) return;
+    if (i < (unsigned long long)rows * (unsigned long long)cols) {
+        y[i] = sg_gelu(__fadd_rn(x[i], bias[i % (unsigned long long)cols]));
+    }
+}
+
+extern "C" __global__ void sg_bias_residual(float* x, const float* a, const float* bias, int rows, int cols) {
+    unsigned long long i = sg_index();
+    if (rows <= 0 || cols <= 0) return;
+    if (i < (unsigned long long)rows * (unsigned long long)cols) {
+        x[i] = __fadd_rn(x[i], __fadd_rn(a[i], bias[i % (unsigned long long)cols]));
+    }
+}
+
+// One thread per (sequence, column): q gets its bias; k and v, with theirs,
+// go to row positions[i] of the keys and values of cache i's layer block.
+extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float* bias, const int* positions,
+                                        float* c0, float* c1, float* c2, float* c3,
+                                        float* c4, float* c5, float* c6, float* c7,
+                                        int nseq, int d, int npos) {
+    unsigned long long t = sg_index();
+    if (nseq <= 0 || nseq > SG_MAX_SEQS || d <= 0) return;
+    if (t >= (unsigned long long)nseq * (unsigned long long)d) return;
+    int i = (int)(t / d), c = (int)(t % d);
+    const float* row = qkv + (unsigned long long)i * 3 * d;
+    q[(unsigned long long)i * d + c] = __fadd_rn(row[c], bias[c]);
+    int pos = positions[i];
+    if (pos < 0 || pos >= npos) return; // the attention writes NaN for this sequence
+    float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7);
+    cache[(unsigned long long)pos * d + c] = __fadd_rn(row[d + c], bias[d + c]);
+    cache[((unsigned long long)npos + pos) * d + c] = __fadd_rn(row[2 * d + c], bias[2 * d + c]);
+}
+
+// One block per (head, sequence): blockIdx.x is the head, blockIdx.y the
+// sequence. Dynamic shared memory, in floats: the query (headDim), the
+// scores (npos), the partial sums of the weighted sum (max(blockDim.x,
+// headDim)), 32 of reduction scratch (kernels.DecodeAttentionConfig).
+// Scores: a warp per position (four at a time), lanes over the head's
+// columns. Softmax over
+// the first positions[i]+1 scores. Weighted sum: the positions split into
+// blockDim.x/headDim interleaved parts per column, added in part order.
+extern "C" __global__ void sg_decode_attention(float* out, const float* q, const int* positions,
+                                               float* c0, float* c1, float* c2, float* c3,
+                                               float* c4, float* c5, float* c6, float* c7,
+                                               int nseq, int heads, int headDim, int npos, float scale) {
+    extern __shared__ float sm[];
+    int h = blockIdx.x, i = blockIdx.y;
+    if (i >= nseq || i >= SG_MAX_SEQS || h >= heads || headDim <= 0 || npos <= 0) return;
+    int tid = threadIdx.x, nthreads = blockDim.x;
+    float* qs = sm;
+    float* sc = qs + headDim;
+    float* part = sc + npos;
+    float* red = part + max(nthreads, headDim);
+    unsigned long long d = (unsigned long long)heads * headDim;
+    float* o = out + (unsigned long long)i * d + (unsigned long long)h * headDim;
+    int pos = positions[i];
+    if (pos < 0 || pos >= npos) {
+        for (int j = tid; j < headDim; j += nthreads) o[j] = __int_as_float(0x7fc00000);
+        return;
+    }
+    int len = pos + 1;
+    const float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7);
+    const float* K = cache + (unsigned long long)h * headDim;
+    const float* V = cache + (unsigned long long)npos * d + (unsigned long long)h * headDim;
+    for (int j = tid; j < headDim; j += nthreads) qs[j] = q[(unsigned long long)i * d + (unsigned long long)h * headDim + j];
+    __syncthreads();
+
+    // Each warp takes SG_ATTN_UNROLL positions at a time, so that their
+    // loads are in flight together; per position the sum is the same as one
+    // at a time (lane-strided, then the butterfly), so the unroll does not
+    // change the bits.
+    int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+    for (int t0 = warp * SG_ATTN_UNROLL; t0 < len; t0 += nwarps * SG_ATTN_UNROLL) {
+        float s[SG_ATTN_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SG_ATTN_UNROLL; u++) s[u] = 0.0f;
+        for (int j = lane; j < headDim; j += 32) {
+            float qv = qs[j];
+#pragma unroll
+            for (int u = 0; u < SG_ATTN_UNROLL; u++) {
+                if (t0 + u < len) s[u] = __fadd_rn(s[u], __fmul_rn(qv, K[(unsigned long long)(t0 + u) * d + j]));
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < SG_ATTN_UNROLL; u++) {
+            float v = s[u];
+            for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(SG_FULL_MASK, v, off));
+            if (lane == 0 && t0 + u < len) sc[t0 + u] = __fmul_rn(v, scale);
+        }
+    }
+    __syncthreads();
+
+    float m = __int_as_float(0xff800000); // -inf
+    for (int t = tid; t < len; t += nthreads) m = fmaxf(m, sc[t]);
+    m = sg_block_max(m, red);
+    float sum = 0.0f;
+    for (int t = tid; t < len; t += nthreads) {
+        float e = expf(__fsub_rn(sc[t], m));
+        sc[t] = e;
+        sum = __fadd_rn(sum, e);
+    }
+    sum = sg_block_sum(sum, red); // its barriers also publish sc
+
+    int parts = nthreads >= headDim ? nthreads / headDim : 1;
+    for (int jj = tid; jj < headDim * parts; jj += nthreads) {
+        int j = jj % headDim, p = jj / headDim;
+        float acc = 0.0f;
+        for (int t = p; t < len; t += parts) acc = __fadd_rn(acc, __fmul_rn(sc[t], V[(unsigned long long)t * d + j]));
+        part[jj] = acc;
+    }
+    __syncthreads();
+    for (int j = tid; j < headDim; j += nthreads) {
+        float a = 0.0f;
+        for (int p = 0; p < parts; p++) a = __fadd_rn(a, part[p * headDim + j]);
+        o[j] = __fdiv_rn(a, sum);
+    }
+}

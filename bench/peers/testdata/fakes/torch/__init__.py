@@ -1,4 +1,5 @@
-"""TEST FAKE of the few torch calls torch_peers.py makes (see ../README.md).
+"""TEST FAKE of the few torch calls torch_peers.py and torch_gpt2.py make (see
+../README.md).
 
 numpy on the CPU. Tensors own numpy buffers that ops fill in place; during a
 fake graph capture every op is also recorded as a closure over the tensors it
@@ -13,6 +14,7 @@ import numpy as np
 __version__ = "0.0-fake"
 float32 = np.float32
 bfloat16 = np.float32  # the fake has no bfloat16; it computes in float32
+int64 = np.int64
 
 
 class version:  # noqa: N801  (torch.version)
@@ -40,7 +42,7 @@ class Tensor:
         return self.a.__array_interface__["data"][0]
 
     def to(self, device=None, dtype=None):
-        return Tensor(np.array(self.a, dtype=np.float32, copy=True))
+        return Tensor(np.array(self.a, dtype=dtype or np.float32, copy=True))
 
     def contiguous(self):
         return self
@@ -95,6 +97,131 @@ class Tensor:
 
     def item(self):
         return self.a.item()
+
+    # Views share the buffer (as numpy views do), so they need no closure;
+    # ops that make a new tensor allocate it now and fill it through _run.
+
+    def __getitem__(self, idx):
+        t = _tuple(idx)
+        if any(isinstance(i, Tensor) for i in t):
+            raise NotImplementedError("fake: reading with tensor indices")
+        if not any(i is Ellipsis for i in t):
+            t += (Ellipsis,)  # so that a single element is a 0-d view, not a copy
+        return Tensor(self.a[t])
+
+    def __setitem__(self, idx, value):
+        def put():
+            ix = tuple(i.a if isinstance(i, Tensor) else i for i in _tuple(idx))
+            self.a[ix] = value.a if isinstance(value, Tensor) else value
+        _run(put)
+
+    def reshape(self, *shape):
+        v = self.a.reshape(*shape)
+        if not np.shares_memory(v, self.a):
+            raise NotImplementedError("fake: reshape that copies")
+        return Tensor(v)
+
+    def transpose(self, a, b):
+        return Tensor(np.swapaxes(self.a, a, b))
+
+    def split(self, n, dim=0):
+        return [Tensor(x) for x in np.split(self.a, range(n, self.a.shape[dim], n), axis=dim)]
+
+    def _binary(self, other, f, dtype=None):
+        o = other.a if isinstance(other, Tensor) else other
+        out = Tensor(np.empty(np.broadcast_shapes(self.a.shape, np.shape(o)), dtype=dtype or self.a.dtype))
+        _run(lambda: np.copyto(out.a, f(self.a, other.a if isinstance(other, Tensor) else other)))
+        return out
+
+    def __add__(self, other):
+        return self._binary(other, np.add)
+
+    def __mul__(self, other):
+        return self._binary(other, lambda x, y: (x * y).astype(x.dtype))
+
+    def __gt__(self, other):
+        return self._binary(other, np.greater, dtype=np.bool_)
+
+    def masked_fill(self, mask, value):
+        out = Tensor(np.empty_like(self.a))
+        _run(lambda: np.copyto(out.a, np.where(mask.a, np.float32(value), self.a)))
+        return out
+
+
+def _tuple(idx):
+    return idx if isinstance(idx, tuple) else (idx,)
+
+
+def zeros(shape, device=None, dtype=None):
+    return Tensor(np.zeros(shape, dtype=dtype or np.float32))
+
+
+def arange(n, device=None):
+    return Tensor(np.arange(n, dtype=np.int64))
+
+
+def index_select(a, dim, idx, out=None):
+    if out is None:
+        out = Tensor(np.empty((idx.a.shape[0],) + a.a.shape[1:], dtype=a.a.dtype))
+    _run(lambda: np.copyto(out.a, np.take(a.a, idx.a, axis=dim)))
+    return out
+
+
+def matmul(a, b):
+    out = Tensor(np.empty(np.matmul(a.a, b.a).shape, dtype=np.float32))
+    _run(lambda: np.matmul(a.a, b.a, out=out.a))
+    return out
+
+
+def softmax(x, dim=-1):
+    out = Tensor(np.empty_like(x.a))
+
+    def f():
+        e = np.exp(x.a - x.a.max(axis=dim, keepdims=True))
+        np.copyto(out.a, e / e.sum(axis=dim, keepdims=True))
+    _run(f)
+    return out
+
+
+class _Functional:
+    @staticmethod
+    def layer_norm(x, shape, weight, bias, eps):
+        out = Tensor(np.empty_like(x.a))
+
+        def f():
+            m = x.a.mean(axis=-1, keepdims=True)
+            v = ((x.a - m) ** 2).mean(axis=-1, keepdims=True)
+            np.copyto(out.a, (x.a - m) / np.sqrt(v + np.float32(eps)) * weight.a + bias.a)
+        _run(f)
+        return out
+
+    @staticmethod
+    def gelu(x, approximate="none"):
+        if approximate != "tanh":
+            raise NotImplementedError("fake: gelu without approximate='tanh'")
+        out = Tensor(np.empty_like(x.a))
+        c = np.float32(np.sqrt(2 / np.pi))
+        _run(lambda: np.copyto(out.a, 0.5 * x.a * (1 + np.tanh(c * (x.a + np.float32(0.044715) * x.a ** 3)))))
+        return out
+
+
+class nn:  # noqa: N801  (torch.nn)
+    functional = _Functional
+
+
+def compile(fn, mode=None):  # noqa: A001  (torch.compile)
+    return fn
+
+
+class _Flags:
+    allow_tf32 = True
+
+
+class backends:  # noqa: N801  (torch.backends)
+    class cuda:  # noqa: N801
+        matmul = _Flags()
+
+    cudnn = _Flags()
 
 
 def device(name):
