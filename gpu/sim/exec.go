@@ -174,7 +174,9 @@ func (st *stream) runPlan(p *plan) bool {
 				return false
 			}
 			continue
-		case gpu.NodeEmpty:
+		case gpu.NodeEmpty, gpu.NodeMemAlloc, gpu.NodeMemFree:
+			// Graph memory stays mapped for the graph's life (see
+			// internalAllocLocked): its nodes only order work.
 			continue
 		}
 		if b.faulted(p.dev) || b.closingNow() {
@@ -231,6 +233,11 @@ func matchLocked(op string, p *plan, g *graph) error {
 		case gpu.NodeChildGraph:
 			if err := matchLocked(op, e.child, n.child); err != nil {
 				return err
+			}
+		case gpu.NodeMemAlloc, gpu.NodeMemFree:
+			// CUDA cannot move a graph allocation by an update.
+			if n.p.ga != e.p.ga {
+				return updateErr(op, gpu.UpdateParametersChanged, n.handle, "node %d: a %s node's allocation cannot change", i, n.typ)
 			}
 		}
 	}
@@ -396,6 +403,9 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.Graph
 	}
 	g, err := b.graphLocked(op, child)
 	if err != nil {
+		return err
+	}
+	if err := checkChild(op, g); err != nil {
 		return err
 	}
 	if err := matchLocked(op, e.child, g); err != nil {

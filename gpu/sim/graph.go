@@ -220,8 +220,10 @@ func (b *Backend) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Me
 func (b *Backend) GraphAddChildGraphNode(g gpu.Graph, deps []gpu.GraphNode, child gpu.Graph) (gpu.GraphNode, error) {
 	const op = "GraphAddChildGraphNode"
 	return b.addNode(op, g, deps, gpu.NodeChildGraph, func(n *node) (err error) {
-		n.child, err = b.graphLocked(op, child)
-		return err
+		if n.child, err = b.graphLocked(op, child); err != nil {
+			return err
+		}
+		return checkChild(op, n.child)
 	})
 }
 

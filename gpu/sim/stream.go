@@ -31,6 +31,11 @@ const (
 	cmdDtoH
 	cmdRecord // EventRecord
 	cmdWait   // StreamWaitEvent
+	// Graph memory, allocated and freed by the graph (the GEMM library's
+	// workspace when it is given none and the stream is capturing). Only
+	// ever captured: as stream work they do nothing.
+	cmdMemAlloc
+	cmdMemFree
 )
 
 // params are the parameters of a command or graph node of the kinds both
@@ -40,6 +45,7 @@ type params struct {
 	cp   gpu.MemcpyParams
 	ms   gpu.Memset
 	wv   writeValue
+	ga   graphAlloc // mem-alloc and mem-free nodes
 }
 
 type kernelParams struct {
