@@ -24,6 +24,8 @@ type fakeNode struct {
 	typ  gpu.NodeType
 	deps []gpu.GraphNode
 	p    gpu.KernelParams
+	cp   gpu.MemcpyParams
+	ms   gpu.Memset
 }
 
 func newFake() *fakeGraphs {
@@ -49,6 +51,14 @@ func (f *fakeGraphs) add(g gpu.Graph, n *fakeNode) gpu.GraphNode {
 
 func (f *fakeGraphs) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
 	return f.add(g, &fakeNode{typ: gpu.NodeKernel, deps: slices.Clone(deps), p: p}), nil
+}
+
+func (f *fakeGraphs) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.MemcpyParams) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeMemcpy, deps: slices.Clone(deps), cp: p}), nil
+}
+
+func (f *fakeGraphs) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Memset) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeMemset, deps: slices.Clone(deps), ms: p}), nil
 }
 
 func (f *fakeGraphs) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
@@ -155,7 +165,7 @@ func TestDiffFindsPointerSlotsOnly(t *testing.T) {
 		t.Errorf("second kernel: %v", p)
 	}
 	// The template is not disturbed by building.
-	if b := binary.LittleEndian.Uint64(tm.nodes[0].params.Args[1].Raw[8:]); b != uint64(ops1[1])+64 {
+	if b := binary.LittleEndian.Uint64(tm.nodes[0].Kernel.Args[1].Raw[8:]); b != uint64(ops1[1])+64 {
 		t.Errorf("building rewrote the template: %#x", b)
 	}
 }
