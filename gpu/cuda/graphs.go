@@ -445,6 +445,10 @@ func (b *Backend) nodeType(dev int, n cu.GraphNode) (gpu.NodeType, error) {
 		return gpu.NodeEmpty, nil
 	case cu.GraphNodeBatchMemOp:
 		return gpu.NodeMemWriteValue, nil
+	case cu.GraphNodeMemAlloc:
+		return gpu.NodeMemAlloc, nil
+	case cu.GraphNodeMemFree:
+		return gpu.NodeMemFree, nil
 	}
 	return gpu.NodeOther, nil
 }

@@ -107,6 +107,8 @@ const (
 	symGraphExecMemcpyNodeSetParams
 	symGraphExecMemsetNodeSetParams
 	symGraphExecChildGraphNodeSetParams
+	symGraphMemcpyNodeGetParams
+	symGraphMemsetNodeGetParams
 	numSyms
 )
 
@@ -200,6 +202,8 @@ var driverSyms = [numSyms]symSpec{
 	symGraphExecMemsetNodeSetParams: {names: []string{"cuGraphExecMemsetNodeSetParams"}},
 	symGraphExecChildGraphNodeSetParams: {
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
+	symGraphMemcpyNodeGetParams: {names: []string{"cuGraphMemcpyNodeGetParams"}},
+	symGraphMemsetNodeGetParams: {names: []string{"cuGraphMemsetNodeGetParams"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
@@ -662,4 +666,15 @@ func (d *Driver) GraphExecMemsetNodeSetParams(x GraphExec, n GraphNode, p *Memse
 
 func (d *Driver) GraphExecChildGraphNodeSetParams(x GraphExec, n GraphNode, child Graph) Result {
 	return d.call3(symGraphExecChildGraphNodeSetParams, uintptr(x), uintptr(n), uintptr(child))
+}
+
+// GraphMemcpyNodeGetParams reads a memcpy node's parameters (captured
+// copies included).
+func (d *Driver) GraphMemcpyNodeGetParams(n GraphNode, p *Memcpy3D) Result {
+	return d.call2(symGraphMemcpyNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// GraphMemsetNodeGetParams reads a memset node's parameters.
+func (d *Driver) GraphMemsetNodeGetParams(n GraphNode, p *MemsetNodeParams) Result {
+	return d.call2(symGraphMemsetNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
 }
