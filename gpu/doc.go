@@ -53,5 +53,9 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives will be an optional interface discovered the same way.
+// Libraries are optional interfaces discovered the same way: Collectives
+// (CollectivesOf), GEMM (GemmOf: matrix products with a bias, a caller's
+// workspace and a preparation step outside capture; AlignClass is the
+// alignment libraries choose kernels by) and GraphNodeReader (memcpy and
+// memset nodes read back).
 package gpu

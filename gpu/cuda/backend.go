@@ -30,14 +30,14 @@ func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
-// gpu.HandleCounter and GEMMer. Safe for concurrent use (see the package doc
-// for the graph rule).
+// gpu.HandleCounter, gpu.Collectives, gpu.GEMM and gpu.GraphNodeReader.
+// Safe for concurrent use (see the package doc for the graph rule).
 type Backend struct {
 	d    *cu.Driver
 	opts options
 	devs []*device
 
-	blas blasLib   // cuBLAS, loaded at the first Gemm
+	blas blasLib   // cuBLAS and cuBLASLt, loaded at the first GEMM call
 	nccl ncclState // NCCL and the communicators (collectives.go)
 
 	// mu guards the handle tables. Driver calls are made without it.
@@ -89,7 +89,7 @@ type device struct {
 	ctx     cu.Context
 	props   gpu.DeviceProps
 
-	gemm gemmState // cuBLAS handle or fallback module, made at the first Gemm
+	gemm gemmState // cuBLAS handles and kept algorithms, made at the first GEMM call
 }
 
 type streamInfo struct {

@@ -28,11 +28,11 @@ func (c gemmCase) String() string {
 }
 
 var gemmCases = []gemmCase{
-	{m: 8, n: 256, k: 256, alpha: 1, bias: true},   // mlp's layer (PyTorch's addmm)
-	{m: 8, n: 256, k: 256, alpha: 1},               // mlp's layer without its bias
+	{m: 8, n: 256, k: 256, alpha: 1, bias: true},    // mlp's layer (PyTorch's addmm)
+	{m: 8, n: 256, k: 256, alpha: 1},                // mlp's layer without its bias
 	{m: 64, n: 1024, k: 1024, alpha: 1, bias: true}, // mlp-large's layer
-	{m: 256, n: 256, k: 8, transA: true, alpha: 1}, // train's dW = hᵀ·dz
-	{m: 8, n: 256, k: 256, transB: true, alpha: 1}, // train's dh = dz·Wᵀ
+	{m: 256, n: 256, k: 8, transA: true, alpha: 1},  // train's dW = hᵀ·dz
+	{m: 8, n: 256, k: 256, transB: true, alpha: 1},  // train's dh = dz·Wᵀ
 	{m: 64, n: 48, k: 80, alpha: 1},
 	{m: 33, n: 65, k: 17, transA: true, alpha: 0.5, beta: 0.25, bias: true},
 	{m: 128, n: 96, k: 200, transB: true, alpha: 1.5, beta: 0},
