@@ -168,7 +168,7 @@ func (m *mlp) eager(a []gpu.DevicePtr) string {
 // tanh after the second), and patch moves them to fresh addresses every
 // step with no capture after the first record, computing eager's bits.
 func TestFlattenedPatchFreshAddresses(t *testing.T) {
-	m := newMLP(t, 8, 256, 4, trace.Options{})
+	m := newMLP(t, 8, 128, 4, trace.Options{})
 	a := m.fresh(0)
 	want := m.eager(a)
 	x, err := m.cb.Instantiate(m.b, a, true)
@@ -239,7 +239,7 @@ func TestFlattenedPatchOtherClass(t *testing.T) {
 		{"other kernels (vectorised, then scalar)", 64, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			m := newMLP(t, c.rows, 256, 2, trace.Options{})
+			m := newMLP(t, c.rows, 128, 2, trace.Options{})
 			a := m.fresh(0)
 			m.eager(a)
 			x, err := m.cb.Instantiate(m.b, a, true)
@@ -279,7 +279,7 @@ func TestFlattenedPatchOtherClass(t *testing.T) {
 // and the record strategy (traces captured, not diffed) both work over
 // flattened GEMMs read back from their captures.
 func TestFlattenedUpdateAndRecord(t *testing.T) {
-	m := newMLP(t, 8, 256, 2, trace.Options{})
+	m := newMLP(t, 8, 128, 2, trace.Options{})
 	a := m.fresh(0)
 	m.eager(a)
 	x, err := m.cb.Instantiate(m.b, a, false)
@@ -310,7 +310,7 @@ func TestFlattenedUpdateAndRecord(t *testing.T) {
 // a child graph: recording the step fails, naming the memory node. This is
 // why the tracer owns a workspace.
 func TestNotFlattenedWithoutWorkspace(t *testing.T) {
-	m := newMLP(t, 8, 256, 1, trace.Options{NoWorkspace: true})
+	m := newMLP(t, 8, 128, 1, trace.Options{NoWorkspace: true})
 	a := m.fresh(0)
 	m.eager(a)
 	_, err := m.cb.Instantiate(m.b, a, true)
