@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
@@ -77,5 +79,85 @@ func TestGemmKey(t *testing.T) {
 		if keyOf(q) == keyOf(p) {
 			t.Errorf("%s: same key", name)
 		}
+	}
+}
+
+// TestLibraryKernelLaunchAttributes: a captured library kernel launched
+// with thread-block clusters (or cooperatively) cannot be read back as
+// KernelParams, which would lose the attribute when the node is made
+// again: GraphKernelNodeParams refuses it with gpu.ErrNotSupported, which
+// keeps its trace whole (not flattened, not patched). Without the
+// attribute it reads back as ArgBytes of the driver's layout.
+func TestLibraryKernelLaunchAttributes(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		attr    int32
+		value   uint32
+		refused bool
+	}{
+		{"plain", 0, 0, false},
+		{"cluster", cu.LaunchAttrClusterDimension, 2, true},
+		{"cooperative", cu.LaunchAttrCooperative, 1, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sd := newStubDriver()
+			const node, fn = 0x5550, 0x7770
+			p0, p1, p2 := make([]byte, 8), make([]byte, 4), make([]byte, 4)
+			p0[0], p1[0], p2[0] = 1, 2, 3
+			ptrs := []unsafe.Pointer{unsafe.Pointer(&p0[0]), unsafe.Pointer(&p1[0]), unsafe.Pointer(&p2[0])}
+			stub := func(name string, a cu.StubArgs) cu.Result {
+				switch name {
+				case "cuGraphGetNodes": // (graph, nodes, count): one kernel node
+					if a.A[1] != 0 {
+						*out[uintptr](&a, 1) = node
+					}
+					*out[uint64](&a, 2) = 1
+					return cu.Success
+				case "cuGraphNodeGetType":
+					*out[cu.GraphNodeType](&a, 1) = cu.GraphNodeKernel
+					return cu.Success
+				case "cuGraphKernelNodeGetParams_v2":
+					kp := out[cu.KernelNodeParams](&a, 1)
+					*kp = cu.KernelNodeParams{Func: fn, GridDimX: 1, GridDimY: 1, GridDimZ: 1, BlockDimX: 32, BlockDimY: 1, BlockDimZ: 1,
+						KernelParams: unsafe.Pointer(&ptrs[0])}
+					return cu.Success
+				case "cuGraphKernelNodeGetAttribute": // (node, attr, value)
+					v := out[cu.LaunchAttrValue](&a, 2)
+					*v = cu.LaunchAttrValue{}
+					if int32(a.A[1]) == c.attr {
+						binary.LittleEndian.PutUint32(v[0:], c.value)
+					}
+					return cu.Success
+				}
+				return sd.call(name, a)
+			}
+			b, err := openDriver(cu.NewStub("stub-libcuda", stub), resolveOptions(gpu.Config{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			g, err := b.GraphCreate(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.GraphDestroy(g)
+			nodes, err := b.GraphNodes(g)
+			if err != nil || len(nodes) != 1 {
+				t.Fatalf("GraphNodes = %v, %v", nodes, err)
+			}
+			kp, err := b.GraphKernelNodeParams(nodes[0])
+			if c.refused {
+				if !errors.Is(err, gpu.ErrNotSupported) {
+					t.Fatalf("GraphKernelNodeParams = %v, want ErrNotSupported", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(kp.Args) != 3 || kp.Args[0].Kind != gpu.ArgBytes || kp.Args[0].Raw[0] != 1 || kp.Args[2].Raw[0] != 3 {
+				t.Errorf("params %+v", kp)
+			}
+		})
 	}
 }

@@ -530,6 +530,11 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 		kinds = fi.spec.Params
 	}
 	b.mu.Unlock()
+	if kinds == nil { // a library's kernel: it may carry launch attributes
+		if err := b.launchAttrs(op, dev, ni.n); err != nil {
+			return gpu.KernelParams{}, err
+		}
+	}
 	out := gpu.KernelParams{Func: f, Config: gpu.LaunchConfig{
 		Grid:      gpu.Dim3{X: kp.GridDimX, Y: kp.GridDimY, Z: kp.GridDimZ},
 		Block:     gpu.Dim3{X: kp.BlockDimX, Y: kp.BlockDimY, Z: kp.BlockDimZ},

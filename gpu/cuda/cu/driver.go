@@ -109,6 +109,7 @@ const (
 	symGraphExecChildGraphNodeSetParams
 	symGraphMemcpyNodeGetParams
 	symGraphMemsetNodeGetParams
+	symGraphKernelNodeGetAttribute
 	numSyms
 )
 
@@ -204,6 +205,7 @@ var driverSyms = [numSyms]symSpec{
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
 	symGraphMemcpyNodeGetParams: {names: []string{"cuGraphMemcpyNodeGetParams"}},
 	symGraphMemsetNodeGetParams: {names: []string{"cuGraphMemsetNodeGetParams"}},
+	symGraphKernelNodeGetAttribute: {names: []string{"cuGraphKernelNodeGetAttribute"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
@@ -677,4 +679,19 @@ func (d *Driver) GraphMemcpyNodeGetParams(n GraphNode, p *Memcpy3D) Result {
 // GraphMemsetNodeGetParams reads a memset node's parameters.
 func (d *Driver) GraphMemsetNodeGetParams(n GraphNode, p *MemsetNodeParams) Result {
 	return d.call2(symGraphMemsetNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// LaunchAttrValue is CUlaunchAttributeValue (CUkernelNodeAttrValue): a
+// 64-byte union; the cluster dimension is its first three uint32.
+type LaunchAttrValue [64]byte
+
+// CUlaunchAttributeID values read back from kernel nodes.
+const (
+	LaunchAttrCooperative      int32 = 2
+	LaunchAttrClusterDimension int32 = 4
+)
+
+// GraphKernelNodeGetAttribute reads launch attribute attr of a kernel node.
+func (d *Driver) GraphKernelNodeGetAttribute(n GraphNode, attr int32, v *LaunchAttrValue) Result {
+	return d.call3(symGraphKernelNodeGetAttribute, uintptr(n), uintptr(attr), uintptr(unsafe.Pointer(v)))
 }
