@@ -203,8 +203,8 @@ var driverSyms = [numSyms]symSpec{
 	symGraphExecMemsetNodeSetParams: {names: []string{"cuGraphExecMemsetNodeSetParams"}},
 	symGraphExecChildGraphNodeSetParams: {
 		names: []string{"cuGraphExecChildGraphNodeSetParams"}},
-	symGraphMemcpyNodeGetParams: {names: []string{"cuGraphMemcpyNodeGetParams"}},
-	symGraphMemsetNodeGetParams: {names: []string{"cuGraphMemsetNodeGetParams"}},
+	symGraphMemcpyNodeGetParams:    {names: []string{"cuGraphMemcpyNodeGetParams"}},
+	symGraphMemsetNodeGetParams:    {names: []string{"cuGraphMemsetNodeGetParams"}},
 	symGraphKernelNodeGetAttribute: {names: []string{"cuGraphKernelNodeGetAttribute"}},
 }
 
