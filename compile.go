@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/graph"
 	"github.com/stablegraph/stablegraph/replay"
@@ -232,10 +233,6 @@ func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error
 			c.Count = uint64(d.args[0].slice.n) / uint64(d.elemSize)
 		case cmdGemm, cmdTrace:
 			c.Kind = graph.KindTraced
-			fn := d.fn
-			if d.kind == cmdGemm {
-				fn = gemmFunc(d.gemm)
-			}
 			// Operands are the distinct buffers of the slices, so two
 			// slices of one buffer move together.
 			var uses []trace.Use
@@ -255,7 +252,11 @@ func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error
 				}
 				uses = append(uses, trace.Use{Operand: k, Off: uint64(a.slice.off)})
 			}
-			c.Trace = e.mu.tr.NewCommand(c.Name, fn, uses, sizes)
+			if d.kind == cmdGemm {
+				c.Trace = e.mu.tr.NewLibraryCommand(c.Name, blas.Command(d.gemm.blas()), uses, sizes)
+			} else {
+				c.Trace = e.mu.tr.NewCommand(c.Name, d.fn, uses, sizes)
+			}
 		}
 	}
 	return graph.New(e.dev, len(e.bufs), cmds, e.mu.tr)

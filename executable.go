@@ -121,6 +121,11 @@ type TraceInfo struct {
 	Patchable bool   // differential tracing proved a template
 	Reason    string // why not patchable; "" when patchable or not yet traced for patching
 	Cached    int    // traces in its cache
+	// Flattened: its latest trace went into the step's graph node by node;
+	// otherwise it is one child-graph node, and NotFlatReason says why
+	// ("" before it was recorded into a graph).
+	Flattened     bool
+	NotFlatReason string
 }
 
 // Executable is a compiled Program bound to a device and a strategy. Run
@@ -359,6 +364,7 @@ func (e *Executable) Traces() []TraceInfo {
 	for _, c := range e.cb.Traced() {
 		ok, why := c.Patchable()
 		info := TraceInfo{Command: c.Name, Patchable: ok, Cached: c.CachedTraces()}
+		info.Flattened, info.NotFlatReason = c.Flattened()
 		if why != nil {
 			info.Reason = why.Error()
 		}

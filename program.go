@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/trace"
@@ -229,11 +230,21 @@ func (a Arg) String() string {
 }
 
 // GEMM is the shape of a matrix product C[M×N] = Alpha·op(A)·op(B) + Beta·C
-// on row-major float32 matrices (see kernels.Gemm for op and storage).
+// + Bias on row-major float32 matrices (see kernels.Gemm for op and
+// storage).
 type GEMM struct {
 	M, N, K        int
 	TransA, TransB bool
 	Alpha, Beta    float32
+	// Bias, when set (the zero Slice: none), holds N float32 added to every
+	// row of C: what cuBLASLt fuses into the product as its bias epilogue.
+	Bias Slice
+}
+
+// blas is g as package blas runs it.
+func (g GEMM) blas() blas.Gemm {
+	return blas.Gemm{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB, Alpha: g.Alpha, Beta: g.Beta,
+		Bias: g.Bias != Slice{}}
 }
 
 // TraceFunc is the work of a traced command; see Program.Trace.
@@ -307,16 +318,20 @@ func (p *Program) Memset(dst Slice, value uint32, elemSize int) {
 	p.cmds = append(p.cmds, cmdDecl{kind: cmdMemset, args: []Arg{Out(dst)}, value: value, elemSize: elemSize})
 }
 
-// Gemm appends a matrix product into c (see GEMM). It is a library call:
-// on backends with a BLAS (the optional Gemmer interface) it calls it, else
-// it launches the built-in kernels.Gemm; either way it enters graphs as a
-// traced command.
+// Gemm appends a matrix product into c (see GEMM). It is a library call
+// (package blas): on backends with a GEMM library (gpu.GEMM) it calls it,
+// else it launches the built-in kernels.Gemm; either way it enters graphs
+// as a traced command.
 func (p *Program) Gemm(c, a, b Slice, g GEMM) {
 	ca := Out(c)
 	if g.Beta != 0 {
 		ca = InOut(c)
 	}
-	p.cmds = append(p.cmds, cmdDecl{kind: cmdGemm, args: []Arg{ca, In(a), In(b)}, gemm: g})
+	args := []Arg{ca, In(a), In(b)}
+	if g.Bias != (Slice{}) {
+		args = append(args, In(g.Bias))
+	}
+	p.cmds = append(p.cmds, cmdDecl{kind: cmdGemm, args: args, gemm: g})
 }
 
 // Trace appends a traced command: fn enqueues work on the stream it is

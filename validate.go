@@ -160,6 +160,15 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 				ck.add(i, op, s.buf.Name(), "slice %s is not %d-byte aligned", s, ptrAlign)
 			}
 		}
+		if len(c.args) == 4 { // the bias
+			s := c.args[3].slice
+			if s.n < 4*int64(g.N) {
+				ck.add(i, op, s.buf.Name(), "bias %s holds %d bytes, N=%d float32 need %d", s, s.n, g.N, 4*int64(g.N))
+			}
+			if s.off%ptrAlign != 0 {
+				ck.add(i, op, s.buf.Name(), "bias slice %s is not %d-byte aligned", s, ptrAlign)
+			}
+		}
 	case cmdTrace:
 		if c.coll != nil {
 			p.checkCollective(ck, i, c, op)

@@ -386,11 +386,13 @@ func DefaultVariants() []Variant {
 }
 
 // Ops are the entry points a campaign counts: the methods of gpu.Backend
-// and gpu.Collectives, less Close (the backend's own, which the trial
+// and of its optional capabilities (gpu.Collectives, gpu.GEMM,
+// gpu.GraphNodeReader), less Close (the backend's own, which the trial
 // makes) and those that cannot fail.
 func Ops() []string {
 	seen := map[string]bool{}
-	for _, t := range []reflect.Type{reflect.TypeFor[gpu.Backend](), reflect.TypeFor[gpu.Collectives]()} {
+	for _, t := range []reflect.Type{reflect.TypeFor[gpu.Backend](), reflect.TypeFor[gpu.Collectives](),
+		reflect.TypeFor[gpu.GEMM](), reflect.TypeFor[gpu.GraphNodeReader]()} {
 		for i := range t.NumMethod() {
 			m := t.Method(i)
 			if m.Name == "Close" {

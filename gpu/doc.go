@@ -53,7 +53,10 @@
 // interface, but not every device supports them. Use VirtualMemoryOf and
 // StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
 // return ErrNotSupported with the reason when a device cannot do it.
-// Collectives (CollectivesOf), allocation extents (AddressRangerOf,
+// Collectives (CollectivesOf), GEMM (GemmOf: matrix products with a bias,
+// a caller's workspace and a preparation step outside capture; AlignClass is
+// the alignment libraries choose kernels by), GraphNodeReader (memcpy and
+// memset nodes read back), allocation extents (AddressRangerOf,
 // extent.go, which CheckBinding uses to refuse a range larger than the
 // memory behind it) and device-side graph updates (DeviceUpdatesOf,
 // devupdate.go: kernel nodes whose parameters a kernel changes while the

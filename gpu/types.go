@@ -241,12 +241,18 @@ const (
 	NodeEmpty
 	NodeMemWriteValue // a stream value write captured into a graph
 	NodeOther         // a node kind this interface does not model
+	// NodeMemAlloc and NodeMemFree are graph memory nodes: an allocation
+	// made, and freed, by the graph itself (a library allocating its
+	// workspace inside a capture). The address is fixed when the node is
+	// made, so every capture of such a call holds a different one.
+	NodeMemAlloc
+	NodeMemFree
 )
 
 var nodeTypeNames = map[NodeType]string{
 	NodeKernel: "kernel", NodeMemcpy: "memcpy", NodeMemset: "memset",
 	NodeChildGraph: "child-graph", NodeEmpty: "empty", NodeMemWriteValue: "mem-write-value",
-	NodeOther: "other",
+	NodeOther: "other", NodeMemAlloc: "mem-alloc", NodeMemFree: "mem-free",
 }
 
 func (t NodeType) String() string {

@@ -5,8 +5,10 @@
 //   - Launch enqueues every command on a stream (the eager path).
 //   - Record builds a gpu.Graph with one node per command, in order, each
 //     depending on the one before (the stream order the commands were
-//     declared in). Traced commands become child-graph nodes whose graphs
-//     come from the trace package.
+//     declared in). A traced command whose trace flattens (kernels, memcpys,
+//     memsets: trace.Tracer.Flat) adds its nodes in their own dependency
+//     order between the command before and the one after; any other traced
+//     command becomes a child-graph node holding its trace.
 //   - Patch rewrites, in an instantiated graph, only the nodes whose
 //     buffers moved, through the per-node exec parameter updates.
 //
@@ -26,10 +28,18 @@
 // arguments with the pointer arguments resolved at the new addresses.
 // Scalars come from the program, never from the old node, so no value is
 // ever treated as a pointer because of what it equals (docs/ARCHITECTURE.md rule
-// 1). Traced nodes are patched through their child graph
-// (GraphExecChildGraphNodeSetParams) with a trace for the new addresses from
-// the trace package: cached, built from a differential template, or, for
-// commands that are not patchable, captured again.
+// 1). A flattened traced command is patched node by node: when its nodes
+// came from a differential template and its operands stay in the alignment
+// class of the template, the template's pointer slots are rewritten in
+// place and only the nodes they change are updated (no capture, no trace
+// lookup: what makes a cuBLAS GEMM as cheap to move as a kernel of our
+// own); otherwise its trace at the new addresses is compared with the nodes
+// recorded, and the update is refused (gpu.ErrGraphUpdate, so the strategy
+// re-records) when the trace no longer has their shape. Other traced nodes
+// are patched through their child graph (GraphExecChildGraphNodeSetParams)
+// with a trace for the new addresses from the trace package: cached, built
+// from a differential template, or, for commands that are not patchable,
+// captured again.
 //
 // # Concurrency
 //

@@ -245,48 +245,120 @@ func (cb *CommandBuffer) Launch(b gpu.Backend, s gpu.Stream, addrs []gpu.DeviceP
 }
 
 // Record builds a graph of the commands with the buffers at addrs: one node
-// per command, each depending on the one before. With patch set, traced
-// commands are traced for patching (see trace.Tracer.Trace). The caller
-// owns the graph; nodes[i] is command i's node.
+// per command, each depending on the one before. A traced command whose
+// trace holds only kernel, memcpy, memset and empty nodes is flattened: its
+// nodes become nodes of the graph, in their own dependency order, between
+// the command before and the command after (see trace.Tracer.Flat); any
+// other traced command becomes one child-graph node. With patch set,
+// traced commands are traced for patching (see trace.Tracer.Trace). The
+// caller owns the graph; nodes[i] is command i's node (for a flattened
+// command, its last node; 0 when its trace is empty).
 func (cb *CommandBuffer) Record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (_ gpu.Graph, nodes []gpu.GraphNode, err error) {
+	r, err := cb.record(b, addrs, patch)
+	if err != nil {
+		return 0, nil, err
+	}
+	return r.g, r.nodes, nil
+}
+
+// flatCmd is a flattened traced command in a graph: its nodes and the
+// parameters they hold.
+type flatCmd struct {
+	nodes  []gpu.GraphNode // parallel to params
+	params []trace.Node    // owned: patched in place
+	tmpl   *trace.Template // the template params were made from, or nil
+}
+
+// recorded is what record makes: the graph, each command's node, and the
+// flattened commands (nil where not flattened).
+type recorded struct {
+	g     gpu.Graph
+	nodes []gpu.GraphNode
+	flat  []*flatCmd
+}
+
+func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (_ recorded, err error) {
 	g, err := b.GraphCreate(cb.dev)
 	if err != nil {
-		return 0, nil, fmt.Errorf("record: %w", err)
+		return recorded{}, fmt.Errorf("record: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.GraphDestroy(g))
 		}
 	}()
-	nodes = make([]gpu.GraphNode, len(cb.cmds))
+	r := recorded{g: g, nodes: make([]gpu.GraphNode, len(cb.cmds)), flat: make([]*flatCmd, len(cb.cmds))}
+	// frontier holds the nodes the next command depends on: the last
+	// command's node, or a flattened command's exit nodes.
+	var frontier []gpu.GraphNode
 	var key []gpu.DevicePtr
 	for i := range cb.cmds {
 		c := &cb.cmds[i]
-		var deps []gpu.GraphNode
-		if i > 0 {
-			deps = []gpu.GraphNode{nodes[i-1]}
-		}
 		var n gpu.GraphNode
 		switch c.Kind {
 		case KindKernel:
-			n, err = b.GraphAddKernelNode(g, deps, c.kernelParams(addrs))
+			n, err = b.GraphAddKernelNode(g, frontier, c.kernelParams(addrs))
 		case KindMemcpy:
-			n, err = b.GraphAddMemcpyNode(g, deps, c.memcpyParams(addrs))
+			n, err = b.GraphAddMemcpyNode(g, frontier, c.memcpyParams(addrs))
 		case KindMemset:
-			n, err = b.GraphAddMemsetNode(g, deps, c.memsetParams(addrs))
+			n, err = b.GraphAddMemsetNode(g, frontier, c.memsetParams(addrs))
 		case KindTraced:
 			key = c.operandAddrs(addrs, key)
-			var child gpu.Graph
-			if child, err = cb.tr.Trace(c.Trace, key, patch); err == nil {
-				n, err = b.GraphAddChildGraphNode(g, deps, child)
+			var fl trace.Flat
+			if fl, err = cb.tr.Flat(c.Trace, key, patch); err == nil && fl.Nodes != nil {
+				var fc *flatCmd
+				if fc, frontier, err = addFlat(b, g, frontier, fl); err == nil {
+					r.flat[i] = fc
+					if len(fc.nodes) > 0 {
+						r.nodes[i] = fc.nodes[len(fc.nodes)-1]
+					}
+					continue
+				}
+			} else if err == nil {
+				var child gpu.Graph
+				if child, err = cb.tr.Trace(c.Trace, key, patch); err == nil {
+					n, err = b.GraphAddChildGraphNode(g, frontier, child)
+				}
 			}
 		}
 		if err != nil {
-			return 0, nil, fmt.Errorf("record %s: %w", c.Name, err)
+			return recorded{}, fmt.Errorf("record %s: %w", c.Name, err)
 		}
-		nodes[i] = n
+		r.nodes[i] = n
+		frontier = []gpu.GraphNode{n}
 	}
-	return g, nodes, nil
+	return r, nil
+}
+
+// addFlat adds a flattened trace's nodes to g after frontier and returns
+// them with the new frontier: the trace's exit nodes (frontier itself when
+// the trace is empty).
+func addFlat(b gpu.Backend, g gpu.Graph, frontier []gpu.GraphNode, fl trace.Flat) (*flatCmd, []gpu.GraphNode, error) {
+	fc := &flatCmd{nodes: make([]gpu.GraphNode, len(fl.Nodes)), params: fl.Nodes, tmpl: fl.Template}
+	for j := range fl.Nodes {
+		n := &fl.Nodes[j]
+		deps := frontier
+		if len(n.Deps) > 0 {
+			deps = make([]gpu.GraphNode, len(n.Deps))
+			for k, d := range n.Deps {
+				deps[k] = fc.nodes[d]
+			}
+		}
+		h, err := trace.AddNode(b, g, deps, n)
+		if err != nil {
+			return nil, nil, fmt.Errorf("node %d of its trace: %w", j, err)
+		}
+		fc.nodes[j] = h
+	}
+	exits := trace.Exits(fl.Nodes)
+	if len(exits) == 0 {
+		return fc, frontier, nil
+	}
+	next := make([]gpu.GraphNode, len(exits))
+	for k, j := range exits {
+		next[k] = fc.nodes[j]
+	}
+	return fc, next, nil
 }
 
 // Exec is an instantiated command buffer: the graph it was instantiated
@@ -298,27 +370,48 @@ type Exec struct {
 	X     gpu.GraphExec
 
 	addrs []gpu.DevicePtr // the addresses X's nodes hold
+	flat  []*flatCmd      // per command, its flattened nodes (nil: not flattened)
 	// Scratch for Patch, kept to allocate nothing per step.
-	mark  []uint32 // mark[c] == gen: command c is in dirty
-	gen   uint32
-	dirty []int32
-	key   []gpu.DevicePtr
-	args  []gpu.Arg
+	mark    []uint32 // mark[c] == gen: command c is in dirty
+	gen     uint32
+	dirty   []int32
+	key     []gpu.DevicePtr
+	args    []gpu.Arg
+	changed []int
 }
 
 // Instantiate records the commands at addrs (see Record) and instantiates
 // the graph.
 func (cb *CommandBuffer) Instantiate(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (*Exec, error) {
-	g, nodes, err := cb.Record(b, addrs, patch)
+	r, err := cb.record(b, addrs, patch)
 	if err != nil {
 		return nil, err
 	}
-	x, err := b.GraphInstantiate(g)
+	x, err := b.GraphInstantiate(r.g)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("instantiate: %w", err), b.GraphDestroy(g))
+		return nil, errors.Join(fmt.Errorf("instantiate: %w", err), b.GraphDestroy(r.g))
 	}
-	return &Exec{Graph: g, Nodes: nodes, X: x, addrs: append([]gpu.DevicePtr(nil), addrs...),
-		mark: make([]uint32, len(cb.cmds))}, nil
+	return &Exec{Graph: r.g, Nodes: r.nodes, X: x, addrs: append([]gpu.DevicePtr(nil), addrs...),
+		flat: r.flat, mark: make([]uint32, len(cb.cmds))}, nil
+}
+
+// Flattened reports, per command, whether x holds it flattened and in how
+// many nodes (0 for commands that are not traced or not flattened).
+func (x *Exec) Flattened() []int {
+	out := make([]int, len(x.flat))
+	for i, fc := range x.flat {
+		if fc != nil {
+			out[i] = len(fc.nodes)
+		}
+	}
+	return out
+}
+
+func (x *Exec) flatAt(i int32) *flatCmd {
+	if int(i) < len(x.flat) {
+		return x.flat[i]
+	}
+	return nil
 }
 
 // Addrs returns the buffer addresses x's nodes hold (not a copy).
@@ -356,18 +449,24 @@ func (x *Exec) Destroy(b gpu.Backend) error {
 // to x with a whole-graph exec update. When the driver refuses the update
 // the error wraps gpu.ErrGraphUpdate and x is unchanged and usable.
 func (cb *CommandBuffer) Update(b gpu.Backend, x *Exec, addrs []gpu.DevicePtr) error {
-	g, _, err := cb.Record(b, addrs, false)
+	r, err := cb.record(b, addrs, false)
 	if err != nil {
 		return err
 	}
-	if err := b.GraphExecUpdate(x.X, g); err != nil {
-		return errors.Join(fmt.Errorf("graph exec update: %w", err), b.GraphDestroy(g))
+	if err := b.GraphExecUpdate(x.X, r.g); err != nil {
+		return errors.Join(fmt.Errorf("graph exec update: %w", err), b.GraphDestroy(r.g))
 	}
-	// x now holds g's parameters. Its node handles stay those of the graph
+	// x now holds r's parameters. Its node handles stay those of the graph
 	// it was instantiated from (the ones per-node updates must name), so
-	// that graph is kept and g is dropped.
+	// that graph is kept and r's is dropped; the flattened parameters are
+	// r's.
 	copy(x.addrs, addrs)
-	if err := b.GraphDestroy(g); err != nil {
+	for i, fc := range x.flat {
+		if fc != nil && r.flat[i] != nil {
+			fc.params, fc.tmpl = r.flat[i].params, r.flat[i].tmpl
+		}
+	}
+	if err := b.GraphDestroy(r.g); err != nil {
 		return fmt.Errorf("destroy update graph: %w", err)
 	}
 	return nil
@@ -384,6 +483,14 @@ type ExecPatcher interface {
 // Patch brings x to addrs by updating, in place, only the nodes of
 // commands that reference a buffer whose address changed, and returns how
 // many nodes it updated. x must have been instantiated with patch set.
+//
+// A flattened traced command is moved node by node: when its nodes came
+// from a template and the new operands are of the same alignment class,
+// the template's pointer slots are rewritten in place and only the nodes
+// they change are updated (no capture); otherwise the trace at the new
+// operands is obtained as Record would and its nodes set one by one, which
+// is refused (gpu.ErrGraphUpdate) when they no longer have the recorded
+// shape.
 //
 // On error x is in an unknown state (some nodes updated, others not) and
 // must be destroyed; an error wrapping gpu.ErrGraphUpdate means the driver
@@ -408,6 +515,7 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 		}
 	}
 	x.dirty = dirty
+	updated := 0
 	for _, i := range dirty {
 		c := &cb.cmds[i]
 		n := x.Nodes[i]
@@ -420,23 +528,93 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 			p := c.kernelParamsInto(addrs, x.args)
 			x.args = p.Args
 			err = b.GraphExecKernelNodeSetParams(x.X, n, p)
+			updated++
 		case KindMemcpy:
 			err = b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
+			updated++
 		case KindMemset:
 			err = b.GraphExecMemsetNodeSetParams(x.X, n, c.memsetParams(addrs))
+			updated++
 		case KindTraced:
 			x.key = c.operandAddrs(addrs, x.key)
+			if fc := x.flatAt(i); fc != nil {
+				var k int
+				k, err = cb.patchFlat(b, x, c, fc)
+				updated += k
+				break
+			}
 			var child gpu.Graph
 			if child, err = cb.tr.Trace(c.Trace, x.key, true); err == nil {
 				err = b.GraphExecChildGraphNodeSetParams(x.X, n, child)
 			}
+			updated++
 		}
 		if err != nil {
 			return 0, fmt.Errorf("patch %s: %w", c.Name, err)
 		}
 	}
 	copy(x.addrs, addrs)
-	return len(dirty), nil
+	return updated, nil
+}
+
+// patchFlat moves flattened command c (fc in x) to the operands in x.key
+// and returns how many of its nodes it updated.
+func (cb *CommandBuffer) patchFlat(b ExecPatcher, x *Exec, c *Command, fc *flatCmd) (int, error) {
+	if tmpl := cb.tr.TemplateFor(c.Trace, x.key); tmpl != nil && tmpl == fc.tmpl {
+		x.changed = tmpl.Apply(fc.params, x.key, x.changed[:0])
+		cb.tr.Moved(c.Trace)
+		for _, j := range x.changed {
+			if err := setNode(b, x.X, fc.nodes[j], &fc.params[j]); err != nil {
+				return 0, fmt.Errorf("node %d of its trace: %w", j, err)
+			}
+		}
+		return len(x.changed), nil
+	}
+	// Another class, or nodes read from a capture: the trace at the new
+	// operands, compared node by node.
+	fl, err := cb.tr.Flat(c.Trace, x.key, true)
+	if err != nil {
+		return 0, err
+	}
+	if fl.Nodes == nil {
+		return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
+			Detail: fmt.Sprintf("the trace at the new addresses cannot be flattened (%s); it was when recorded", fl.Why)}
+	}
+	if len(fl.Nodes) != len(fc.params) {
+		return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
+			Detail: fmt.Sprintf("the trace at the new addresses has %d nodes, the recorded one %d", len(fl.Nodes), len(fc.params))}
+	}
+	for j := range fl.Nodes {
+		if !fc.params[j].SameShape(&fl.Nodes[j]) {
+			return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateFunctionChanged, Node: fc.nodes[j],
+				Detail: fmt.Sprintf("node %d of the trace at the new addresses differs in kind, kernel, launch shape or dependencies", j)}
+		}
+	}
+	updated := 0
+	for j := range fl.Nodes {
+		if fc.params[j].SameParams(&fl.Nodes[j]) {
+			continue
+		}
+		if err := setNode(b, x.X, fc.nodes[j], &fl.Nodes[j]); err != nil {
+			return 0, fmt.Errorf("node %d of its trace: %w", j, err)
+		}
+		updated++
+	}
+	fc.params, fc.tmpl = fl.Nodes, fl.Template
+	return updated, nil
+}
+
+// setNode sets p on exec node n.
+func setNode(b ExecPatcher, x gpu.GraphExec, n gpu.GraphNode, p *trace.Node) error {
+	switch p.Type {
+	case gpu.NodeKernel:
+		return b.GraphExecKernelNodeSetParams(x, n, p.Kernel)
+	case gpu.NodeMemcpy:
+		return b.GraphExecMemcpyNodeSetParams(x, n, p.Memcpy)
+	case gpu.NodeMemset:
+		return b.GraphExecMemsetNodeSetParams(x, n, p.Memset)
+	}
+	return nil // empty nodes have no parameters
 }
 
 // Traced returns the traced commands, in command order.

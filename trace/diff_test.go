@@ -24,6 +24,8 @@ type fakeNode struct {
 	typ  gpu.NodeType
 	deps []gpu.GraphNode
 	p    gpu.KernelParams
+	cp   gpu.MemcpyParams
+	ms   gpu.Memset
 }
 
 func newFake() *fakeGraphs {
@@ -49,6 +51,14 @@ func (f *fakeGraphs) add(g gpu.Graph, n *fakeNode) gpu.GraphNode {
 
 func (f *fakeGraphs) GraphAddKernelNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.KernelParams) (gpu.GraphNode, error) {
 	return f.add(g, &fakeNode{typ: gpu.NodeKernel, deps: slices.Clone(deps), p: p}), nil
+}
+
+func (f *fakeGraphs) GraphAddMemcpyNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.MemcpyParams) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeMemcpy, deps: slices.Clone(deps), cp: p}), nil
+}
+
+func (f *fakeGraphs) GraphAddMemsetNode(g gpu.Graph, deps []gpu.GraphNode, p gpu.Memset) (gpu.GraphNode, error) {
+	return f.add(g, &fakeNode{typ: gpu.NodeMemset, deps: slices.Clone(deps), ms: p}), nil
 }
 
 func (f *fakeGraphs) GraphAddEmptyNode(g gpu.Graph, deps []gpu.GraphNode) (gpu.GraphNode, error) {
@@ -155,7 +165,7 @@ func TestDiffFindsPointerSlotsOnly(t *testing.T) {
 		t.Errorf("second kernel: %v", p)
 	}
 	// The template is not disturbed by building.
-	if b := binary.LittleEndian.Uint64(tm.nodes[0].params.Args[1].Raw[8:]); b != uint64(ops1[1])+64 {
+	if b := binary.LittleEndian.Uint64(tm.nodes[0].Kernel.Args[1].Raw[8:]); b != uint64(ops1[1])+64 {
 		t.Errorf("building rewrote the template: %#x", b)
 	}
 }
@@ -199,18 +209,18 @@ func TestDiffNotPatchable(t *testing.T) {
 			func(f *fakeGraphs) gpu.Graph { return one(f, 3, gpu.Ptr(ops1[0]), gpu.I32(1)) },
 			func(f *fakeGraphs) gpu.Graph { return one(f, 3, gpu.Ptr(ops2[0]), gpu.I32(1)) },
 			"driver: 8"},
-		{"memcpy node",
+		{"value write node",
 			func(f *fakeGraphs) gpu.Graph {
 				g, _ := f.GraphCreate(0)
-				f.add(g, &fakeNode{typ: gpu.NodeMemcpy})
+				f.add(g, &fakeNode{typ: gpu.NodeMemWriteValue})
 				return g
 			},
 			func(f *fakeGraphs) gpu.Graph {
 				g, _ := f.GraphCreate(0)
-				f.add(g, &fakeNode{typ: gpu.NodeMemcpy})
+				f.add(g, &fakeNode{typ: gpu.NodeMemWriteValue})
 				return g
 			},
-			"memcpy node"},
+			"mem-write-value node"},
 		{"edges differ",
 			func(f *fakeGraphs) gpu.Graph {
 				g, _ := f.GraphCreate(0)
@@ -244,5 +254,92 @@ func TestDiffNotPatchable(t *testing.T) {
 	f := newFake()
 	if _, err := Diff(f, 0, 0, ops1, ops1, sizes); err == nil || errors.Is(err, ErrNotPatchable) {
 		t.Errorf("operands at the same addresses in both traces: err = %v", err)
+	}
+}
+
+func (f *fakeGraphs) GraphMemcpyNodeParams(n gpu.GraphNode) (gpu.MemcpyParams, error) {
+	return f.nodes[n].cp, nil
+}
+
+func (f *fakeGraphs) GraphMemsetNodeParams(n gpu.GraphNode) (gpu.Memset, error) {
+	return f.nodes[n].ms, nil
+}
+
+// copies builds a trace of a memset of operand 0 then a copy from operand 1
+// (src bytes in) into operand 0, of size bytes, with memset value v.
+func (f *fakeGraphs) copies(ops []gpu.DevicePtr, src gpu.DevicePtr, size uint64, v uint32) gpu.Graph {
+	g, _ := f.GraphCreate(0)
+	a, _ := f.GraphAddMemsetNode(g, nil, gpu.Memset{Dst: ops[0], Value: v, ElemSize: 4, Count: 8})
+	f.GraphAddMemcpyNode(g, []gpu.GraphNode{a}, gpu.MemcpyParams{Dst: ops[0].Add(32), Src: src, Size: size})
+	return g
+}
+
+// TestDiffMemcpyMemset: the pointers of copies and memsets are slots when
+// they move with an operand; their sizes and values must not change; a
+// pointer that moves with an operand but lies outside it is named so.
+func TestDiffMemcpyMemset(t *testing.T) {
+	f := newFake()
+	sizes := []uint64{256, 512}
+	ops1 := key(0x7f0000001000, 0x7f0000002000)
+	ops2 := key(0x7f0000801000, 0x7f0000a02000)
+	tm, err := Diff(f, f.copies(ops1, ops1[1]+16, 64, 0), f.copies(ops2, ops2[1]+16, 64, 0), ops1, ops2, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Slot{{Node: 0, Arg: 0, Operand: 0}, {Node: 1, Arg: 0, Operand: 0, Off: 32}, {Node: 1, Arg: 1, Operand: 1, Off: 16}}
+	if got := tm.Slots(); !slices.Equal(got, want) {
+		t.Fatalf("slots %+v, want %+v", got, want)
+	}
+	ops3 := key(0x7f0000f00000, 0x7f0000e00000)
+	ns := tm.NodesAt(ops3)
+	if ns[0].Memset.Dst != ops3[0] || ns[1].Memcpy.Dst != ops3[0]+32 || ns[1].Memcpy.Src != ops3[1]+16 || ns[1].Memcpy.Size != 64 {
+		t.Errorf("moved nodes %+v", ns)
+	}
+	if g, err := tm.Build(f, 0, ops3); err != nil || len(f.graphs[g]) != 2 || f.nodes[f.graphs[g][1]].cp != ns[1].Memcpy {
+		t.Errorf("Build: %v", err)
+	}
+	for name, c := range map[string]struct {
+		g1, g2 gpu.Graph
+		reason string
+	}{
+		"memset value": {f.copies(ops1, ops1[1], 64, 0), f.copies(ops2, ops2[1], 64, 1), "sets"},
+		"copy size":    {f.copies(ops1, ops1[1], 64, 0), f.copies(ops2, ops2[1], 32, 0), "copies 64 and 32 bytes"},
+		"source before the operand": {f.copies(ops1, ops1[1]-8, 64, 0), f.copies(ops2, ops2[1]-8, 64, 0),
+			"it moves with operand 1, at offset -8 of its 512 bytes"},
+		"source that moves with nothing": {f.copies(ops1, 0x5000, 64, 0), f.copies(ops2, 0x9000, 64, 0),
+			"moves with no operand"},
+	} {
+		_, err := Diff(f, c.g1, c.g2, ops1, ops2, sizes)
+		if !errors.Is(err, ErrNotPatchable) || !strings.Contains(err.Error(), c.reason) {
+			t.Errorf("%s: %v, want not patchable with %q", name, err, c.reason)
+		}
+	}
+}
+
+// readerless hides the fake's memcpy and memset readers, as a backend
+// without gpu.GraphNodeReader.
+type readerless struct{ f *fakeGraphs }
+
+func (r readerless) GraphNodes(g gpu.Graph) ([]gpu.GraphNode, error)     { return r.f.GraphNodes(g) }
+func (r readerless) GraphNodeType(n gpu.GraphNode) (gpu.NodeType, error) { return r.f.GraphNodeType(n) }
+func (r readerless) GraphNodeDeps(n gpu.GraphNode) ([]gpu.GraphNode, error) {
+	return r.f.GraphNodeDeps(n)
+}
+func (r readerless) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, error) {
+	return r.f.GraphKernelNodeParams(n)
+}
+func (r readerless) FuncParamInfo(fn gpu.Function) ([]gpu.ParamInfo, error) {
+	return r.f.FuncParamInfo(fn)
+}
+
+// TestDiffMemcpyWithoutReader: a backend that cannot read memcpy nodes
+// back leaves a trace of them not patchable, saying so.
+func TestDiffMemcpyWithoutReader(t *testing.T) {
+	f := newFake()
+	ops1 := key(0x7f0000001000, 0x7f0000002000)
+	ops2 := key(0x7f0000801000, 0x7f0000a02000)
+	_, err := Diff(readerless{f}, f.copies(ops1, ops1[1], 64, 0), f.copies(ops2, ops2[1], 64, 0), ops1, ops2, []uint64{256, 512})
+	if !errors.Is(err, ErrNotPatchable) || !strings.Contains(err.Error(), "cannot read back") {
+		t.Fatalf("err = %v, want not patchable: parameters the backend cannot read back", err)
 	}
 }

@@ -32,6 +32,43 @@
 // plus the list of pointer slots, from which Build makes the trace for any
 // new addresses with no capture. Otherwise the command is "not patchable"
 // and is captured again (through the cache) whenever its addresses change.
+// Memcpy and memset nodes are compared the same way, their pointers as
+// slots, when the backend reads them back (gpu.GraphNodeReader).
+//
+// # Alignment classes
+//
+// Libraries choose their kernels by the alignment of their pointers (a
+// vectorised kernel needs 16-byte aligned operands; cuBLASLt filters its
+// algorithms by alignment up to 256 bytes), so a trace says what the command
+// does only at pointers of the alignment it was recorded at. Every pointer a
+// command's function gets has a class, gpu.AlignClass (the largest power of
+// two up to 256 dividing it), and a command keeps its templates, and its
+// library's preparation, per vector of classes: a trace is reused (the
+// cache is keyed by exact addresses, hence by class), built from a template
+// or moved in place only at pointers of the class it was recorded at, and
+// at a new class the command is traced and diffed again.
+//
+// # Library commands and their workspace
+//
+// A Library (a GEMM, package blas) is a command that calls a library. The
+// Tracer owns one device workspace for all its library commands, sized for
+// the largest they ask for and allocated at its first run or trace, so that
+// a captured library call allocates nothing (cuBLAS given no workspace
+// allocates one inside the capture: memory nodes at a new address in every
+// trace, which can be neither patched nor embedded as a child graph) and
+// every trace holds the same workspace address. Library.Prepare runs outside
+// any capture, once per alignment class, where the library chooses (and
+// times) its algorithm.
+//
+// # Flattening
+//
+// Flat returns a trace node by node, so that the step's graph (package
+// graph) can hold a library call's kernels as nodes of its own, each
+// patched like the step's own kernels, instead of one child-graph node. A
+// trace flattens when its nodes are all kernels, memcpys, memsets and empty
+// nodes the backend can read back; at addresses of a class with a template
+// the nodes come from the template (no capture), and Template.Apply moves
+// them in place to new operands, reporting which nodes changed.
 //
 // The rule never treats a value as a pointer merely because it equals an
 // address (docs/ARCHITECTURE.md rule 1): a scalar that happens to equal an
@@ -40,8 +77,8 @@
 // with an operand, by exactly its displacement, are rewritten.
 //
 // Nodes of kinds whose parameters the gpu interface cannot read back
-// (memcpy, memset, nested child graphs, others) make a command not
-// patchable; empty nodes are fine. Kernel nodes are always compared through
+// (graph memory nodes, value writes, nested child graphs, others) make a
+// command not patchable; empty nodes are fine. Kernel nodes are always compared through
 // their bytes, even where a backend returns them typed (sim), so the path a
 // CUDA library kernel takes (gpu.ArgBytes laid out by FuncParamInfo) is the
 // one tested in CI. Template.Build gives each argument back its original

@@ -31,14 +31,15 @@ func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
-// gpu.HandleCounter, GEMMer and gpu.DeviceUpdates (devupdate.go). Safe for concurrent use (see the package doc
-// for the graph rule).
+// gpu.HandleCounter, gpu.Collectives, gpu.GEMM, gpu.GraphNodeReader and
+// gpu.DeviceUpdates (devupdate.go). Safe for concurrent use (see the package
+// doc for the graph rule).
 type Backend struct {
 	d    *cu.Driver
 	opts options
 	devs []*device
 
-	blas blasLib     // cuBLAS, loaded at the first Gemm
+	blas blasLib     // cuBLAS and cuBLASLt, loaded at the first GEMM call
 	nccl ncclState   // NCCL and the communicators (collectives.go)
 	ext  extentCache // allocation extents (extent.go)
 
@@ -96,7 +97,7 @@ type device struct {
 	ctx     cu.Context
 	props   gpu.DeviceProps
 
-	gemm gemmState // cuBLAS handle or fallback module, made at the first Gemm
+	gemm gemmState // cuBLAS handles and kept algorithms, made at the first GEMM call
 }
 
 type streamInfo struct {

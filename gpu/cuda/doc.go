@@ -1,7 +1,11 @@
 // Package cuda is stablegraph's CUDA backend: it implements gpu.Backend over
 // the CUDA driver API, loaded at run time from libcuda through purego (no
-// cgo), and registers itself as "cuda". cuBLAS, when present, serves the
-// optional GEMMer capability; without it the built-in PTX gemm does.
+// cgo), and registers itself as "cuda". cuBLAS and cuBLASLt, when present,
+// serve the optional gpu.GEMM capability (gemm.go: cublasLtMatmul with the
+// bias epilogue or cublasSgemm, whichever measures faster per shape and
+// alignment class); without cuBLAS, Gemm reports gpu.ErrNotSupported and
+// callers use the built-in kernels. libcublasLt is looked for beside the
+// libcublas that loaded, then where libcublas is.
 //
 // The raw bindings live in package cu (symbols, C structs, result codes);
 // this package owns lifetimes, contexts and errors, the split cudarc makes

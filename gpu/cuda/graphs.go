@@ -459,6 +459,10 @@ func nodeTypeOf(t cu.GraphNodeType) gpu.NodeType {
 		return gpu.NodeEmpty
 	case cu.GraphNodeBatchMemOp:
 		return gpu.NodeMemWriteValue
+	case cu.GraphNodeMemAlloc:
+		return gpu.NodeMemAlloc
+	case cu.GraphNodeMemFree:
+		return gpu.NodeMemFree
 	}
 	return gpu.NodeOther
 }
@@ -540,6 +544,11 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 		kinds = fi.spec.Params
 	}
 	b.mu.Unlock()
+	if kinds == nil { // a library's kernel: it may carry launch attributes
+		if err := b.launchAttrs(op, dev, ni.n); err != nil {
+			return gpu.KernelParams{}, err
+		}
+	}
 	out := gpu.KernelParams{Func: f, Config: gpu.LaunchConfig{
 		Grid:      gpu.Dim3{X: kp.GridDimX, Y: kp.GridDimY, Z: kp.GridDimZ},
 		Block:     gpu.Dim3{X: kp.BlockDimX, Y: kp.BlockDimY, Z: kp.BlockDimZ},

@@ -200,6 +200,10 @@ func (b *Backend) captureLocked(op string, st *stream, mode capMode, build func(
 		n = b.addNodeLocked(c.g, gpu.NodeMemset, deps)
 	case cmdWrite:
 		n = b.addNodeLocked(c.g, gpu.NodeMemWriteValue, deps)
+	case cmdMemAlloc:
+		n = b.addNodeLocked(c.g, gpu.NodeMemAlloc, deps)
+	case cmdMemFree:
+		n = b.addNodeLocked(c.g, gpu.NodeMemFree, deps)
 	case cmdGraph:
 		n = b.addNodeLocked(c.g, gpu.NodeChildGraph, deps)
 		b.adoptLocked(n, b.graphFromPlanLocked(cm.plan))

@@ -173,8 +173,12 @@ func updateCheck(op string, x *exec, g *graph) error {
 	return nil
 }
 
-// childCheck refuses a graph with device-updatable nodes as a child graph.
+// childCheck refuses as a child graph a graph with memory nodes
+// (checkChild) or device-updatable nodes.
 func childCheck(op string, child *graph) error {
+	if err := checkChild(op, child); err != nil {
+		return err
+	}
 	if len(child.devNodes) > 0 {
 		return gpu.Errorf(op, gpu.ErrNotSupported, "graph %#x has device-updatable kernel nodes and cannot be a child graph", uint64(child.handle))
 	}

@@ -149,6 +149,23 @@
 // results are exact (reductions in rank order). Waits for other ranks end
 // at SetCommTimeout's deadline. See collectives.go for the model.
 //
+// # GEMM library
+//
+// *Backend implements gpu.GEMM with a model of cuBLAS (blas.go): its
+// kernels take opaque parameter structs (gpu.ArgBytes, laid out by
+// FuncParamInfo), are chosen by shape (a small output with a long K is
+// split into partial products in the workspace and a reduction: two
+// kernels, bits of their own), by alignment (a vectorised kernel at
+// 16-byte aligned pointers, which faults on a misaligned one, else a scalar
+// kernel computing the same bits) and by the workspace's size. A call given
+// no workspace uses the library's own when eager and allocates one inside
+// the capture when captured: mem-alloc and mem-free nodes around its
+// kernels, at a new address in every capture, as cuBLAS 12.2+ does. A graph
+// holding memory nodes runs, but cannot be a child graph (CUDA refuses it),
+// and an exec update cannot move its allocation. GraphMemcpyNodeParams and
+// GraphMemsetNodeParams (gpu.GraphNodeReader) read copy and memset nodes
+// back.
+//
 // # Testing hooks
 //
 // Beyond gpu.Backend, *Backend has InjectFault (fail the Nth call of an entry
@@ -175,6 +192,9 @@
 //     already made (227 KiB).
 //   - An exec update never changes a memset's element size (CUDA may take
 //     such a change "opportunistically", or refuse it).
+//   - Graph memory (the GEMM library's in-capture workspace) stays mapped
+//     until Close rather than until its graph goes, and its nodes only order
+//     work; two launches of one such graph in flight share it.
 //
 // # Concurrency
 //

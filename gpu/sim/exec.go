@@ -208,7 +208,9 @@ func (st *stream) runPlanAt(p *plan, ds *devState, top int) bool {
 				return false
 			}
 			continue
-		case gpu.NodeEmpty:
+		case gpu.NodeEmpty, gpu.NodeMemAlloc, gpu.NodeMemFree:
+			// Graph memory stays mapped for the graph's life (see
+			// internalAllocLocked): its nodes only order work.
 			continue
 		}
 		if b.faulted(p.dev) || b.closingNow() {
@@ -266,6 +268,11 @@ func (b *Backend) matchLocked(op string, p *plan, g *graph) error {
 		case gpu.NodeChildGraph:
 			if err := b.matchLocked(op, e.child, n.child); err != nil {
 				return err
+			}
+		case gpu.NodeMemAlloc, gpu.NodeMemFree:
+			// CUDA cannot move a graph allocation by an update.
+			if n.p.ga != e.p.ga {
+				return updateErr(op, gpu.UpdateParametersChanged, n.handle, "node %d: a %s node's allocation cannot change", i, n.typ)
 			}
 		}
 		if _, err := b.operandsLocked(op, n.handle, e, n.p); err != nil {

@@ -189,6 +189,14 @@ func (b *Backend) kernelParamsLocked(op string, p gpu.KernelParams) (kernelParam
 	if err := fn.spec.CheckArgs(op, p.Args); err != nil {
 		return kernelParams{}, err
 	}
+	for i, a := range p.Args {
+		// Untyped parameters (the GEMM library's structs) are checked by
+		// size against the function's layout.
+		if a.Kind == gpu.ArgBytes && uint64(len(a.Raw)) != fn.params[i].Size {
+			return kernelParams{}, gpu.Errorf(op, gpu.ErrInvalidValue, "kernel %s parameter %d has %d bytes, its layout %d",
+				fn.spec.Name, i, len(a.Raw), fn.params[i].Size)
+		}
+	}
 	if err := checkConfig(op, fn.spec.Name, p.Config); err != nil {
 		return kernelParams{}, err
 	}

@@ -65,6 +65,7 @@ type Backend struct {
 	workers sync.WaitGroup
 	inj     injector
 	coll    collState // communicators (collectives.go)
+	blas    blasState // the GEMM library's kernels and workspaces (blas.go); guarded by mu
 
 	// mu guards the handle tables and the address space. Page contents are
 	// not guarded by it (see addrspace.go); kernels copy under mu.RLock so
@@ -154,7 +155,11 @@ func (b *Backend) enter(op string) error {
 	return err
 }
 
-var backendType = reflect.TypeFor[gpu.Backend]()
+var (
+	backendType    = reflect.TypeFor[gpu.Backend]()
+	gemmType       = reflect.TypeFor[gpu.GEMM]()
+	nodeReaderType = reflect.TypeFor[gpu.GraphNodeReader]()
+)
 
 // InjectFault makes the nth call (0: the next one) of the entry point op,
 // counted from now, fail before doing anything with an *gpu.Error wrapping
@@ -166,7 +171,9 @@ var backendType = reflect.TypeFor[gpu.Backend]()
 func (b *Backend) InjectFault(op string, nth int, err error) {
 	_, coll := collectivesType.MethodByName(op)
 	_, devup := devUpdatesType.MethodByName(op)
-	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && op != "ResetDevice" && op != "AddressRange" {
+	_, lib := gemmType.MethodByName(op)
+	_, rd := nodeReaderType.MethodByName(op)
+	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && !lib && !rd && op != "ResetDevice" && op != "AddressRange" {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()

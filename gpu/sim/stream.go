@@ -32,6 +32,11 @@ const (
 	cmdRecord // EventRecord
 	cmdWait   // StreamWaitEvent
 	cmdFunc   // internal work (GraphUpload): fn, when not nil
+	// Graph memory, allocated and freed by the graph (the GEMM library's
+	// workspace when it is given none and the stream is capturing). Only
+	// ever captured: as stream work they do nothing.
+	cmdMemAlloc
+	cmdMemFree
 )
 
 // params are the parameters of a command or graph node of the kinds both
@@ -41,6 +46,7 @@ type params struct {
 	cp   gpu.MemcpyParams
 	ms   gpu.Memset
 	wv   writeValue
+	ga   graphAlloc // mem-alloc and mem-free nodes
 }
 
 type kernelParams struct {

@@ -22,6 +22,13 @@ type LaunchAttributeID uint32
 // it back gives the node's devNode.
 const LaunchAttributeDeviceUpdatableKernelNode LaunchAttributeID = 13
 
+// Launch attributes read back from captured library kernels, which a node
+// rebuilt from its parameters alone would lose (cuda/attrs.go).
+const (
+	LaunchAttributeCooperative      LaunchAttributeID = 2
+	LaunchAttributeClusterDimension LaunchAttributeID = 4
+)
+
 // DeviceUpdatableKernelNode is the deviceUpdatableKernelNode member of
 // CUlaunchAttributeValue (16 bytes): {int deviceUpdatable; CUgraphDeviceNode
 // devNode}.
@@ -84,3 +91,7 @@ func (d *Driver) GraphAddDependencies(g Graph, from, to []GraphNode) Result {
 func (d *Driver) GraphDestroyNode(n GraphNode) Result {
 	return d.call1(symGraphDestroyNode, uintptr(n))
 }
+
+// Raw is the union's 64 bytes, for the members this package does not name
+// (the cluster dimension is its first three uint32).
+func (v *LaunchAttributeValue) Raw() *[64]byte { return (*[64]byte)(unsafe.Pointer(v)) }

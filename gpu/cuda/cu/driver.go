@@ -116,6 +116,8 @@ const (
 	symGraphAddDependenciesV2
 	symGraphAddDependenciesV1
 	symGraphDestroyNode
+	symGraphMemcpyNodeGetParams
+	symGraphMemsetNodeGetParams
 	numSyms
 )
 
@@ -217,6 +219,8 @@ var driverSyms = [numSyms]symSpec{
 	symGraphAddDependenciesV2:      {names: []string{"cuGraphAddDependencies_v2"}},
 	symGraphAddDependenciesV1:      {names: []string{"cuGraphAddDependencies"}},
 	symGraphDestroyNode:            {names: []string{"cuGraphDestroyNode"}},
+	symGraphMemcpyNodeGetParams:    {names: []string{"cuGraphMemcpyNodeGetParams"}},
+	symGraphMemsetNodeGetParams:    {names: []string{"cuGraphMemsetNodeGetParams"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
@@ -686,4 +690,15 @@ func (d *Driver) GraphExecChildGraphNodeSetParams(x GraphExec, n GraphNode, chil
 // the run of mappings around it.
 func (d *Driver) MemGetAddressRange(base *DevicePtr, size *uint64, p DevicePtr) Result {
 	return d.call3(symMemGetAddressRange, uintptr(unsafe.Pointer(base)), uintptr(unsafe.Pointer(size)), uintptr(p))
+}
+
+// GraphMemcpyNodeGetParams reads a memcpy node's parameters (captured
+// copies included).
+func (d *Driver) GraphMemcpyNodeGetParams(n GraphNode, p *Memcpy3D) Result {
+	return d.call2(symGraphMemcpyNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// GraphMemsetNodeGetParams reads a memset node's parameters.
+func (d *Driver) GraphMemsetNodeGetParams(n GraphNode, p *MemsetNodeParams) Result {
+	return d.call2(symGraphMemsetNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
 }

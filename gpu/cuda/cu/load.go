@@ -150,4 +150,5 @@ var cache struct {
 	drivers map[string]*Driver
 	blas    map[string]*BLAS
 	nccl    map[string]*NCCL
+	lt      map[string]*BLASLt
 }
