@@ -25,13 +25,16 @@ type DevNode uint64
 // CUDA's rules, which every backend enforces with the same errors:
 //
 //   - A node cannot opt out once in: GraphKernelNodeSetDeviceUpdatable(n,
-//     false) on an opted-in node is ErrInvalidValue.
+//     false) on an opted-in node is ErrNotSupported (the driver answers
+//     CUDA_ERROR_NOT_SUPPORTED; seen on driver 580).
 //   - A graph with device-updatable nodes has at most one executable graph
 //     at a time: a second GraphInstantiate before GraphExecDestroy of the
-//     first is ErrInvalidValue.
+//     first is ErrNotSupported (the driver's answer too).
 //   - Neither such a graph nor its executable graph may take part in a
 //     whole-graph update: GraphExecUpdate refuses with an *UpdateError
-//     (UpdateNotSupported, wrapping ErrGraphUpdate).
+//     (UpdateNotSupported, wrapping ErrGraphUpdate, so that a strategy
+//     re-records as it does for any refused update; the driver answers
+//     CUDA_ERROR_NOT_SUPPORTED, which the backend never lets it see).
 //   - The executable graph must be uploaded (GraphUpload) before its first
 //     launch, and again after any host-side change to its device-updatable
 //     nodes (GraphExecKernelNodeSetParams): GraphLaunch before that is

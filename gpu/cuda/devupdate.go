@@ -90,7 +90,7 @@ func (b *Backend) GraphKernelNodeSetDeviceUpdatable(n gpu.GraphNode, updatable b
 	case !gi.owned:
 		return 0, errf(op, gpu.ErrNotSupported, "node %#x belongs to a child graph: only nodes of top-level graphs can be device-updatable", uint64(n))
 	case !updatable && cur != 0:
-		return 0, errf(op, gpu.ErrInvalidValue, "node %#x is device-updatable and cannot opt out", uint64(n))
+		return 0, errf(op, gpu.ErrNotSupported, "node %#x is device-updatable and cannot opt out", uint64(n))
 	case !updatable || cur != 0:
 		return gpu.DevNode(cur), nil
 	}
@@ -242,7 +242,7 @@ func (b *Backend) GraphUpload(x gpu.GraphExec, s gpu.Stream) error {
 // device-updatable nodes.
 func instantiateCheckLocked(op string, g gpu.Graph, gi *graphInfo) error {
 	if gi.devNodes > 0 && gi.execs > 0 {
-		return errf(op, gpu.ErrInvalidValue, "graph %#x has device-updatable kernel nodes and %d executable graph(s) already: it may have one at a time (destroy it first)", uint64(g), gi.execs)
+		return errf(op, gpu.ErrNotSupported, "graph %#x has device-updatable kernel nodes and %d executable graph(s) already: it may have one at a time (destroy it first)", uint64(g), gi.execs)
 	}
 	return nil
 }

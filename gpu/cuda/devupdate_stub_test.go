@@ -203,7 +203,7 @@ func TestStubDeviceUpdateRules(t *testing.T) {
 		t.Errorf("opting in again: %#x, %v", uint64(again), err)
 	}
 	_, err = du.GraphKernelNodeSetDeviceUpdatable(n0, false)
-	wantSentinel(t, "opt-out", err, gpu.ErrInvalidValue)
+	wantSentinel(t, "opt-out", err, gpu.ErrNotSupported)
 	if n := sd.callCount("cuGraphKernelNodeSetAttribute"); n != 1 {
 		t.Errorf("cuGraphKernelNodeSetAttribute called %d times, want once (repeats and the opt-out are answered by the backend)", n)
 	}
@@ -213,7 +213,7 @@ func TestStubDeviceUpdateRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = b.GraphInstantiate(g)
-	wantSentinel(t, "second exec", err, gpu.ErrInvalidValue)
+	wantSentinel(t, "second exec", err, gpu.ErrNotSupported)
 	if n := sd.callCount("cuGraphInstantiateWithFlags"); n != 1 {
 		t.Errorf("the second instantiation reached the driver")
 	}

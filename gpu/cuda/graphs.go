@@ -923,8 +923,12 @@ func isInvalidValue(err error, cop string) bool {
 func refused(op string, r gpu.UpdateResult, n gpu.GraphNode, err error, format string, args ...any) error {
 	ue := &gpu.UpdateError{Op: op, Result: r, Node: n, Detail: fmt.Sprintf(format, args...)}
 	var ge *gpu.Error
-	if errors.As(err, &ge) {
+	var de *gpu.UpdateError
+	switch {
+	case errors.As(err, &ge):
 		ue.Code, ue.CodeName = ge.Code, ge.CodeName
+	case errors.As(err, &de):
+		ue.Code, ue.CodeName = de.Code, de.CodeName
 	}
 	return ue
 }
@@ -1004,7 +1008,12 @@ func (b *Backend) GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphN
 	err = b.call(xi.dev, "cuGraphExecChildGraphNodeSetParams", func() cu.Result {
 		return b.d.GraphExecChildGraphNodeSetParams(xi.x, cn, ci.g)
 	})
-	if err != nil && isInvalidValue(err, "cuGraphExecChildGraphNodeSetParams") {
+	// The driver refuses a child graph it cannot take with
+	// CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE (seen on driver 580) or, as its
+	// documentation says, CUDA_ERROR_INVALID_VALUE: either way the two
+	// graphs are compared to say why.
+	var ue *gpu.UpdateError
+	if err != nil && (isInvalidValue(err, "cuGraphExecChildGraphNodeSetParams") || errors.As(err, &ue)) {
 		return b.childRefusal(op, xi.dev, n, cn, ci.g, err)
 	}
 	return err

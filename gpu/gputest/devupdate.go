@@ -236,7 +236,7 @@ func testDevOptIn(h *h) {
 		h.Errorf("two nodes got the same DevNode %#x", uint64(da))
 	}
 	d, err := du.GraphKernelNodeSetDeviceUpdatable(a, false)
-	h.wantErr("opting out a device-updatable node", err, gpu.ErrInvalidValue)
+	h.wantErr("opting out a device-updatable node", err, gpu.ErrNotSupported)
 	if d != 0 {
 		h.Errorf("refused opt-out returned DevNode %#x", uint64(d))
 	}
@@ -452,7 +452,7 @@ func testDevInstantiateOnce(h *h) {
 	x0, x0b := h.instantiate(g), h.instantiate(g)
 	h.optIn(du, n)
 	x, err := h.b.GraphInstantiate(g)
-	h.wantErr("instantiating a graph with device-updatable nodes that has execs", err, gpu.ErrInvalidValue)
+	h.wantErr("instantiating a graph with device-updatable nodes that has execs", err, gpu.ErrNotSupported)
 	if err == nil {
 		h.ok("GraphExecDestroy", h.b.GraphExecDestroy(x))
 	}
@@ -460,7 +460,7 @@ func testDevInstantiateOnce(h *h) {
 	h.release(execKey(x0b))
 	x1 := h.instantiate(g)
 	x2, err := h.b.GraphInstantiate(g)
-	h.wantErr("a second exec of a graph with device-updatable nodes", err, gpu.ErrInvalidValue)
+	h.wantErr("a second exec of a graph with device-updatable nodes", err, gpu.ErrNotSupported)
 	if err == nil {
 		h.ok("GraphExecDestroy", h.b.GraphExecDestroy(x2))
 	}

@@ -103,7 +103,7 @@ func newDevStateLocked(g *graph, p *plan) *devState {
 // device-updatable nodes.
 func instantiateCheckLocked(op string, g *graph) error {
 	if len(g.devNodes) > 0 && g.execs > 0 {
-		return gpu.Errorf(op, gpu.ErrInvalidValue, "graph %#x has device-updatable kernel nodes and %d executable graph(s) already: it may have one at a time (destroy it first)", uint64(g.handle), g.execs)
+		return gpu.Errorf(op, gpu.ErrNotSupported, "graph %#x has device-updatable kernel nodes and %d executable graph(s) already: it may have one at a time (destroy it first)", uint64(g.handle), g.execs)
 	}
 	return nil
 }
@@ -211,7 +211,7 @@ func (b *Backend) GraphKernelNodeSetDeviceUpdatable(nh gpu.GraphNode, updatable 
 	case n.g.owner != nil:
 		return 0, gpu.Errorf(op, gpu.ErrNotSupported, "node %#x belongs to the child graph of node %#x: only nodes of top-level graphs can be device-updatable", uint64(nh), uint64(n.g.owner.handle))
 	case !updatable && n.devNode != 0:
-		return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "node %#x is device-updatable and cannot opt out", uint64(nh))
+		return 0, gpu.Errorf(op, gpu.ErrNotSupported, "node %#x is device-updatable and cannot opt out", uint64(nh))
 	case !updatable || n.devNode != 0:
 		return n.devNode, nil
 	}

@@ -562,7 +562,10 @@ func (b *Backend) operandsLocked(op string, n gpu.GraphNode, e *enode, p params)
 		switch {
 		case hs[i] == homeNone:
 			return hs, updateErr(op, gpu.UpdateParametersChanged, n, "%s %s %#x is in no live allocation", e.typ, operandNames[i], uint64(ptrs[i]))
-		case e.homes[i] != homeNone && hs[i] != e.homes[i]:
+		case e.homes[i] != homeNone && hs[i] != e.homes[i] && hs[i] != homeHost && e.homes[i] != homeHost:
+			// Mapped host memory is taken in either direction: the CUDA
+			// driver (580) does, though its documentation says a node's
+			// memory may not change kind.
 			return hs, updateErr(op, gpu.UpdateParametersChanged, n,
 				"%s %s %#x is in %s; the instantiated node's is in %s, which an exec update cannot change", e.typ, operandNames[i], uint64(ptrs[i]), hs[i], e.homes[i])
 		}
