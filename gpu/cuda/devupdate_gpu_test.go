@@ -334,17 +334,11 @@ func TestDeviceUpdatesDriverRules(t *testing.T) {
 		// (re-record), where the driver says CUDA_ERROR_NOT_SUPPORTED: only
 		// that the driver refuses it too is checked.
 		report("exec update of an exec with device-updatable nodes", r, gpu.ErrNotSupported)
-		// Into a scratch graph of its own, destroyed whole: a child node
-		// destroyed alone out of the chain's graph crashed the driver (580)
-		// at the chain graph's destruction.
-		var scratch cu.Graph
-		if r := d.GraphCreate(&scratch, 0); r != cu.Success {
-			return b.check("cuGraphCreate", r)
-		}
-		var child cu.GraphNode
-		r = d.GraphAddChildGraphNode(&child, scratch, nil, gi.g)
-		report("a graph with device-updatable nodes as a child (the backend refuses it: ErrNotSupported)", r, nil)
-		d.GraphDestroy(scratch)
+		// Not asked of the driver: a graph with device-updatable nodes added
+		// as a child (a clone) is taken (CUDA_SUCCESS on driver 580), but
+		// destroying the two graphs afterwards crashed the process inside
+		// the driver, twice. The backend and the sim refuse it
+		// (ErrNotSupported).
 		return nil
 	})
 	c.must(t, err)
