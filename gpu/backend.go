@@ -201,8 +201,9 @@ type Graphs interface {
 	// A change an instantiated graph cannot take is refused with an
 	// *UpdateError naming n, as CUDA documents: a kernel of another device
 	// (UpdateFunctionChanged); memcpy or memset operands in memory of
-	// another device or kind (device, host) than the node's, or in no live
-	// allocation (UpdateParametersChanged; a memset's element size may be
+	// another device than the node's, or in no live allocation
+	// (UpdateParametersChanged; mapped host memory is taken in place of
+	// device memory, as the CUDA driver takes it; a memset's element size may be
 	// refused the same way); a child graph of another topology or node
 	// types (UpdateTopologyChanged, UpdateNodeTypeChanged) or breaking
 	// these rules in its nodes. Bad arguments are ErrInvalidValue.

@@ -109,8 +109,10 @@
 // moment. GraphExecUpdate and the per-node updates follow CUDA's documented
 // rules (same node count, edges and node types, child graphs recursively;
 // kernels on the same device; memsets of the same element size; memcpy and
-// memset operands in live memory of the same device and kind, device or
-// host, as when the node was instantiated or last updated), change only the
+// memset operands in live memory of the same device as when the node was
+// instantiated or last updated; mapped host memory may stand in for device
+// memory either way, as the CUDA driver 580 takes it although its
+// documentation says the kind may not change), change only the
 // exec graph, leave it unchanged when refused, and affect later launches
 // only. A refusal is a *gpu.UpdateError saying why, as the cuda backend
 // reports the same situations; a per-node one names the node updated. Bad
