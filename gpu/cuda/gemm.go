@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -34,10 +35,13 @@ var _ gpu.GEMM = (*Backend)(nil)
 // Measurement of GemmPrepare.
 const (
 	// ltCandidates is how many of the heuristic's algorithms are timed.
-	ltCandidates = 4
-	// timedRuns are the runs averaged per candidate, after warmRuns.
+	ltCandidates = 8
+	// Each candidate runs warmRuns times eagerly (loading its kernels),
+	// then timedRuns calls captured into a graph are replayed graphRuns
+	// times and averaged.
 	warmRuns  = 3
 	timedRuns = 20
+	graphRuns = 5
 )
 
 // blasLib is cuBLAS and cuBLASLt as loaded (once) by a backend.
@@ -709,27 +713,71 @@ func (b *Backend) timeAll(dev int, d *device, cands []*gemmChoice, q gpu.GemmPar
 			}
 			continue
 		}
-		if r := b.d.EventRecord(e0, s); r != cu.Success {
-			return nil, b.check("cuEventRecord", r)
+		// Timed as the step runs them: timedRuns calls captured into a
+		// graph and replayed, so that what is compared is the kernels'
+		// device time back to back, not the host's cost of enqueueing a
+		// call (which dominates eager calls of this size and made the
+		// choice noise).
+		us, err := b.timeInGraph(s, e0, e1, run)
+		if err != nil {
+			b.opts.log.Debug("cuda: GEMM candidate failed in a graph", "candidate", c.how, "err", err)
+			times[i] = -1
+			continue
 		}
-		for range timedRuns {
-			if err := run(); err != nil {
-				return nil, err
-			}
-		}
-		if r := b.d.EventRecord(e1, s); r != cu.Success {
-			return nil, b.check("cuEventRecord", r)
-		}
-		if r := b.d.EventSynchronize(e1); r != cu.Success {
-			return nil, b.check("cuEventSynchronize", r)
-		}
-		var ms float32
-		if r := b.d.EventElapsedTime(&ms, e0, e1); r != cu.Success {
-			return nil, b.check("cuEventElapsedTime", r)
-		}
-		times[i] = float64(ms) * 1000 / timedRuns
+		times[i] = us
 	}
 	return times, nil
+}
+
+// timeInGraph captures timedRuns calls of run on s into a graph, replays it
+// graphRuns times between e0 and e1 after one warm replay, and returns the
+// microseconds per call. Every handle it made is released.
+func (b *Backend) timeInGraph(s cu.Stream, e0, e1 cu.Event, run func() error) (float64, error) {
+	if r := b.d.StreamBeginCapture(s, cu.StreamCaptureModeThreadLocal); r != cu.Success {
+		return 0, b.check("cuStreamBeginCapture_v2", r)
+	}
+	var runErr error
+	for range timedRuns {
+		if runErr = run(); runErr != nil {
+			break
+		}
+	}
+	var g cu.Graph
+	r := b.d.StreamEndCapture(s, &g)
+	if runErr != nil || r != cu.Success {
+		if g != 0 {
+			b.d.GraphDestroy(g)
+		}
+		return 0, errors.Join(runErr, b.check("cuStreamEndCapture", r))
+	}
+	defer b.d.GraphDestroy(g)
+	var x cu.GraphExec
+	if r := b.d.GraphInstantiate(&x, g, 0); r != cu.Success {
+		return 0, b.check("cuGraphInstantiateWithFlags", r)
+	}
+	defer b.d.GraphExecDestroy(x)
+	if r := b.d.GraphLaunch(x, s); r != cu.Success {
+		return 0, b.check("cuGraphLaunch", r)
+	}
+	if r := b.d.EventRecord(e0, s); r != cu.Success {
+		return 0, b.check("cuEventRecord", r)
+	}
+	for range graphRuns {
+		if r := b.d.GraphLaunch(x, s); r != cu.Success {
+			return 0, b.check("cuGraphLaunch", r)
+		}
+	}
+	if r := b.d.EventRecord(e1, s); r != cu.Success {
+		return 0, b.check("cuEventRecord", r)
+	}
+	if r := b.d.EventSynchronize(e1); r != cu.Success {
+		return 0, b.check("cuEventSynchronize", r)
+	}
+	var ms float32
+	if r := b.d.EventElapsedTime(&ms, e0, e1); r != cu.Success {
+		return 0, b.check("cuEventElapsedTime", r)
+	}
+	return float64(ms) * 1000 / (timedRuns * graphRuns), nil
 }
 
 // closeGemm releases dev's GEMM machinery (at Close).
