@@ -22,6 +22,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/remappable"
 	"github.com/stablegraph/stablegraph/workload"
 )
 
@@ -35,6 +36,30 @@ func NewArena(t testing.TB, b gpu.Backend, size uint64) *bfc.Allocator {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+// Allocator is what an Addresser takes its buffers from: a bfc.Allocator
+// over one allocation, or a remappable.Allocator (StrategyRemap).
+type Allocator interface {
+	Alloc(size uint64) (gpu.DevicePtr, error)
+	Free(p gpu.DevicePtr) error
+}
+
+// NewRemappable gives the test an allocator of remappable buffers on
+// device dev (one VMM allocation each), the memory StrategyRemap maps;
+// whatever is left in it is freed at cleanup.
+func NewRemappable(t testing.TB, b gpu.Backend, dev int) *remappable.Allocator {
+	t.Helper()
+	a, err := remappable.New(b, dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	return a
 }
 
@@ -168,7 +193,7 @@ func Movements() []Movement { return []Movement{Fixed, PingPong, Random} }
 type Addresser struct {
 	t      testing.TB
 	b      gpu.Backend
-	a      *bfc.Allocator
+	a      Allocator
 	move   Movement
 	bufs   []sg.Buffer
 	mlp    *MLP
@@ -180,7 +205,7 @@ type Addresser struct {
 
 // NewAddresser moves bufs within a; with w, Bind also writes w's inputs.
 // Its memory goes back to a at Close or cleanup.
-func NewAddresser(t testing.TB, b gpu.Backend, a *bfc.Allocator, move Movement, bufs []sg.Buffer, w *MLP) *Addresser {
+func NewAddresser(t testing.TB, b gpu.Backend, a Allocator, move Movement, bufs []sg.Buffer, w *MLP) *Addresser {
 	ad := &Addresser{t: t, b: b, a: a, move: move, bufs: bufs, mlp: w, r: rand.New(rand.NewPCG(7, 7))}
 	nsets := map[Movement]int{Fixed: 1, PingPong: 2}[move]
 	for range nsets {
@@ -359,12 +384,22 @@ func Compile(t testing.TB, b gpu.Backend, p *sg.Program, opts sg.Options) *sg.Ex
 
 // RunMLP runs steps of w under strategy with the buffers moving as move
 // says, and returns what every step saw and the final accumulator state.
-// Outputs must stay where they were bound.
+// Outputs must stay where they were bound. The buffers come from a bfc
+// arena, or for StrategyRemap from a remappable allocator, the memory it
+// maps.
 func RunMLP(t testing.TB, b gpu.Backend, w *MLP, strategy sg.Strategy, move Movement, steps int) ([]Step, []byte) {
 	t.Helper()
 	s := simtest.Stream(t, b, 0)
-	ad := NewMLPAddresser(t, b, w, move)
-	exe, err := sg.Compile(context.Background(), b, w.P, sg.Options{Strategy: strategy})
+	opts := sg.Options{Strategy: strategy}
+	var ad *Addresser
+	if strategy == sg.StrategyRemap {
+		a := NewRemappable(t, b, 0)
+		ad = NewAddresser(t, b, a, move, append(append([]sg.Buffer(nil), w.Params...), w.Outputs...), w)
+		opts.Remappable = a
+	} else {
+		ad = NewMLPAddresser(t, b, w, move)
+	}
+	exe, err := sg.Compile(context.Background(), b, w.P, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,15 +435,19 @@ func MustWorkload(t testing.TB, name string, cfg workload.Config) *workload.Work
 }
 
 // StartWorkload compiles w with opts, initialises its states and makes a
-// caller whose buffers move by pattern. done closes the executable, then
-// the caller, reporting failures; call it before the test's own checks of
-// live handles.
+// caller whose buffers move by pattern (a remappable caller for
+// StrategyRemap, given to the executable as Options.Remappable unless
+// opts has one). done closes the executable, then the caller, reporting
+// failures; call it before the test's own checks of live handles.
 func StartWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts sg.Options, pattern workload.Pattern) (exe *sg.Executable, caller *workload.Caller, done func()) {
 	t.Helper()
 	ctx := context.Background()
-	caller, err := workload.NewCaller(b, 0, w, pattern, 1)
+	caller, err := workload.NewCallerWith(b, 0, w, pattern, 1, workload.CallerOptionsFor(opts.Strategy))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.Remappable == nil {
+		opts.Remappable = caller.Remappable()
 	}
 	exe, err = sg.Compile(ctx, b, w.Program, opts)
 	if err != nil {
@@ -502,7 +541,9 @@ type Workers struct {
 	States  []workload.StateInit
 	// Input is the contents of input i of X.
 	Input func(i int) []byte
-	// Options compile the executable under test.
+	// Options compile the executable under test. With a
+	// *remappable.Allocator as Options.Remappable (StrategyRemap), the
+	// workers' buffers are allocated from it.
 	Options sg.Options
 	// Workers goroutines run Steps steps each.
 	Workers, Steps int
@@ -534,12 +575,23 @@ func (c Workers) Run(t testing.TB, b gpu.Backend) *sg.Executable {
 		want   [2][]byte
 	}
 	rs := simtest.Stream(t, b, 0)
+	alloc := func(size int64) gpu.DevicePtr { return simtest.Alloc(t, b, 0, uint64(size)) }
+	if ra, ok := c.Options.Remappable.(*remappable.Allocator); ok {
+		// Remap's buffers come from the allocator it maps from.
+		alloc = func(size int64) gpu.DevicePtr {
+			p, err := ra.Alloc(uint64(size))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+	}
 	jobs := make([]*job, c.Workers)
 	for i := range jobs {
 		j := &job{s: simtest.Stream(t, b, 0)}
 		for k := range 2 {
-			j.xp[k] = simtest.Alloc(t, b, 0, uint64(c.X.Size()))
-			j.yp[k] = simtest.Alloc(t, b, 0, uint64(c.Y.Size()))
+			j.xp[k] = alloc(c.X.Size())
+			j.yp[k] = alloc(c.Y.Size())
 			if err := b.MemcpyHtoD(j.xp[k], c.Input(10*i+k)); err != nil {
 				t.Fatal(err)
 			}
