@@ -259,6 +259,9 @@ type Cell struct {
 	// Leaks counts the failed trials that left handles live (not by a
 	// reported release failure).
 	Leaks int
+	// Fired counts the faults that fired (every outcome but NotReached)
+	// per entry point.
+	Fired map[string]int
 	// Faults lists every trial whose outcome is not Recovered or NotReached.
 	Faults   []Fault
 	Duration time.Duration
@@ -508,7 +511,7 @@ func settleGoroutines(want int) int {
 // sweep runs the clean trial of (w, pat, v) and then a trial per site.
 func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.Pattern, v Variant, ops []string, ref *trial) (Cell, error) {
 	start := time.Now()
-	cell := Cell{Workload: w.Name, Pattern: pat, Variant: v.Name}
+	cell := Cell{Workload: w.Name, Pattern: pat, Variant: v.Name, Fired: map[string]int{}}
 	clean := &trial{cfg: cfg, w: w, pattern: pat, v: v, ops: ops, ref: ref, count: map[string]map[string]int{}}
 	clean.run(ctx)
 	if len(clean.problems) > 0 {
@@ -528,6 +531,9 @@ func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.
 		f := t.run(ctx)
 		cell.Tried++
 		cell.Counts[f.Outcome]++
+		if f.Outcome != NotReached {
+			cell.Fired[s.Op]++
+		}
 		if t.leaked {
 			cell.Leaks++
 		}
@@ -832,7 +838,8 @@ func (t *trial) body(ctx context.Context) {
 		}
 	}()
 
-	if caller, err = workload.NewCaller(b, 0, t.w, t.pattern, 1); err != nil {
+	// Remap's caller allocates remappable buffers, the memory it maps.
+	if caller, err = workload.NewCallerWith(b, 0, t.w, t.pattern, 1, workload.CallerOptionsFor(t.v.Options.Strategy)); err != nil {
 		t.fail("caller: %v", err)
 		return
 	}
@@ -852,6 +859,9 @@ func (t *trial) body(ctx context.Context) {
 	compile := func() error {
 		opts := t.v.Options
 		opts.Logger = t.lg
+		if opts.Remappable == nil {
+			opts.Remappable = caller.Remappable()
+		}
 		e, err := sg.Compile(ctx, b, t.w.Program, opts)
 		exe, t.exe = e, e
 		return err

@@ -63,6 +63,43 @@ func NewRemappable(t testing.TB, b gpu.Backend, dev int) *remappable.Allocator {
 	return a
 }
 
+// ArenaFor is NewArena for a test under opts.Strategy: for StrategyRemap
+// a remappable allocator instead (NewRemappable), set as
+// opts.Remappable: the memory remap maps.
+func ArenaFor(t testing.TB, b gpu.Backend, size uint64, opts *sg.Options) Allocator {
+	t.Helper()
+	if opts.Strategy == sg.StrategyRemap {
+		a := NewRemappable(t, b, 0)
+		opts.Remappable = a
+		return a
+	}
+	return NewArena(t, b, size)
+}
+
+// Memory returns how a test allocates the params and outputs it binds
+// under opts.Strategy: device memory of dev freed at cleanup, or for
+// StrategyRemap buffers of a remappable allocator (NewRemappable), which
+// it sets as opts.Remappable: the memory remap maps.
+func Memory(t testing.TB, b gpu.Backend, dev int, opts *sg.Options) func(size uint64) gpu.DevicePtr {
+	t.Helper()
+	if opts.Strategy != sg.StrategyRemap {
+		return func(size uint64) gpu.DevicePtr {
+			t.Helper()
+			return simtest.Alloc(t, b, dev, size)
+		}
+	}
+	a := NewRemappable(t, b, dev)
+	opts.Remappable = a
+	return func(size uint64) gpu.DevicePtr {
+		t.Helper()
+		p, err := a.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+}
+
 // NewRand is the tests' random source for seed.
 func NewRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 5)) }
 
@@ -391,14 +428,7 @@ func RunMLP(t testing.TB, b gpu.Backend, w *MLP, strategy sg.Strategy, move Move
 	t.Helper()
 	s := simtest.Stream(t, b, 0)
 	opts := sg.Options{Strategy: strategy}
-	var ad *Addresser
-	if strategy == sg.StrategyRemap {
-		a := NewRemappable(t, b, 0)
-		ad = NewAddresser(t, b, a, move, append(append([]sg.Buffer(nil), w.Params...), w.Outputs...), w)
-		opts.Remappable = a
-	} else {
-		ad = NewMLPAddresser(t, b, w, move)
-	}
+	ad := NewAddresser(t, b, ArenaFor(t, b, 64<<20, &opts), move, append(append([]sg.Buffer(nil), w.Params...), w.Outputs...), w)
 	exe, err := sg.Compile(context.Background(), b, w.P, opts)
 	if err != nil {
 		t.Fatal(err)
