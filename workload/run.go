@@ -231,6 +231,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		PatchedNodes:      st.PatchedNodes,
 		TracesCaptured:    st.TracesCaptured,
 		BytesCopied:       st.BytesCopied,
+		Remaps:            st.Remaps,
 		PeakDeviceBytes:   max(peak, exe.Memory().Total()),
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
 	}
