@@ -7,7 +7,8 @@
 // A trial is one realistic life of an executable on a fresh backend (the
 // sim by default; any backend implementing gpu.FaultInjector and
 // gpu.HandleCounter will do): a workload.Caller whose buffers move (random
-// pattern by default), a Client on a private stream cache, Compile, the
+// pattern by default; remappable buffers for remap, given to Compile as
+// Options.Remappable), a Client on a private stream cache, Compile, the
 // states written, then Config.Steps steps, each of Run, Client.Submitted,
 // Client.Retire of a scratch buffer at the point returned, and the outputs
 // read back and compared with an eager reference; then the executable and
@@ -61,6 +62,7 @@
 //
 //	go test -run TestFaultCampaign -v ./faultcampaign                        # reduced (CI), summary table in the log
 //	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full   # every call index, random and pingpong buffers
+//	go test -run TestFaultCampaignRemap -v ./faultcampaign                   # remap: every call index (CI too)
 //	go test -run TestCollectiveFaults -v ./faultcampaign                     # collectives, two ranks
 //	go test -run '^$' -fuzz FuzzCompile -fuzztime 5m .                       # random programs through Compile and one step
 //	go test -run '^$' -fuzz FuzzQueue -fuzztime 5m ./retire                  # the retirement queue's bookkeeping
