@@ -87,9 +87,14 @@ type remap struct {
 	// ranges, rewritten every step.
 	addrs   []gpu.DevicePtr
 	targets []remapTarget // per bound buffer, this step's memory
-	x       *graph.Exec   // nil before the first step and after a failed record
-	ev      gpu.Event     // recorded after every launch
-	pending bool          // ev marks a launch the device may not have finished
+	// byChunk and sameChunk chain the bound buffers by chunk as resolve
+	// goes: the last one on each chunk, and for each the one before it on
+	// the same chunk (-1: none). Kept across steps to allocate nothing.
+	byChunk   map[*vmm.PhysicalAllocation]int
+	sameChunk []int
+	x         *graph.Exec // nil before the first step and after a failed record
+	ev        gpu.Event   // recorded after every launch
+	pending   bool        // ev marks a launch the device may not have finished
 }
 
 // remapRange is one bound buffer's range and what it maps.
@@ -163,6 +168,7 @@ func newRemap(spec Spec) (_ Strategy, err error) {
 	}
 	r.addrs = make([]gpu.DevicePtr, len(spec.Buffers))
 	r.targets = make([]remapTarget, len(r.bound))
+	r.byChunk, r.sameChunk = make(map[*vmm.PhysicalAllocation]int, len(r.bound)), make([]int, len(r.bound))
 	return r, nil
 }
 
@@ -202,6 +208,7 @@ func (r *remap) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 // resolve finds the memory behind every bound buffer and checks that it
 // can be mapped, into r.targets. It changes nothing else.
 func (r *remap) resolve(addrs []gpu.DevicePtr) error {
+	clear(r.byChunk)
 	for k, id := range r.bound {
 		d, p, rg := &r.bufs[id], addrs[id], r.ranges[k]
 		chunk, from, err := r.finder.Chunk(p)
@@ -226,15 +233,22 @@ func (r *remap) resolve(addrs []gpu.DevicePtr) error {
 				ErrInvalidBinding, d.Class, d.Name, rg.size, d.Size, r.gran, uint64(p), chunk.Size()-min(from, chunk.Size()))
 		}
 		r.targets[k] = remapTarget{chunk: chunk, from: from}
-		for j := range k {
+		// Only buffers on the same chunk can share a granule: walk those.
+		first, seen := r.byChunk[chunk]
+		for j := first; seen && j >= 0; j = r.sameChunk[j] {
 			o := r.targets[j]
-			if o.chunk == chunk && o.from < from+rg.size && from < o.from+r.ranges[j].size {
+			if o.from < from+rg.size && from < o.from+r.ranges[j].size {
 				od := &r.bufs[r.bound[j]]
 				return fmt.Errorf("%w: remap: %s %q at %#x and %s %q at %#x share a granule of one physical allocation; "+
 					"remap maps whole granules of %d bytes, so each bound buffer needs granules of its own",
 					ErrInvalidBinding, od.Class, od.Name, uint64(addrs[r.bound[j]]), d.Class, d.Name, uint64(p), r.gran)
 			}
 		}
+		r.sameChunk[k] = -1
+		if seen {
+			r.sameChunk[k] = first
+		}
+		r.byChunk[chunk] = k
 	}
 	return nil
 }

@@ -119,6 +119,10 @@ func TestRemapRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	three, err := rs.a.Alloc(3 * gran)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name     string
 		bind     func(good stablegraph.Bindings) stablegraph.Bindings
@@ -137,6 +141,10 @@ func TestRemapRefusals(t *testing.T) {
 			g[pp.s] = g[pp.y]
 			return g
 		}, stablegraph.ErrInvalidBinding, []string{`output "y"`, `output "s"`, "share a granule"}},
+		{"the third buffer on a chunk shares the first's granule", func(g stablegraph.Bindings) stablegraph.Bindings {
+			g[pp.x], g[pp.y], g[pp.s] = three, three+gpu.DevicePtr(2*gran), three
+			return g
+		}, stablegraph.ErrInvalidBinding, []string{`param "x"`, `output "s"`, "share a granule"}},
 	}
 	good := rs.set(t, 0)
 	if _, err := rs.exe.Run(ctx, rs.s, good); err != nil {
