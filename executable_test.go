@@ -190,7 +190,9 @@ func BenchmarkStep(b *testing.B) {
 			be := simtest.New(b, 1)
 			s := simtest.Stream(b, be, 0)
 			w := steptest.NewMLP(8, 64, 4, 256, 16)
-			exe, err := stablegraph.Compile(ctx, be, w.P, stablegraph.Options{Strategy: st})
+			opts := stablegraph.Options{Strategy: st}
+			alloc := steptest.Memory(b, be, 0, &opts) // remappable memory for remap
+			exe, err := stablegraph.Compile(ctx, be, w.P, opts)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -199,7 +201,7 @@ func BenchmarkStep(b *testing.B) {
 			for i := range sets {
 				sets[i] = stablegraph.Bindings{}
 				for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
-					sets[i][buf] = simtest.Alloc(b, be, 0, uint64(buf.Size()))
+					sets[i][buf] = alloc(uint64(buf.Size()))
 				}
 			}
 			for i := 0; b.Loop(); i++ {
