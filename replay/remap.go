@@ -195,10 +195,13 @@ func (r *remap) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	if err := r.b.EventRecord(r.ev, s); err != nil {
 		// Without the event the next remap could not tell when the device
 		// is done with the ranges: wait for the launch here instead.
+		// (When that fails too, the stream has faulted, and so will the
+		// next step's query of the event.)
 		err = fmt.Errorf("remap: record the event after the launch: %w", err)
 		if serr := r.b.StreamSynchronize(s); serr != nil {
 			return Result{}, errors.Join(err, fmt.Errorf("remap: wait for the launch instead: %w", serr))
 		}
+		r.pending = false
 		return Result{}, err
 	}
 	r.pending = true
