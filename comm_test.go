@@ -17,6 +17,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/remappable"
 )
 
 // newSimN opens a sim of n devices with a short communicator timeout and
@@ -157,7 +158,19 @@ func (cp *collProg) want(step int) [][]float32 {
 // the caller's buffers moving every step, and checks every output exactly.
 func runColl(ctx context.Context, b gpu.Backend, cp *collProg, strategy stablegraph.Strategy, steps int) error {
 	dev := cp.comm.Device()
-	exe, err := stablegraph.Compile(ctx, b, cp.p, stablegraph.Options{Strategy: strategy, Device: dev})
+	opts := stablegraph.Options{Strategy: strategy, Device: dev}
+	var alloc steptest.Allocator
+	if strategy == stablegraph.StrategyRemap {
+		// Remap maps the memory behind the caller's buffers: they come
+		// from a remappable allocator.
+		ra, err := remappable.New(b, dev, nil)
+		if err != nil {
+			return err
+		}
+		defer ra.Close()
+		alloc, opts.Remappable = ra, ra
+	}
+	exe, err := stablegraph.Compile(ctx, b, cp.p, opts)
 	if err != nil {
 		return err
 	}
@@ -167,15 +180,16 @@ func runColl(ctx context.Context, b gpu.Backend, cp *collProg, strategy stablegr
 		return err
 	}
 	defer b.StreamDestroy(s)
-	const region = 8 << 20
-	base, err := b.MemAlloc(dev, region)
-	if err != nil {
-		return err
-	}
-	defer b.MemFree(base)
-	alloc, err := bfc.New(base, region, bfc.Options{Name: "rank"})
-	if err != nil {
-		return err
+	if alloc == nil {
+		const region = 8 << 20
+		base, err := b.MemAlloc(dev, region)
+		if err != nil {
+			return err
+		}
+		defer b.MemFree(base)
+		if alloc, err = bfc.New(base, region, bfc.Options{Name: "rank"}); err != nil {
+			return err
+		}
 	}
 	r := rand.New(rand.NewPCG(uint64(dev), 7))
 	var prev []gpu.DevicePtr
@@ -286,7 +300,24 @@ func TestCollectiveCapturedOnceInSteadyState(t *testing.T) {
 				p.Launch(kernels.Axpy, kernels.Elementwise(n), stablegraph.InOut(w.All()), stablegraph.In(g.All()),
 					stablegraph.F32(-0.5), stablegraph.I32(n))
 				p.Launch(kernels.Copy, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(w.All()), stablegraph.I32(n))
-				exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: strat, Device: c.Device()})
+				opts := stablegraph.Options{Strategy: strat, Device: c.Device()}
+				alloc := func() (gpu.DevicePtr, func() error, error) {
+					p, err := b.MemAlloc(c.Device(), 4*n)
+					return p, func() error { return b.MemFree(p) }, err
+				}
+				if strat == stablegraph.StrategyRemap {
+					ra, err := remappable.New(b, c.Device(), nil)
+					if err != nil {
+						return err
+					}
+					defer ra.Close()
+					opts.Remappable = ra
+					alloc = func() (gpu.DevicePtr, func() error, error) {
+						p, err := ra.Alloc(4 * n)
+						return p, func() error { return ra.Free(p) }, err
+					}
+				}
+				exe, err := stablegraph.Compile(ctx, b, p, opts)
 				if err != nil {
 					return err
 				}
@@ -298,10 +329,12 @@ func TestCollectiveCapturedOnceInSteadyState(t *testing.T) {
 				defer b.StreamDestroy(s)
 				bufs := make([]gpu.DevicePtr, 6)
 				for i := range bufs {
-					if bufs[i], err = b.MemAlloc(c.Device(), 4*n); err != nil {
+					p, free, err := alloc()
+					if err != nil {
 						return err
 					}
-					defer b.MemFree(bufs[i])
+					defer free()
+					bufs[i] = p
 				}
 				var before stablegraph.CommStats
 				var traced int64

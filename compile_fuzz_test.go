@@ -12,6 +12,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/remappable"
 )
 
 // fuzzReader hands out the fuzz input a byte at a time, zeros once it is
@@ -306,7 +307,22 @@ func FuzzCompile(f *testing.F) {
 		}()
 		verr := fp.p.Validate()
 		ctx := context.Background()
-		exe, err := stablegraph.Compile(ctx, b, fp.p, stablegraph.Options{Strategy: strat})
+		opts := stablegraph.Options{Strategy: strat}
+		var ra *remappable.Allocator
+		if strat == stablegraph.StrategyRemap {
+			// Remap maps the memory behind the params and outputs: they
+			// come from a remappable allocator.
+			if ra, err = remappable.New(b, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := ra.Close(); err != nil {
+					t.Errorf("close the remappable allocator: %v", err)
+				}
+			}()
+			opts.Remappable = ra
+		}
+		exe, err := stablegraph.Compile(ctx, b, fp.p, opts)
 		if err != nil {
 			checkFuzzCompileError(t, fp, verr, err)
 			if live := b.LiveHandles(); !live.IsZero() {
@@ -325,7 +341,7 @@ func FuzzCompile(f *testing.F) {
 		if !fp.runnable {
 			return
 		}
-		fuzzRunOnce(t, b, exe, fp)
+		fuzzRunOnce(t, b, exe, fp, ra)
 	})
 }
 
@@ -387,7 +403,7 @@ func checkFuzzCompileError(t *testing.T, fp *fuzzProgram, verr, err error) {
 // step. The step may fail (a kernel told to touch more than its slice
 // faults on the sim): it must return an error, never panic, and leave the
 // executable closable.
-func fuzzRunOnce(t *testing.T, b *sim.Backend, exe *stablegraph.Executable, fp *fuzzProgram) {
+func fuzzRunOnce(t *testing.T, b *sim.Backend, exe *stablegraph.Executable, fp *fuzzProgram, ra *remappable.Allocator) {
 	t.Helper()
 	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	if err != nil {
@@ -401,7 +417,11 @@ func fuzzRunOnce(t *testing.T, b *sim.Backend, exe *stablegraph.Executable, fp *
 		_ = b.StreamSynchronize(s)
 		_ = b.ResetDevice(0)
 		for _, p := range allocs {
-			if err := b.MemFree(p); err != nil {
+			free := b.MemFree
+			if ra != nil {
+				free = ra.Free
+			}
+			if err := free(p); err != nil {
 				t.Errorf("free: %v", err)
 			}
 		}
@@ -413,7 +433,11 @@ func fuzzRunOnce(t *testing.T, b *sim.Backend, exe *stablegraph.Executable, fp *
 		if c := buf.Class(); c != stablegraph.Param && c != stablegraph.Output {
 			continue
 		}
-		p, err := b.MemAlloc(0, uint64(buf.Size()))
+		alloc := func(size uint64) (gpu.DevicePtr, error) { return b.MemAlloc(0, size) }
+		if ra != nil {
+			alloc = ra.Alloc
+		}
+		p, err := alloc(uint64(buf.Size()))
 		if err != nil {
 			t.Fatal(err)
 		}

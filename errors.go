@@ -15,8 +15,10 @@ var (
 	ErrInvalidProgram = errors.New("stablegraph: invalid program")
 	// ErrInvalidBinding is returned by Run and the buffer accessors for a
 	// buffer that is missing, of the wrong class, of another program, or
-	// bound to a null address. Nothing was enqueued.
-	ErrInvalidBinding = errors.New("stablegraph: invalid binding")
+	// bound to a null address, and by Run under StrategyRemap for memory
+	// it cannot map as bound (see StrategyRemap). Nothing was enqueued. It
+	// is replay.ErrInvalidBinding.
+	ErrInvalidBinding = replay.ErrInvalidBinding
 	// ErrClosed is returned by every method of a closed Executable.
 	ErrClosed = errors.New("stablegraph: executable closed")
 	// ErrSlotWait is returned by Run under StrategyPool when no slot became

@@ -104,12 +104,14 @@ func TestBindState(t *testing.T) {
 		y := p.Output("y", 4*n)
 		p.Launch(kernels.Axpy, kernels.Elementwise(n), stablegraph.InOut(acc.All()), stablegraph.In(x.All()), stablegraph.F32(1), stablegraph.I32(n))
 		p.Launch(kernels.Copy, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(acc.All()), stablegraph.I32(n))
-		exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: st})
+		opts := stablegraph.Options{Strategy: st}
+		alloc := steptest.Memory(t, b, 0, &opts)
+		exe, err := stablegraph.Compile(ctx, b, p, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer exe.Close()
-		xp, yp := simtest.Alloc(t, b, 0, 4*n), simtest.Alloc(t, b, 0, 4*n)
+		xp, yp := alloc(4*n), alloc(4*n)
 		ones := make([]float32, n)
 		for i := range ones {
 			ones[i] = 1
@@ -188,7 +190,9 @@ func BenchmarkStep(b *testing.B) {
 			be := simtest.New(b, 1)
 			s := simtest.Stream(b, be, 0)
 			w := steptest.NewMLP(8, 64, 4, 256, 16)
-			exe, err := stablegraph.Compile(ctx, be, w.P, stablegraph.Options{Strategy: st})
+			opts := stablegraph.Options{Strategy: st}
+			alloc := steptest.Memory(b, be, 0, &opts) // remappable memory for remap
+			exe, err := stablegraph.Compile(ctx, be, w.P, opts)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -197,7 +201,7 @@ func BenchmarkStep(b *testing.B) {
 			for i := range sets {
 				sets[i] = stablegraph.Bindings{}
 				for _, buf := range append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...) {
-					sets[i][buf] = simtest.Alloc(b, be, 0, uint64(buf.Size()))
+					sets[i][buf] = alloc(uint64(buf.Size()))
 				}
 			}
 			for i := 0; b.Loop(); i++ {
@@ -442,8 +446,8 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 		return nil
 	}
 
-	compile := func(wl *ccWorkload, st stablegraph.Strategy, dev int) (*stablegraph.Executable, error) {
-		exe, err := stablegraph.Compile(ctx, b, wl.w.Program, stablegraph.Options{Strategy: st, Device: dev})
+	compile := func(wl *ccWorkload, st stablegraph.Strategy, dev int, mem stablegraph.ChunkFinder) (*stablegraph.Executable, error) {
+		exe, err := stablegraph.Compile(ctx, b, wl.w.Program, stablegraph.Options{Strategy: st, Device: dev, Remappable: mem})
 		if err != nil {
 			return nil, err
 		}
@@ -467,7 +471,7 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 		name string
 		st   stablegraph.Strategy
 	}{{"mlp", stablegraph.StrategyPatch}, {"chain-moving", stablegraph.StrategyPool}} {
-		exe, err := compile(wls[sh.name], sh.st, i%2)
+		exe, err := compile(wls[sh.name], sh.st, i%2, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -499,18 +503,18 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 			for m := range perG {
 				wl := wls[names[(g+m)%len(names)]]
 				st := strategies[(g*perG+m)%len(strategies)]
-				exe, err := compile(wl, st, dev)
-				if err != nil {
-					fail(fmt.Errorf("compile %s with %s: %w", wl.w.Name, st, err))
-					return
-				}
-				exes, wlsOf = append(exes, exe), append(wlsOf, wl)
-				caller, err := workload.NewCaller(b, dev, wl.w, workload.Random, uint64(g*perG+m+1))
+				caller, err := workload.NewCallerWith(b, dev, wl.w, workload.Random, uint64(g*perG+m+1), workload.CallerOptionsFor(st))
 				if err != nil {
 					fail(err)
 					return
 				}
 				callers = append(callers, caller)
+				exe, err := compile(wl, st, dev, caller.Remappable())
+				if err != nil {
+					fail(fmt.Errorf("compile %s with %s: %w", wl.w.Name, st, err))
+					return
+				}
+				exes, wlsOf = append(exes, exe), append(wlsOf, wl)
 			}
 			// Interleave the goroutine's executables step by step, on
 			// alternating streams.
@@ -590,6 +594,7 @@ func TestRunFaults(t *testing.T) {
 		"GraphExecChildGraphNodeSetParams", "GraphExecMemcpyNodeSetParams", "GraphExecMemsetNodeSetParams",
 		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
 		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync", "StreamWriteValue64",
+		"EventQuery", "MemUnmap", "MemMap", "MemSetAccess", // remap's per-step calls
 	}
 	const steps = 5
 	// Outputs that do not depend on the state a failed step may have half
@@ -611,7 +616,7 @@ func TestRunFaults(t *testing.T) {
 			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, steps)
 			ctx := context.Background()
 			s := simtest.Stream(t, b, 0)
-			a := steptest.NewArena(t, b, 16<<20)
+			a := steptest.ArenaFor(t, b, 16<<20, &opts)
 			firedOps := map[string]bool{}
 			defer func() { t.Logf("faults injected into: %v", firedOps) }()
 			for _, op := range ops {

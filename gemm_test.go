@@ -79,8 +79,9 @@ func (m *biasMLP) run(t *testing.T, b gpu.Backend, strategy stablegraph.Strategy
 	t.Helper()
 	ctx := context.Background()
 	s := simtest.Stream(t, b, 0)
-	a := steptest.NewArena(t, b, 64<<20)
-	exe, err := stablegraph.Compile(ctx, b, m.p, stablegraph.Options{Strategy: strategy})
+	opts := stablegraph.Options{Strategy: strategy}
+	a := steptest.ArenaFor(t, b, 64<<20, &opts)
+	exe, err := stablegraph.Compile(ctx, b, m.p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

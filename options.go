@@ -53,6 +53,22 @@ const (
 	// memory operations; Compile fails with an error wrapping
 	// gpu.ErrNotSupported without them.
 	StrategyPool = replay.Pool
+	// StrategyRemap keeps the graph's addresses fixed and moves the memory
+	// instead (XLA's way on CUDA): every param and output gets a virtual
+	// address range of its own, the graph is recorded once over them, and
+	// each step, for every buffer that moved, it waits for the device to
+	// finish the step before (an event, polled as Options.SlotPoll says,
+	// at most Options.SlotWait), unmaps the range, maps the physical
+	// memory behind the caller's buffer into it and grants the device
+	// access, then launches the graph. Nothing is copied. It needs VMM and
+	// caller memory it can map: params and outputs allocated by a
+	// remappable.Allocator given as Options.Remappable (one physical
+	// allocation per buffer). Memory from elsewhere is refused with an
+	// error wrapping gpu.ErrNotSupported naming the buffer, and buffers
+	// that do not start on a granule of their allocation, or share a
+	// granule, with ErrInvalidBinding. It is a baseline to measure
+	// (BENCHMARKS.md): auto does not consider it.
+	StrategyRemap = replay.Remap
 	// StrategyAuto chooses among patch, stable and pool for the program and
 	// device from measured costs: it builds the candidates the device can
 	// run (a cost model, Options.Costs, weighs bytes to copy against nodes
@@ -81,6 +97,10 @@ func ParseStrategy(s string) (Strategy, error) {
 // StrategyAuto weighs (see replay.Costs). The defaults are the H100
 // figures of docs/GPU-MACHINE.md; zero fields of Options.Costs take them.
 type Costs = replay.Costs
+
+// ChunkFinder finds the physical memory behind the caller's buffers for
+// StrategyRemap (replay.ChunkFinder); a remappable.Allocator is one.
+type ChunkFinder = replay.ChunkFinder
 
 // DefaultCosts returns the H100 costs (see Costs).
 func DefaultCosts() Costs { return replay.DefaultCosts() }
@@ -114,7 +134,9 @@ type Options struct {
 	// SlotWait bounds how long Run waits for a pool slot: for the device to
 	// finish the step that last used it, or for a zero-copy lease on it to
 	// be released. Passing it is an error wrapping ErrSlotWait and
-	// gpu.ErrTimeout. Default 30 s.
+	// gpu.ErrTimeout. It bounds StrategyRemap's wait for the device to
+	// finish the step before one that moves buffers too (an error
+	// wrapping gpu.ErrTimeout). Default 30 s.
 	SlotWait time.Duration
 	// SlotPoll is how a pool step waiting for the device to finish with a
 	// slot polls the slot timeline (see vmm.WaitPolicy): it yields between
@@ -159,6 +181,11 @@ type Options struct {
 	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason
 	// says so).
 	AutoProbeSteps int
+	// Remappable is where StrategyRemap finds the physical memory behind
+	// the params and outputs the caller binds: the remappable.Allocator
+	// they are allocated from. StrategyRemap needs it for a program with
+	// params or outputs; the other strategies ignore it. Default nil.
+	Remappable ChunkFinder
 }
 
 // MaxPoolSlots bounds Options.PoolSlots.
@@ -237,5 +264,7 @@ func (o Options) replayOptions() replay.Options {
 		StreamCopies:    o.StreamCopies,
 		Costs:           o.Costs,
 		AutoProbeSteps:  o.AutoProbeSteps,
+		Remappable:      o.Remappable,
+		DeviceWait:      o.SlotWait,
 	}
 }

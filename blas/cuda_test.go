@@ -18,6 +18,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/remappable"
 	"github.com/stablegraph/stablegraph/trace"
 )
 
@@ -189,7 +190,30 @@ func runMLP(t *testing.T, b gpu.Backend, fused bool, strategy sg.Strategy, fresh
 	t.Helper()
 	ctx := context.Background()
 	p, x, y, ws, wData, _ := mlpProgram(fused)
-	exe, err := sg.Compile(ctx, b, p, sg.Options{Strategy: strategy})
+	opts := sg.Options{Strategy: strategy}
+	alloc := func(size uint64) gpu.DevicePtr { return devAlloc(t, b, size) }
+	if strategy == sg.StrategyRemap {
+		// Remap maps the memory behind the caller's buffers: remappable
+		// allocations, each its own VMM chunk, freed when the test ends.
+		ra, err := remappable.New(b, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := ra.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		opts.Remappable = ra
+		alloc = func(size uint64) gpu.DevicePtr {
+			p, err := ra.Alloc(size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+	}
+	exe, err := sg.Compile(ctx, b, p, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,12 +228,12 @@ func runMLP(t *testing.T, b gpu.Backend, fused bool, strategy sg.Strategy, fresh
 		t.Fatal(err)
 	}
 	defer b.StreamDestroy(s)
-	bind := sg.Bindings{x: devAlloc(t, b, uint64(x.Size())), y: devAlloc(t, b, uint64(y.Size()))}
+	bind := sg.Bindings{x: alloc(uint64(x.Size())), y: alloc(uint64(y.Size()))}
 	var outs [][]byte
 	var stats []sg.Stats
 	for i := range steps {
 		if fresh && i > 0 {
-			bind = sg.Bindings{x: devAlloc(t, b, uint64(x.Size())), y: devAlloc(t, b, uint64(y.Size()))}
+			bind = sg.Bindings{x: alloc(uint64(x.Size())), y: alloc(uint64(y.Size()))}
 		}
 		in := randF32(rand.New(rand.NewPCG(uint64(i), 3)), 8*256)
 		if err := b.MemcpyHtoD(bind[x], gpu.F32ToBytes(in)); err != nil {

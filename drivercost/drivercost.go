@@ -2,7 +2,9 @@
 // on cost on a backend: stream and event creation, virtual memory, plain
 // allocation, stream value writes seen by the host, device copies, and graphs
 // of K tiny kernels (capture, instantiate, launch, replay against eager
-// launches, whole-graph exec update, re-capture, per-node parameter updates).
+// launches, whole-graph exec update, re-capture, per-node parameter updates),
+// and the remap strategy's per-step calls (unmap, map and set access of a
+// granule; whole steps of N moved buffers; remap.go).
 //
 // It runs through the gpu interface only, so the same measurement runs on
 // the simulator and on CUDA. On hardware it puts each figure beside the
@@ -67,6 +69,9 @@ type Options struct {
 	GraphIterations int
 	// Ks are the graph sizes, in kernels. Default 10, 100, 1000.
 	Ks []int
+	// RemapBuffers are the numbers of moved buffers of the remap step
+	// rows (RemapStepRow). Default 1, 4, 16, 64.
+	RemapBuffers []int
 	// PollTimeout is how long the host waits to see a stream value write
 	// before the run fails. Default 1 s.
 	PollTimeout time.Duration
@@ -89,6 +94,9 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.Ks) == 0 {
 		o.Ks = []int{10, 100, 1000}
+	}
+	if len(o.RemapBuffers) == 0 {
+		o.RemapBuffers = []int{1, 4, 16, 64}
 	}
 	if o.PollTimeout <= 0 {
 		o.PollTimeout = time.Second
@@ -136,6 +144,7 @@ type Result struct {
 	HeavyIterations int     `json:"heavy_iterations"`
 	GraphIterations int     `json:"graph_iterations"`
 	Ks              []int   `json:"ks"`
+	RemapBuffers    []int   `json:"remap_buffers"`
 	Rows            []Row   `json:"rows"`
 	ElapsedS        float64 `json:"elapsed_s"`
 }
@@ -184,6 +193,11 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 			return nil, fmt.Errorf("drivercost: graph size K=%d: must be positive", k)
 		}
 	}
+	for _, n := range opts.RemapBuffers {
+		if n <= 0 {
+			return nil, fmt.Errorf("drivercost: remap step of %d buffers: must be positive", n)
+		}
+	}
 	before, counted := gpu.LiveHandles(b)
 	m := &bench{ctx: ctx, b: b, dev: opts.Device, opts: opts, props: props, rows: map[string]*Row{}}
 	start := time.Now()
@@ -204,6 +218,7 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		{"streams", m.streams},
 		{"events", m.events},
 		{"virtual memory", m.vmm},
+		{"remap", m.remap},
 		{"device memory", m.memAlloc},
 		{"stream value writes", m.writeValue},
 		{"device copies", m.copies},
@@ -219,7 +234,7 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 	res = &Result{
 		Backend: b.Name(), Device: props.Name, Props: devicePropsOf(props), Simulated: report.SimulatedBackend(b.Name()),
 		Iterations: opts.Iterations, HeavyIterations: opts.HeavyIterations, GraphIterations: opts.GraphIterations,
-		Ks: opts.Ks, ElapsedS: time.Since(start).Seconds(),
+		Ks: opts.Ks, RemapBuffers: opts.RemapBuffers, ElapsedS: time.Since(start).Seconds(),
 	}
 	for _, name := range m.order {
 		row := *m.rows[name]

@@ -316,3 +316,79 @@ func TestGraphLaunchOnIdleStream(t *testing.T) {
 		}
 	}
 }
+
+// TestRemapRows: the remap section measures the unmap, map and set access
+// of a granule and whole steps of N moved buffers; on one device the
+// every-device row is skipped saying why, on two it is measured. A driver
+// failure anywhere in the section ends Run with that error and leaves no
+// handle live (Run checks the counters itself).
+func TestRemapRows(t *testing.T) {
+	for _, devices := range []int{1, 2} {
+		t.Run(fmt.Sprintf("devices=%d", devices), func(t *testing.T) {
+			b, _, err := gpu.Open("sim", gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			o := quick()
+			o.Ks, o.RemapBuffers = []int{10}, []int{1, 3}
+			res, err := Run(context.Background(), b, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range []string{RowRemapUnmap, RowRemapMap, RowRemapSetAccess, RemapStepRow(1), RemapStepRow(3)} {
+				if r, ok := res.Row(name); !ok || r.Skipped != "" || r.Samples == 0 || r.Clock != Host {
+					t.Errorf("row %q: %+v", name, r)
+				}
+			}
+			if r, _ := res.Row(RemapStepRow(3)); r.Samples != o.HeavyIterations {
+				t.Errorf("N=3 step row: %d samples, want %d", r.Samples, o.HeavyIterations)
+			}
+			all, ok := res.Row(RowRemapSetAccessAll)
+			if !ok || (devices == 1) != (all.Skipped != "") || (devices == 2 && all.Samples != o.Iterations) {
+				t.Errorf("every-device row on %d devices: %+v", devices, all)
+			}
+			if _, ok := Reference(RowRemapMap); ok {
+				t.Error("a remap row has an H100 reference the document does not give")
+			}
+		})
+	}
+	b, _, err := gpu.Open("sim", gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	fi := b.(gpu.FaultInjector)
+	o := quick()
+	o.Ks, o.RemapBuffers = []int{10}, []int{2}
+	for _, op := range []string{"MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "MemUnmap", "EventQuery"} {
+		// Run's own sections call these too: fail the calls the remap
+		// section makes, which come after the plain VMM rows'.
+		calls := fi.Calls(op)
+		if _, err := Run(context.Background(), b, o); err != nil {
+			t.Fatal(err)
+		}
+		per := fi.Calls(op) - calls
+		nths := []int{per - 1, per - 2, per / 2}
+		if op == "MemUnmap" {
+			// The last unmaps release the section's memory: a release
+			// that fails keeps its handle by nature. The middle ones are
+			// timed.
+			nths = []int{per / 2}
+		}
+		for _, nth := range nths {
+			if nth < 0 {
+				continue
+			}
+			fi.InjectFault(op, nth, nil)
+			_, err := Run(context.Background(), b, o)
+			fi.ClearFaults()
+			if !errors.Is(err, gpu.ErrInjected) || strings.Contains(err.Error(), "leaked") {
+				t.Errorf("%s call %d of %d failing: %v", op, nth, per, err)
+			}
+		}
+	}
+	if live, _ := gpu.LiveHandles(b); !live.IsZero() {
+		t.Errorf("live after the faults: %s", live)
+	}
+}

@@ -7,7 +7,8 @@
 // A trial is one realistic life of an executable on a fresh backend (the
 // sim by default; any backend implementing gpu.FaultInjector and
 // gpu.HandleCounter will do): a workload.Caller whose buffers move (random
-// pattern by default), a Client on a private stream cache, Compile, the
+// pattern by default; remappable buffers for remap, given to Compile as
+// Options.Remappable), a Client on a private stream cache, Compile, the
 // states written, then Config.Steps steps, each of Run, Client.Submitted,
 // Client.Retire of a scratch buffer at the point returned, and the outputs
 // read back and compared with an eager reference; then the executable and
@@ -61,6 +62,7 @@
 //
 //	go test -run TestFaultCampaign -v ./faultcampaign                        # reduced (CI), summary table in the log
 //	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full   # every call index, random and pingpong buffers
+//	go test -run TestFaultCampaignRemap -v ./faultcampaign                   # remap: every call index (CI too)
 //	go test -run TestCollectiveFaults -v ./faultcampaign                     # collectives, two ranks
 //	go test -run '^$' -fuzz FuzzCompile -fuzztime 5m .                       # random programs through Compile and one step
 //	go test -run '^$' -fuzz FuzzQueue -fuzztime 5m ./retire                  # the retirement queue's bookkeeping
@@ -259,6 +261,9 @@ type Cell struct {
 	// Leaks counts the failed trials that left handles live (not by a
 	// reported release failure).
 	Leaks int
+	// Fired counts the faults that fired (every outcome but NotReached)
+	// per entry point.
+	Fired map[string]int
 	// Faults lists every trial whose outcome is not Recovered or NotReached.
 	Faults   []Fault
 	Duration time.Duration
@@ -508,7 +513,7 @@ func settleGoroutines(want int) int {
 // sweep runs the clean trial of (w, pat, v) and then a trial per site.
 func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.Pattern, v Variant, ops []string, ref *trial) (Cell, error) {
 	start := time.Now()
-	cell := Cell{Workload: w.Name, Pattern: pat, Variant: v.Name}
+	cell := Cell{Workload: w.Name, Pattern: pat, Variant: v.Name, Fired: map[string]int{}}
 	clean := &trial{cfg: cfg, w: w, pattern: pat, v: v, ops: ops, ref: ref, count: map[string]map[string]int{}}
 	clean.run(ctx)
 	if len(clean.problems) > 0 {
@@ -528,6 +533,9 @@ func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.
 		f := t.run(ctx)
 		cell.Tried++
 		cell.Counts[f.Outcome]++
+		if f.Outcome != NotReached {
+			cell.Fired[s.Op]++
+		}
 		if t.leaked {
 			cell.Leaks++
 		}
@@ -832,7 +840,8 @@ func (t *trial) body(ctx context.Context) {
 		}
 	}()
 
-	if caller, err = workload.NewCaller(b, 0, t.w, t.pattern, 1); err != nil {
+	// Remap's caller allocates remappable buffers, the memory it maps.
+	if caller, err = workload.NewCallerWith(b, 0, t.w, t.pattern, 1, workload.CallerOptionsFor(t.v.Options.Strategy)); err != nil {
 		t.fail("caller: %v", err)
 		return
 	}
@@ -852,6 +861,9 @@ func (t *trial) body(ctx context.Context) {
 	compile := func() error {
 		opts := t.v.Options
 		opts.Logger = t.lg
+		if opts.Remappable == nil {
+			opts.Remappable = caller.Remappable()
+		}
 		e, err := sg.Compile(ctx, b, t.w.Program, opts)
 		exe, t.exe = e, e
 		return err

@@ -101,7 +101,7 @@ func (ct *collTrial) run(t *testing.T) {
 // at the first error.
 func collRank(ctx context.Context, b gpu.Backend, w *workload.Workload, strat sg.Strategy, steps int) (ds []workload.Digest, err error) {
 	dev := w.Comm.Device()
-	caller, err := workload.NewCaller(b, dev, w, workload.Random, uint64(dev+1))
+	caller, err := workload.NewCallerWith(b, dev, w, workload.Random, uint64(dev+1), workload.CallerOptionsFor(strat))
 	if err != nil {
 		return nil, err
 	}
@@ -112,7 +112,7 @@ func collRank(ctx context.Context, b gpu.Backend, w *workload.Workload, strat sg
 	}
 	defer func() { err = errors.Join(err, b.StreamDestroy(s)) }()
 	defer func() { _ = b.StreamSynchronize(s) }()
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: strat, Device: dev})
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: strat, Device: dev, Remappable: caller.Remappable()})
 	if err != nil {
 		return nil, err
 	}

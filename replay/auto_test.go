@@ -173,7 +173,7 @@ func TestPersistentOptions(t *testing.T) {
 			t.Errorf("Compile accepted %+v", o)
 		}
 	}
-	want := []stablegraph.Strategy{"eager", "record", "update", "patch", "stable", "pool", "auto"}
+	want := []stablegraph.Strategy{"eager", "record", "update", "patch", "stable", "pool", "remap", "auto"}
 	if got := stablegraph.Strategies(); !slices.Equal(got, want) {
 		t.Errorf("Strategies() = %v", got)
 	}

@@ -51,6 +51,9 @@ type Counters struct {
 	// SlotWaitSleeps counts the waits for the device to finish with a slot
 	// that outlasted the yield phase of Options.SlotPoll and slept.
 	SlotWaitSleeps int64
+	// Remaps counts the buffers whose range remap unmapped and mapped to
+	// the caller's memory anew, one per bound buffer that moved.
+	Remaps int64
 }
 
 // Sub returns c - d, field by field.
@@ -72,6 +75,7 @@ func (c Counters) Sub(d Counters) Counters {
 		TimelineWrites:    c.TimelineWrites - d.TimelineWrites,
 		SlotWaits:         c.SlotWaits - d.SlotWaits,
 		SlotWaitSleeps:    c.SlotWaitSleeps - d.SlotWaitSleeps,
+		Remaps:            c.Remaps - d.Remaps,
 	}
 }
 

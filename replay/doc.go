@@ -55,8 +55,12 @@
 // buffers moved (recorded.go holds what those three share); stable.go and
 // pool.go run over persistent copies of the params and outputs, the copies
 // planned in copies.go (pool.go says how a slot is picked and released);
-// auto.go chooses among the strategies that price themselves (Costs,
-// costs.go) and probe.go measures them on the first steps.
+// remap.go records once over virtual ranges of its own and maps the
+// physical memory behind the caller's moved buffers into them every step
+// (the caller's memory comes from package remappable, found through
+// Options.Remappable); auto.go chooses among the strategies that price
+// themselves (Costs, costs.go) and probe.go measures them on the first
+// steps.
 //
 // # Adding a strategy
 //
@@ -83,5 +87,7 @@
 // Status are called without that lock; a strategy that changes what they
 // report guards it with its own lock, taken after the executable's (lock
 // order: the executable's, then the strategy's: pool's leases, auto's
-// info). A Lease may be released from any goroutine.
+// info). A Lease may be released from any goroutine. Run may wait for the
+// device under the executable's lock only where the strategy exists to
+// measure that wait (remap, before it unmaps a range).
 package replay

@@ -14,6 +14,13 @@ import (
 // is released. The root package's ErrSlotWait is this error.
 var ErrSlotWait = errors.New("stablegraph: timed out waiting for a pool slot")
 
+// ErrInvalidBinding is wrapped by the errors of Run for a binding that
+// cannot be run: refused by the executable (a buffer missing, of the wrong
+// class, bound to the null address), or by the strategy (remap: memory
+// that cannot be mapped as bound). Nothing was enqueued. The root
+// package's ErrInvalidBinding is this error.
+var ErrInvalidBinding = errors.New("stablegraph: invalid binding")
+
 // ProgramError is a program that a strategy cannot run as declared with
 // the options given (zero-copy outputs that the step reads before writing
 // them in full). The root package reports it as a *CompileError, which

@@ -38,7 +38,8 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 			ctx := context.Background()
 			b := simtest.New(t, 1)
 			s := simtest.Stream(t, b, 0)
-			a := steptest.NewArena(t, b, 1<<20)
+			opts := stablegraph.Options{Strategy: st}
+			a := steptest.ArenaFor(t, b, 1<<20, &opts)
 			p := stablegraph.NewProgram("rule1")
 			outs := map[string]stablegraph.Buffer{}
 			for _, name := range []string{"kernel", "traced-const", "traced-self", "traced-xor"} {
@@ -66,7 +67,7 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 			p.Trace("traced-xor", fillU64(n, func(ptr gpu.DevicePtr) uint64 { return uint64(ptr) ^ 0xdead }),
 				stablegraph.Out(outs["traced-xor"].All()))
 
-			exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: st})
+			exe, err := stablegraph.Compile(ctx, b, p, opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,8 +87,9 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 				for name, o := range outs {
 					if persistentAddresses(exe) && (name == "traced-self" || name == "traced-xor") {
 						// Under stable and pool the program runs on
-						// persistent copies: a command whose result is
-						// its own address sees theirs, not the caller's.
+						// persistent copies, under remap on its own
+						// ranges: a command whose result is its own
+						// address sees theirs, not the caller's.
 						continue
 					}
 					data, err := exe.ReadOutput(ctx, res, o)
@@ -131,7 +133,7 @@ func TestScalarEqualToOldAddressSurvivesPatch(t *testing.T) {
 // candidate that ran it).
 func persistentAddresses(exe *stablegraph.Executable) bool {
 	st := exe.Stats().Ran
-	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool
+	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool || st == stablegraph.StrategyRemap
 }
 
 // TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update

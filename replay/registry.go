@@ -18,6 +18,7 @@ const (
 	Patch  Name = "patch"  // patch.go
 	Stable Name = "stable" // stable.go
 	Pool   Name = "pool"   // pool.go
+	Remap  Name = "remap"  // remap.go
 	Auto   Name = "auto"   // auto.go, probe.go
 )
 
@@ -46,6 +47,7 @@ func init() {
 		{name: Patch, build: newPatch, model: modelPatch},
 		{name: Stable, build: newStable, model: modelStable},
 		{name: Pool, build: newPool, model: modelPool},
+		{name: Remap, build: newRemap},
 		{name: Auto, build: newAuto},
 	}
 }

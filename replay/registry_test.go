@@ -51,6 +51,9 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 	}
 	decided := false
 	copied := res[0].Stats.Last.BytesCopied // per step, by stable and pool
+	if first := res[0].Stats.Last; st == stablegraph.StrategyRemap && (first.Records != 1 || first.Remaps != int64(len(res[0].Bind))) {
+		t.Errorf("first step: %d records, %d ranges mapped; want 1 and %d", first.Records, first.Remaps, len(res[0].Bind))
+	}
 	for i, r := range res[1:] {
 		i++
 		last := r.Stats.Last
@@ -90,6 +93,22 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 			// step nothing is ever captured again, whatever moves.
 			if last.TracesCaptured != 0 {
 				t.Errorf("step %d: %d traces captured under patch", i, last.TracesCaptured)
+			}
+		case stablegraph.StrategyRemap:
+			// Recorded once over the ranges, never patched or copied: the
+			// moved buffers' ranges alone are remapped.
+			moved := 0
+			for buf, p := range r.Bind {
+				if res[i-1].Bind[buf] != p {
+					moved++
+				}
+			}
+			if last.Records != 0 || last.Rerecords != 0 || last.PatchedNodes != 0 || last.GraphUpdates != 0 ||
+				last.BytesCopied != 0 || last.TracesCaptured != 0 || last.CopyNodeUpdates != 0 {
+				t.Errorf("step %d: remap recorded, patched, updated or copied: %+v", i, last)
+			}
+			if last.Remaps != int64(moved) || (move == steptest.Fixed) != (moved == 0) {
+				t.Errorf("step %d: %d ranges remapped, %d buffers moved (%s)", i, last.Remaps, moved, move)
 			}
 		case stablegraph.StrategyStable, stablegraph.StrategyPool:
 			// The body is recorded once (per pool slot, at its first

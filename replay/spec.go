@@ -3,6 +3,7 @@ package replay
 import (
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/graph"
@@ -125,6 +126,11 @@ type Options struct {
 	// Costs and AutoProbeSteps configure auto.
 	Costs          Costs
 	AutoProbeSteps int
+	// Remappable finds the physical memory behind the caller's params and
+	// outputs, and DeviceWait bounds the wait for the device before they
+	// are remapped: both configure remap (remap.go).
+	Remappable ChunkFinder
+	DeviceWait time.Duration
 }
 
 // bound returns the buffers the caller binds every step, in order.

@@ -99,6 +99,9 @@ type Result struct {
 	// is captured again every step.
 	TracesCaptured int64 `json:"traces_captured"`
 	BytesCopied    int64 `json:"bytes_copied"`
+	// Remaps counts the ranges the remap strategy mapped to moved buffers
+	// (Counters.Remaps); zero for the other strategies.
+	Remaps int64 `json:"remaps,omitempty"`
 
 	// PeakDeviceBytes is the most device memory the executable held.
 	PeakDeviceBytes uint64 `json:"peak_device_bytes"`

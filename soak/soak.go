@@ -463,6 +463,7 @@ type soaker struct {
 
 	stream       gpu.Stream
 	caller       *workload.Caller // the strategy under test's buffers
+	remapCaller  *workload.Caller // remap's (remappable buffers), when remap is soaked
 	eagerCaller  *workload.Caller // the eager shadow's
 	eager        *sg.Executable
 	strategy     sg.Strategy
@@ -497,6 +498,20 @@ func (s *soaker) run(ctx context.Context) (err error) {
 		return err
 	}
 	cleanup = append(cleanup, s.eagerCaller.Close)
+	if slices.Contains(s.cfg.Strategies, sg.StrategyRemap) {
+		// Remap maps the memory behind the caller's buffers: its segments
+		// bind remappable ones, each its own allocation. One step's set
+		// is bound now, so that the buffers live between segments are as
+		// many after the first segment as after any other.
+		opts := workload.CallerOptions{Remappable: true}
+		if s.remapCaller, err = workload.NewCallerWith(b, dev, s.w, s.cfg.Pattern, s.cfg.Seed, opts); err != nil {
+			return err
+		}
+		cleanup = append(cleanup, s.remapCaller.Close)
+		if _, err := s.remapCaller.Bind(0); err != nil {
+			return err
+		}
+	}
 	if s.stream, err = b.StreamCreate(dev, gpu.StreamNonBlocking, 0); err != nil {
 		return fmt.Errorf("soak: stream: %w", err)
 	}
@@ -542,7 +557,12 @@ func (s *soaker) run(ctx context.Context) (err error) {
 func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) (err error) {
 	b := s.b
 	st := s.perStrat[s.strategy]
-	exe, err := sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger})
+	caller := s.caller
+	if s.strategy == sg.StrategyRemap {
+		caller = s.remapCaller
+	}
+	exe, err := sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger,
+		Remappable: caller.Remappable()})
 	if err != nil {
 		return fmt.Errorf("compile: %w", err)
 	}
@@ -575,7 +595,7 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 		// Every k-th step is checked, and the first of each segment: the
 		// states just handed over from the previous strategy.
 		if n%int64(s.cfg.CheckEvery) == 0 || i == 0 {
-			ok, err := s.check(ctx, exe, n)
+			ok, err := s.check(ctx, exe, caller, n)
 			if err != nil {
 				return err
 			}
@@ -592,7 +612,7 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 			if time.Since(s.lastSample) >= s.cfg.SampleEvery {
 				s.sample(exe, n, i < s.cfg.Warmup)
 			}
-		} else if err := s.plainStep(ctx, exe, n); err != nil {
+		} else if err := s.plainStep(ctx, exe, caller, n); err != nil {
 			return err
 		}
 		*step = n + 1
@@ -604,9 +624,9 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 	}
 }
 
-// plainStep runs step n and waits for it.
-func (s *soaker) plainStep(ctx context.Context, exe *sg.Executable, n int64) error {
-	bind, err := s.caller.Bind(int(n))
+// plainStep runs step n with c's buffers and waits for it.
+func (s *soaker) plainStep(ctx context.Context, exe *sg.Executable, c *workload.Caller, n int64) error {
+	bind, err := c.Bind(int(n))
 	if err != nil {
 		return err
 	}
@@ -618,9 +638,10 @@ func (s *soaker) plainStep(ctx context.Context, exe *sg.Executable, n int64) err
 	return s.b.StreamSynchronize(s.stream)
 }
 
-// check runs step n on the strategy under test and on the eager shadow,
-// from the same states, and compares the outputs and the states after.
-func (s *soaker) check(ctx context.Context, exe *sg.Executable, n int64) (bool, error) {
+// check runs step n on the strategy under test (with c's buffers) and on
+// the eager shadow, from the same states, and compares the outputs and the
+// states after.
+func (s *soaker) check(ctx context.Context, exe *sg.Executable, c *workload.Caller, n int64) (bool, error) {
 	before, err := readStates(ctx, exe, s.w)
 	if err != nil {
 		return false, err
@@ -632,7 +653,7 @@ func (s *soaker) check(ctx context.Context, exe *sg.Executable, n int64) (bool, 
 	if err != nil {
 		return false, fmt.Errorf("eager: %w", err)
 	}
-	got, gotStates, err := s.runRead(ctx, exe, s.caller, n)
+	got, gotStates, err := s.runRead(ctx, exe, c, n)
 	if err != nil {
 		return false, err
 	}

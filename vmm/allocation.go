@@ -114,7 +114,7 @@ func Allocate(drv Driver, dev int, size uint64, peers []int) (*Allocation, error
 	}
 	undo = slices.Insert(undo, 0, res.Free)
 
-	m, err := mapChunk(res, 0, phys)
+	m, err := mapChunk(res, 0, phys, 0, rounded)
 	if err != nil {
 		return nil, fail(StepMap, err)
 	}
@@ -131,6 +131,11 @@ func (a *Allocation) Ptr() gpu.DevicePtr { return a.mapping.ptr }
 
 // Size is the allocation's size: the request rounded up to the granularity.
 func (a *Allocation) Size() uint64 { return a.size }
+
+// Chunk is the physical chunk behind the allocation, which another range
+// may map too (vmm.MapRange; the remap strategy of package replay does).
+// Its handle is zero once the allocation is closed.
+func (a *Allocation) Chunk() *PhysicalAllocation { return a.phys }
 
 // Device is the device that holds the memory.
 func (a *Allocation) Device() int { return a.dev }

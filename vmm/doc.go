@@ -25,14 +25,16 @@
 //	            range, kernels on other devices fault.
 //
 // Created and Reserved are independent (a chunk and a range); Mapped and
-// Accessible need both. The transitions, each with the helper that makes it
+// Accessible need both. One chunk may be mapped into several ranges at
+// once (Allocation.Chunk, MapRange): the remap strategy of package replay
+// maps the chunks of the caller's buffers into ranges of its own. The transitions, each with the helper that makes it
 // and the driver call underneath:
 //
 //	None → Created                 Create                      MemCreate
 //	Created → None                 PhysicalAllocation.Release  MemRelease
 //	None → Reserved                Reserve                     MemAddressReserve
 //	Reserved → None                Reservation.Free            MemAddressFree
-//	Created+Reserved → Mapped      Map                         MemMap
+//	Created+Reserved → Mapped      Map, MapRange (a part)      MemMap
 //	Mapped → Accessible            Mapping.SetAccess           MemSetAccess
 //	Mapped, Accessible → Created+Reserved
 //	                               Mapping.Close               MemUnmap (access goes with it)

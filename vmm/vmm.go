@@ -185,29 +185,46 @@ type Mapping struct {
 // Mapped). off must be a multiple of the granularity and the chunk must fit
 // in the range. No device has access until SetAccess.
 func Map(r *Reservation, off uint64, phys *PhysicalAllocation) (*Mapping, error) {
-	m, err := mapChunk(r, off, phys)
+	m, err := mapChunk(r, off, phys, 0, phys.size)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: map %d-byte chunk at offset %d of reservation: %w", phys.size, off, err)
 	}
 	return m, nil
 }
 
-func mapChunk(r *Reservation, off uint64, phys *PhysicalAllocation) (*Mapping, error) {
+// MapRange maps size bytes of phys, from byte from of the chunk on, at
+// offset off of r (Created+Reserved → Mapped): part of a chunk, which may
+// be mapped elsewhere too (a chunk can back several ranges at once, as
+// in CUDA). off, from and size must be multiples of the granularity (the
+// driver refuses others) and the bytes must lie in the chunk and in the
+// range. No device has access until SetAccess.
+func MapRange(r *Reservation, off uint64, phys *PhysicalAllocation, from, size uint64) (*Mapping, error) {
+	m, err := mapChunk(r, off, phys, from, size)
+	if err != nil {
+		return nil, fmt.Errorf("vmm: map bytes [%d, +%d) of a %d-byte chunk at offset %d of reservation: %w",
+			from, size, phys.size, off, err)
+	}
+	return m, nil
+}
+
+func mapChunk(r *Reservation, off uint64, phys *PhysicalAllocation, from, size uint64) (*Mapping, error) {
 	base, h := r.Ptr(), phys.Handle()
 	switch {
 	case base == 0:
 		return nil, errReleased("reservation")
 	case h == 0:
 		return nil, errReleased("chunk")
-	case off > r.size || phys.size > r.size-off:
-		return nil, fmt.Errorf("chunk of %d bytes at offset %d does not fit in the %d-byte range %#x: %w",
-			phys.size, off, r.size, uint64(base), gpu.ErrInvalidValue)
+	case from > phys.size || size > phys.size-from:
+		return nil, fmt.Errorf("bytes [%d, +%d) are not in the %d-byte chunk: %w", from, size, phys.size, gpu.ErrInvalidValue)
+	case off > r.size || size > r.size-off:
+		return nil, fmt.Errorf("%d bytes at offset %d do not fit in the %d-byte range %#x: %w",
+			size, off, r.size, uint64(base), gpu.ErrInvalidValue)
 	}
 	p := base.Add(off)
-	if err := r.drv.MemMap(p, phys.size, 0, h); err != nil {
+	if err := r.drv.MemMap(p, size, from, h); err != nil {
 		return nil, fmt.Errorf("at %#x: %w", uint64(p), err)
 	}
-	m := &Mapping{drv: r.drv, ptr: p, size: phys.size}
+	m := &Mapping{drv: r.drv, ptr: p, size: size}
 	m.mu.mapped = true
 	return m, nil
 }

@@ -415,3 +415,65 @@ func TestConcurrentAllocate(t *testing.T) {
 	wg.Wait()
 	simtest.WantZero(t, b, "after concurrent Allocate/Close")
 }
+
+// TestMapRange maps part of a chunk, which is mapped elsewhere too, into
+// a reservation: both ranges see the same bytes; ranges outside the chunk
+// or the reservation are refused with gpu.ErrInvalidValue before the
+// driver is asked, and a second mapping of the chunk keeps it alive after
+// the first allocation is closed.
+func TestMapRange(t *testing.T) {
+	b := simtest.New(t, 1)
+	a, err := vmm.Allocate(b, 0, 3*gran, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := vmm.Reserve(b, 0, 2*gran, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		name            string
+		off, from, size uint64
+	}{
+		{"past the chunk", 0, 2 * gran, 2 * gran},
+		{"past the range", gran, 0, 2 * gran},
+		{"from beyond the chunk", 0, 4 * gran, gran},
+	} {
+		if _, err := vmm.MapRange(r, bad.off, a.Chunk(), bad.from, bad.size); !errors.Is(err, gpu.ErrInvalidValue) {
+			t.Errorf("%s: %v, want gpu.ErrInvalidValue", bad.name, err)
+		}
+	}
+	simtest.WantLive(t, b, "after the refused maps", gpu.Counters{Chunks: 1, Reservations: 2, Mappings: 1})
+	m, err := vmm.MapRange(r, 0, a.Chunk(), gran, 2*gran)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetAccess([]int{0}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Ptr() != r.Ptr() || m.Size() != 2*gran {
+		t.Errorf("mapping at %#x+%d, reservation at %#x", uint64(m.Ptr()), m.Size(), uint64(r.Ptr()))
+	}
+	data := []byte("one chunk, two ranges")
+	if err := b.MemcpyHtoD(a.Ptr().Add(gran+8), data); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(data))
+	if err := b.MemcpyDtoH(got, r.Ptr().Add(8)); err != nil || string(got) != string(data) {
+		t.Fatalf("through the second range: %q, %v", got, err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	simtest.WantLive(t, b, "the allocation closed", gpu.Counters{Reservations: 1, Mappings: 1})
+	if err := b.MemcpyDtoH(got, r.Ptr().Add(8)); err != nil || string(got) != string(data) {
+		t.Fatalf("after the allocation closed: %q, %v", got, err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Free(); err != nil {
+		t.Fatal(err)
+	}
+	simtest.WantZero(t, b, "after the second range went")
+}

@@ -9,6 +9,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/bfc"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/remappable"
 )
 
 // Pattern is how a caller's buffers move between steps.
@@ -53,14 +54,17 @@ const (
 // Caller is the framework side of a run: its device memory is one region
 // managed by a bfc allocator, from which it binds every step's params and
 // outputs according to its pattern, and into which it writes the inputs.
+// A remappable caller (CallerOptions.Remappable) allocates every buffer as
+// its own VMM allocation instead, for StrategyRemap.
 //
 // A Caller is not safe for concurrent use.
 type Caller struct {
 	b       gpu.Backend
 	w       *Workload
 	pattern Pattern
-	region  gpu.DevicePtr
-	alloc   *bfc.Allocator
+	region  gpu.DevicePtr         // the bfc caller's region
+	remap   *remappable.Allocator // the remappable caller's allocator
+	alloc   allocator             // the one of the two that allocates
 	rng     *rand.Rand
 	sets    [][]gpu.DevicePtr // fixed, pingpong, swap: the sets of w.movable()
 	current []gpu.DevicePtr   // random: this step's buffers
@@ -68,14 +72,59 @@ type Caller struct {
 	seq     *seqCaller        // the sequences of a gpt2-decode workload
 }
 
+// allocator is what a Caller allocates its buffers with: a bfc.Allocator
+// over its region, or a remappable.Allocator.
+type allocator interface {
+	Alloc(size uint64) (gpu.DevicePtr, error)
+	Free(p gpu.DevicePtr) error
+}
+
+// CallerOptions configure NewCallerWith. The zero value is the bfc-backed
+// caller NewCaller makes.
+type CallerOptions struct {
+	// Remappable allocates every buffer as its own VMM physical allocation
+	// (package remappable: a whole number of granules each, at an address
+	// range of its own) instead of from one bfc region, so that
+	// StrategyRemap can map the memory behind it; Remappable returns the
+	// allocator to compile with (stablegraph.Options.Remappable). Under
+	// Random every step's buffers are new allocations, at new addresses,
+	// and no fillers are needed to move them. It needs a device with
+	// virtual memory management.
+	Remappable bool
+}
+
+// CallerOptionsFor returns the caller a run of strategy st needs: a
+// remappable one for StrategyRemap, the bfc one otherwise.
+func CallerOptionsFor(st sg.Strategy) CallerOptions {
+	return CallerOptions{Remappable: st == sg.StrategyRemap}
+}
+
 // NewCaller allocates the caller's region on dev (a size that fits the
 // pattern) and, for fixed and pingpong, its buffer sets.
-func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64) (_ *Caller, err error) {
+func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64) (*Caller, error) {
+	return NewCallerWith(b, dev, w, pattern, seed, CallerOptions{})
+}
+
+// NewCallerWith is NewCaller with options: with opts.Remappable the
+// caller's buffers are remappable allocations rather than a bfc region's.
+func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64, opts CallerOptions) (_ *Caller, err error) {
 	if _, err := ParsePattern(string(pattern)); err != nil {
 		return nil, err
 	}
 	if pattern == Swap && w.gpt2 == nil {
 		return nil, fmt.Errorf("workload %s: pattern swap needs per-sequence state (gpt2-decode); use fixed, pingpong or random", w.Name)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0xca11e5))
+	if opts.Remappable {
+		a, err := remappable.New(b, dev, nil)
+		if err != nil {
+			return nil, fmt.Errorf("workload: remappable caller: %w", err)
+		}
+		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng}
+		if err := c.start(seed); err != nil {
+			return nil, errors.Join(err, a.Close())
+		}
+		return c, nil
 	}
 	var perSet uint64
 	for _, buf := range w.movable() {
@@ -88,7 +137,7 @@ func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64
 	if err != nil {
 		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
 	}
-	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rand.New(rand.NewPCG(seed, 0xca11e5))}
+	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.MemFree(region))
@@ -97,20 +146,39 @@ func NewCaller(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed uint64
 	if c.alloc, err = bfc.New(region, size, bfc.Options{Name: "caller"}); err != nil {
 		return nil, fmt.Errorf("workload: caller allocator: %w", err)
 	}
-	nsets := map[Pattern]int{Fixed: 1, PingPong: 2, Swap: 2}[pattern]
+	if err := c.start(seed); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// start allocates the buffer sets of fixed, pingpong and swap, and the
+// sequences of a gpt2-decode workload. On error the caller frees its
+// memory whole (the region, or every remappable buffer).
+func (c *Caller) start(seed uint64) (err error) {
+	nsets := map[Pattern]int{Fixed: 1, PingPong: 2, Swap: 2}[c.pattern]
 	for range nsets {
 		set, err := c.allocSet()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.sets = append(c.sets, set)
 	}
-	if w.gpt2 != nil {
+	if c.w.gpt2 != nil {
 		if c.seq, err = newSeqCaller(c, seed); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return c, nil
+	return nil
+}
+
+// Remappable returns the allocator of a remappable caller, to compile
+// with as stablegraph.Options.Remappable, and nil for a bfc caller.
+func (c *Caller) Remappable() sg.ChunkFinder {
+	if c.remap == nil {
+		return nil
+	}
+	return c.remap
 }
 
 // buffers are the caller-bound buffers: params, then outputs.
@@ -159,8 +227,12 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 	case Fixed, PingPong, Swap:
 		set = c.sets[step%len(c.sets)]
 	case Random:
-		if err := c.churn(); err != nil {
-			return nil, err
+		// A remappable buffer has an address range of its own: a new
+		// one lands at a new address without fillers around it.
+		if c.remap == nil {
+			if err := c.churn(); err != nil {
+				return nil, err
+			}
 		}
 		s, err := c.allocSet()
 		if err != nil {
@@ -228,9 +300,16 @@ func (c *Caller) freeCurrent() error {
 	return err
 }
 
-// Close frees the caller's region. The caller must have waited for every
-// step that used it.
+// Close frees the caller's region, or every remappable buffer. The caller
+// must have waited for every step that used it.
 func (c *Caller) Close() error {
+	if c.remap != nil {
+		err := c.remap.Close()
+		if err == nil {
+			c.remap = nil
+		}
+		return err
+	}
 	if c.region == 0 {
 		return nil
 	}

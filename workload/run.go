@@ -119,7 +119,10 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			err = errors.Join(err, cleanup[i]())
 		}
 	}()
-	caller, err := NewCaller(b, opts.Device, w, opts.Pattern, opts.Seed)
+	// Remap maps the caller's memory itself: its caller allocates every
+	// buffer as a remappable allocation; every other strategy's, from a
+	// bfc region.
+	caller, err := NewCallerWith(b, opts.Device, w, opts.Pattern, opts.Seed, CallerOptionsFor(opts.Strategy))
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +142,8 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 
 	baseUsed, memInfo := usedMemory(b, opts.Device)
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger})
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
+		Remappable: caller.Remappable()})
 	if err != nil {
 		return nil, fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)
 	}
@@ -227,6 +231,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		PatchedNodes:      st.PatchedNodes,
 		TracesCaptured:    st.TracesCaptured,
 		BytesCopied:       st.BytesCopied,
+		Remaps:            st.Remaps,
 		PeakDeviceBytes:   max(peak, exe.Memory().Total()),
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
 	}

@@ -29,7 +29,10 @@
 // two runs with the same seed see the same data whatever their strategy.
 // gpt2-decode's sequences keep their KV caches across steps: the Caller
 // owns them (gpt2caller.go), and the swap pattern gives some batch rows
-// another sequence, and another cache, every step.
+// another sequence, and another cache, every step. A remappable Caller
+// (CallerOptions.Remappable) allocates every buffer as its own VMM
+// allocation instead (package remappable): the memory the remap strategy
+// maps, which Run and Bench give it (CallerOptionsFor).
 //
 // # Runs
 //

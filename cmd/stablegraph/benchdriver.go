@@ -19,7 +19,10 @@ blocks cost: stream and event creation, VMM create/reserve/map/set access/
 unmap/free/release at 2 MiB and 64 MiB, MemAlloc/MemFree, stream value writes
 until the host sees them, device copies (GPU time by events), and graphs of K
 tiny kernels (capture, instantiate, launch, replay vs eager launches, exec
-update, re-capture + update, per-node parameter updates), plus FuncParamInfo.
+update, re-capture + update, per-node parameter updates), FuncParamInfo, and
+the remap strategy's per-step calls: unmap, map and set access of a granule
+(and set access for every device, on several), and whole steps of N moved
+buffers (--remap-buffers).
 
 Each row gives the median and p90 in microseconds; on hardware beside the
 reference figure measured on the project's H100 (docs/GPU-MACHINE.md). On the sim
@@ -34,12 +37,16 @@ is still live at the end.`,
 			fs.IntVar(&o.HeavyIterations, "heavy-iters", 50, "samples of the 64 MiB rows and the 112-stream batches")
 			fs.IntVar(&o.GraphIterations, "graph-iters", 50, "samples of each graph row (K < 100 runs proportionally more)")
 			ks := fs.String("ks", "10,100,1000", "graph sizes `K`, comma-separated")
+			remapN := fs.String("remap-buffers", "1,4,16,64", "moved buffers `N` of the remap step rows, comma-separated")
 			fs.DurationVar(&o.PollTimeout, "poll-timeout", time.Second, "deadline for the host to see a stream value write")
 			jsonPath := fs.String("json", "", "also write the results as JSON to `file` (\"-\": stdout, instead of the table)")
 			return func(e *env) error {
 				var err error
 				if o.Ks, err = parseInts(*ks); err != nil {
 					return usagef("--ks: %v", err)
+				}
+				if o.RemapBuffers, err = parseInts(*remapN); err != nil {
+					return usagef("--remap-buffers: %v", err)
 				}
 				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 {
 					return usagef("iteration counts must be positive")

@@ -22,6 +22,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/remappable"
 	"github.com/stablegraph/stablegraph/workload"
 )
 
@@ -36,6 +37,67 @@ func NewArena(t testing.TB, b gpu.Backend, size uint64) *bfc.Allocator {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// Allocator is what an Addresser takes its buffers from: a bfc.Allocator
+// over one allocation, or a remappable.Allocator (StrategyRemap).
+type Allocator interface {
+	Alloc(size uint64) (gpu.DevicePtr, error)
+	Free(p gpu.DevicePtr) error
+}
+
+// NewRemappable gives the test an allocator of remappable buffers on
+// device dev (one VMM allocation each), the memory StrategyRemap maps;
+// whatever is left in it is freed at cleanup.
+func NewRemappable(t testing.TB, b gpu.Backend, dev int) *remappable.Allocator {
+	t.Helper()
+	a, err := remappable.New(b, dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := a.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+// ArenaFor is NewArena for a test under opts.Strategy: for StrategyRemap
+// a remappable allocator instead (NewRemappable), set as
+// opts.Remappable: the memory remap maps.
+func ArenaFor(t testing.TB, b gpu.Backend, size uint64, opts *sg.Options) Allocator {
+	t.Helper()
+	if opts.Strategy == sg.StrategyRemap {
+		a := NewRemappable(t, b, 0)
+		opts.Remappable = a
+		return a
+	}
+	return NewArena(t, b, size)
+}
+
+// Memory returns how a test allocates the params and outputs it binds
+// under opts.Strategy: device memory of dev freed at cleanup, or for
+// StrategyRemap buffers of a remappable allocator (NewRemappable), which
+// it sets as opts.Remappable: the memory remap maps.
+func Memory(t testing.TB, b gpu.Backend, dev int, opts *sg.Options) func(size uint64) gpu.DevicePtr {
+	t.Helper()
+	if opts.Strategy != sg.StrategyRemap {
+		return func(size uint64) gpu.DevicePtr {
+			t.Helper()
+			return simtest.Alloc(t, b, dev, size)
+		}
+	}
+	a := NewRemappable(t, b, dev)
+	opts.Remappable = a
+	return func(size uint64) gpu.DevicePtr {
+		t.Helper()
+		p, err := a.Alloc(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
 }
 
 // NewRand is the tests' random source for seed.
@@ -168,7 +230,7 @@ func Movements() []Movement { return []Movement{Fixed, PingPong, Random} }
 type Addresser struct {
 	t      testing.TB
 	b      gpu.Backend
-	a      *bfc.Allocator
+	a      Allocator
 	move   Movement
 	bufs   []sg.Buffer
 	mlp    *MLP
@@ -180,7 +242,7 @@ type Addresser struct {
 
 // NewAddresser moves bufs within a; with w, Bind also writes w's inputs.
 // Its memory goes back to a at Close or cleanup.
-func NewAddresser(t testing.TB, b gpu.Backend, a *bfc.Allocator, move Movement, bufs []sg.Buffer, w *MLP) *Addresser {
+func NewAddresser(t testing.TB, b gpu.Backend, a Allocator, move Movement, bufs []sg.Buffer, w *MLP) *Addresser {
 	ad := &Addresser{t: t, b: b, a: a, move: move, bufs: bufs, mlp: w, r: rand.New(rand.NewPCG(7, 7))}
 	nsets := map[Movement]int{Fixed: 1, PingPong: 2}[move]
 	for range nsets {
@@ -359,12 +421,15 @@ func Compile(t testing.TB, b gpu.Backend, p *sg.Program, opts sg.Options) *sg.Ex
 
 // RunMLP runs steps of w under strategy with the buffers moving as move
 // says, and returns what every step saw and the final accumulator state.
-// Outputs must stay where they were bound.
+// Outputs must stay where they were bound. The buffers come from a bfc
+// arena, or for StrategyRemap from a remappable allocator, the memory it
+// maps.
 func RunMLP(t testing.TB, b gpu.Backend, w *MLP, strategy sg.Strategy, move Movement, steps int) ([]Step, []byte) {
 	t.Helper()
 	s := simtest.Stream(t, b, 0)
-	ad := NewMLPAddresser(t, b, w, move)
-	exe, err := sg.Compile(context.Background(), b, w.P, sg.Options{Strategy: strategy})
+	opts := sg.Options{Strategy: strategy}
+	ad := NewAddresser(t, b, ArenaFor(t, b, 64<<20, &opts), move, append(append([]sg.Buffer(nil), w.Params...), w.Outputs...), w)
+	exe, err := sg.Compile(context.Background(), b, w.P, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,15 +465,19 @@ func MustWorkload(t testing.TB, name string, cfg workload.Config) *workload.Work
 }
 
 // StartWorkload compiles w with opts, initialises its states and makes a
-// caller whose buffers move by pattern. done closes the executable, then
-// the caller, reporting failures; call it before the test's own checks of
-// live handles.
+// caller whose buffers move by pattern (a remappable caller for
+// StrategyRemap, given to the executable as Options.Remappable unless
+// opts has one). done closes the executable, then the caller, reporting
+// failures; call it before the test's own checks of live handles.
 func StartWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts sg.Options, pattern workload.Pattern) (exe *sg.Executable, caller *workload.Caller, done func()) {
 	t.Helper()
 	ctx := context.Background()
-	caller, err := workload.NewCaller(b, 0, w, pattern, 1)
+	caller, err := workload.NewCallerWith(b, 0, w, pattern, 1, workload.CallerOptionsFor(opts.Strategy))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.Remappable == nil {
+		opts.Remappable = caller.Remappable()
 	}
 	exe, err = sg.Compile(ctx, b, w.Program, opts)
 	if err != nil {
@@ -502,7 +571,9 @@ type Workers struct {
 	States  []workload.StateInit
 	// Input is the contents of input i of X.
 	Input func(i int) []byte
-	// Options compile the executable under test.
+	// Options compile the executable under test. With a
+	// *remappable.Allocator as Options.Remappable (StrategyRemap), the
+	// workers' buffers are allocated from it.
 	Options sg.Options
 	// Workers goroutines run Steps steps each.
 	Workers, Steps int
@@ -534,12 +605,23 @@ func (c Workers) Run(t testing.TB, b gpu.Backend) *sg.Executable {
 		want   [2][]byte
 	}
 	rs := simtest.Stream(t, b, 0)
+	alloc := func(size int64) gpu.DevicePtr { return simtest.Alloc(t, b, 0, uint64(size)) }
+	if ra, ok := c.Options.Remappable.(*remappable.Allocator); ok {
+		// Remap's buffers come from the allocator it maps from.
+		alloc = func(size int64) gpu.DevicePtr {
+			p, err := ra.Alloc(uint64(size))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+	}
 	jobs := make([]*job, c.Workers)
 	for i := range jobs {
 		j := &job{s: simtest.Stream(t, b, 0)}
 		for k := range 2 {
-			j.xp[k] = simtest.Alloc(t, b, 0, uint64(c.X.Size()))
-			j.yp[k] = simtest.Alloc(t, b, 0, uint64(c.Y.Size()))
+			j.xp[k] = alloc(c.X.Size())
+			j.yp[k] = alloc(c.Y.Size())
 			if err := b.MemcpyHtoD(j.xp[k], c.Input(10*i+k)); err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,123 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/vmm"
+)
+
+// TestRemappableCaller: a remappable caller binds every buffer to a
+// physical allocation of its own, which its Remappable finds; fixed keeps
+// them, pingpong alternates two sets, random binds new ones (new chunks at
+// new addresses) every step and frees the step before's; the inputs are
+// the bfc caller's; Close frees everything. Only remap gets it.
+func TestRemappableCaller(t *testing.T) {
+	if CallerOptionsFor(sg.StrategyRemap) != (CallerOptions{Remappable: true}) || CallerOptionsFor(sg.StrategyPool).Remappable {
+		t.Fatal("CallerOptionsFor gives remappable memory to another strategy than remap, or not to remap")
+	}
+	b := openSim(t)
+	w := small(t, "mlp")
+	for _, pat := range Patterns() {
+		t.Run(string(pat), func(t *testing.T) {
+			c, err := NewCallerWith(b, 0, w, pat, 1, CallerOptions{Remappable: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain, err := NewCaller(b, 0, w, pat, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plain.Remappable() != nil || c.Remappable() == nil {
+				t.Fatal("Remappable: the bfc caller has an allocator, or the remappable one none")
+			}
+			var prev map[*vmm.PhysicalAllocation]bool
+			for step := range 4 {
+				bind, err := c.Bind(step)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := plain.Bind(step)
+				if err != nil {
+					t.Fatal(err)
+				}
+				chunks := map[*vmm.PhysicalAllocation]bool{}
+				for buf, p := range bind {
+					chunk, off, err := c.Remappable().Chunk(p)
+					if err != nil || off != 0 {
+						t.Fatalf("step %d: %s at %#x: chunk offset %d, %v", step, buf.Name(), uint64(p), off, err)
+					}
+					chunks[chunk] = true
+				}
+				if len(chunks) != len(bind) {
+					t.Errorf("step %d: %d chunks for %d buffers", step, len(chunks), len(bind))
+				}
+				for i, buf := range w.Params {
+					got := make([]byte, buf.Size())
+					if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
+						t.Fatal(err)
+					}
+					if string(got) != string(w.Input(step, i)) {
+						t.Errorf("step %d: input %s not written", step, buf.Name())
+					}
+					if _, ok := want[buf]; !ok {
+						t.Errorf("the bfc caller does not bind %s", buf.Name())
+					}
+				}
+				if prev != nil {
+					same := 0
+					for ch := range chunks {
+						if prev[ch] {
+							same++
+						}
+					}
+					wantSame := map[Pattern]int{Fixed: len(bind)}[pat] // pingpong: the other set; random: new ones
+					if same != wantSame {
+						t.Errorf("step %d: %d of %d chunks as the step before, want %d", step, same, len(bind), wantSame)
+					}
+				}
+				prev = chunks
+			}
+			if err := errors.Join(c.Close(), plain.Close()); err != nil {
+				t.Fatal(err)
+			}
+			if live, _ := gpu.LiveHandles(b); !live.IsZero() {
+				t.Fatalf("live after Close: %s", live)
+			}
+		})
+	}
+}
+
+// TestRemapRunUsesRemappableCaller: Run of remap on a device without VMM
+// fails making the remappable caller, saying so, with nothing left live;
+// with VMM, remap's outputs match eager's under every pattern (Bench).
+func TestRemapRunUsesRemappableCaller(t *testing.T) {
+	b := openSim(t)
+	w := small(t, "chain")
+	rep, err := Bench(context.Background(), b, w, []sg.Strategy{sg.StrategyRemap}, RunOptions{Steps: 3, Pattern: Random, NoFloor: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := rep.Result("remap"); !ok || !r.OutputsMatchEager || r.BytesCopied != 0 {
+		t.Fatalf("remap row %+v", r)
+	}
+	_, err = Run(context.Background(), noVMM{b}, w, RunOptions{Strategy: sg.StrategyRemap, Steps: 1})
+	if !errors.Is(err, gpu.ErrNotSupported) {
+		t.Fatalf("remap without VMM = %v, want gpu.ErrNotSupported", err)
+	}
+	if live, _ := gpu.LiveHandles(b); !live.IsZero() {
+		t.Fatalf("live: %s", live)
+	}
+}
+
+// noVMM is a backend whose devices report no virtual memory management.
+type noVMM struct{ gpu.Backend }
+
+func (b noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
+	p, err := b.Backend.DeviceProps(dev)
+	p.VMM, p.Granularity = false, 0
+	return p, err
+}
