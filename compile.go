@@ -21,8 +21,11 @@ import (
 // before anything is allocated; a device failure releases everything
 // created before it.
 func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *Executable, err error) {
+	if p == nil {
+		return nil, errNilProgram
+	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("stablegraph: compile %q: %w", p.name, err)
 	}
 	opts, err = opts.withDefaults()
 	if err != nil {
@@ -59,7 +62,12 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 		if d.class == Output {
 			e.outputs = append(e.outputs, i)
 		}
+		if d.class == State {
+			e.states = append(e.states, i)
+		}
 	}
+	e.closing, e.beginClose = context.WithCancel(context.Background())
+	e.closeSem = make(chan struct{}, 1)
 	e.mu.addrs = make([]gpu.DevicePtr, len(e.bufs))
 	e.mu.owned = make([]gpu.DevicePtr, len(e.bufs))
 	e.mu.boundGen = make([]uint64, len(e.bufs))
@@ -88,7 +96,9 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 	if e.cb, err = e.buildCommands(cmds); err != nil {
 		return nil, err
 	}
-	if e.strat, err = replay.New(opts.Strategy, e.spec(cmds)); err != nil {
+	spec := e.spec(cmds)
+	e.rbufs = spec.Buffers
+	if e.strat, err = replay.New(opts.Strategy, spec); err != nil {
 		var pe *replay.ProgramError
 		if errors.As(err, &pe) {
 			return nil, &CompileError{Program: p.name, Command: -1, Buffer: pe.Buffer, Msg: pe.Msg}
@@ -96,6 +106,7 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 		return nil, err
 	}
 	e.leased = replay.LeasesOutputs(e.strat)
+	e.aliasSafe = replay.HandlesAliasing(e.strat)
 	mem := e.Memory()
 	e.log.Debug("compiled", "commands", len(cmds), "buffers", len(e.bufs), "runs", e.Strategy(),
 		"temp_bytes", mem.Temps, "temp_bytes_unshared", mem.TempsUnshared,
@@ -174,10 +185,10 @@ func (e *Executable) allocate(cmds []cmdDecl) error {
 		e.mu.owned[i] = ptr
 		e.mu.addrs[i] = ptr
 		if d.class == State {
-			e.mem.States += size
+			e.pub.mem.States += size
 			err = e.b.Memset(gpu.Memset{Dst: ptr, ElemSize: 1, Count: uint64(d.size)})
 		} else {
-			e.mem.Constants += size
+			e.pub.mem.Constants += size
 			err = e.b.MemcpyHtoD(ptr, d.data)
 		}
 		if err != nil {
@@ -185,7 +196,7 @@ func (e *Executable) allocate(cmds []cmdDecl) error {
 		}
 	}
 	plan := planTemps(e.bufs, cmds, align, !e.opts.NoTempSharing)
-	e.mem.Temps, e.mem.TempsUnshared = plan.size, plan.unshared
+	e.pub.mem.Temps, e.pub.mem.TempsUnshared = plan.size, plan.unshared
 	if plan.size > 0 {
 		arena, err := e.b.MemAlloc(e.dev, plan.size)
 		if err != nil {

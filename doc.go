@@ -44,6 +44,53 @@
 // pool slot memory leased to the caller; ReadOutput and ReadBuffer read
 // results back, WriteBuffer initialises states.
 //
+// # Bindings
+//
+// Run checks the bindings before anything is enqueued; a mistake is an
+// error wrapping ErrInvalidBinding that names the buffers:
+//
+//   - Every param and output is bound (outputs are optional under
+//     zero-copy pool outputs, and then ignored), to a non-null address,
+//     and nothing else is.
+//   - Sizes: each binding must hold its buffer's whole size inside one live
+//     allocation. Where the backend can tell the allocation an address lies
+//     in (gpu.AddressRanger: the sim always; CUDA for its own memory and
+//     other libraries' plain cuMemAlloc memory, cached so that the steady
+//     state asks the driver nothing), a binding that runs past its
+//     allocation's end, or lies in freed or unmapped memory, is refused
+//     naming the buffer, its size and the extent found (gpu.CheckBinding;
+//     the error also wraps gpu.ErrOutOfBounds). Not checked: two buffers
+//     sub-allocated from one allocation (a caching allocator's segment, a
+//     pool, a reservation) that overlap each other or a neighbour, since
+//     the allocation is all the backend sees; memory of unknowable extent
+//     (on CUDA, other libraries' virtual memory and memory pools); memory
+//     another library freed and reallocated behind the backend's back,
+//     which keeps its old extent.
+//   - Aliasing: params and outputs may share memory, in whole or in part:
+//     an output bound onto the param it is computed from (an in-place
+//     update, a donated buffer), two outputs on one address, an output over
+//     a param's tail. Every strategy gives eager's semantics for them,
+//     commands reading and writing the caller's bytes in program order: a
+//     command that reads a param after another wrote an output over it
+//     sees the new bytes. Eager, record, update and patch work in the
+//     caller's memory; stable and pool lay their copies of the overlapping
+//     buffers out as the caller's are (package replay, "Aliasing"). A
+//     command whose own input and output overlap other than element for
+//     element has no single result on a GPU, as under any runtime. A
+//     strategy that did not handle aliasing (replay.AliasSafe) would have
+//     such bindings refused, naming two of the buffers; every built-in one
+//     handles them.
+//   - A param or output may not overlap a state rebound to the caller's
+//     memory with BindState: stable and pool never copy states, so no
+//     strategy takes such bindings (refused, naming both).
+//
+// The stream must not be capturing a graph: a step's work is the
+// executable's own graphs, recorded, updated and copied around, which
+// cannot be captured into the caller's. Run refuses it with an error
+// wrapping ErrStreamCapturing before binding or enqueueing anything; the
+// capture stays valid, and the next step on a stream that is not capturing
+// runs as if the refused one had not been asked for.
+//
 // # Strategies
 //
 // The strategies live in package replay, one file each, behind one
@@ -98,17 +145,30 @@
 // what it chose and why, with the measured and modelled figures.
 //
 // All produce the same bits as eager. Executable.Stats counts what each
-// did; Executable.Memory counts the memory each holds (persistent copies
-// and slots included).
+// did, with every re-record explained by its cause (Counters.Rerecords)
+// and every refused graph update by the backend's reason
+// (Stats.Fallbacks); Executable.Memory counts the memory each holds
+// (persistent copies and slots included) and the tracer's library
+// workspace.
 //
 // # Concurrency and resources
 //
 // An Executable is safe for concurrent use; steps are serialised (see
 // Executable). A pool step waiting for a slot waits without the
-// executable's lock. Every error path releases the handles it created, and
-// Close releases everything, reporting every release that fails; on the
-// sim backend the live-handle counters return to zero. The lock order of
-// the whole module is in docs/ARCHITECTURE.md.
+// executable's lock. The read-only accessors (Stats, Memory, Choice,
+// Strategy, Traces) never wait for the device nor behind Close. Every
+// error path releases the handles it created; the lock order of the whole
+// module is in docs/ARCHITECTURE.md.
+//
+// Close (bounded by Options.CloseWait; CloseContext takes a context) wakes
+// at once every Run waiting for a pool slot and every read waiting for the
+// last step, which fail with ErrClosed, then waits for the last step
+// without the executable's lock and releases everything, reporting every
+// release that fails; on the sim backend the live-handle counters return
+// to zero. When the wait ends first (a stuck stream), Close releases
+// nothing, since the device may still use it, returns an error naming what
+// it left, and a later Close tries again. Client.Close is bounded the same
+// way (package client).
 //
 // # Around the executable
 //

@@ -14,12 +14,22 @@ var (
 	// naming the command and the buffer. Nothing was allocated.
 	ErrInvalidProgram = errors.New("stablegraph: invalid program")
 	// ErrInvalidBinding is returned by Run and the buffer accessors for a
-	// buffer that is missing, of the wrong class, of another program, or
-	// bound to a null address, and by Run under StrategyRemap for memory
-	// it cannot map as bound (see StrategyRemap). Nothing was enqueued. It
-	// is replay.ErrInvalidBinding.
+	// buffer that is missing, of the wrong class, of another program,
+	// bound to a null address, bound to less memory than its size where
+	// the backend can tell (the error then also wraps gpu.ErrOutOfBounds),
+	// or overlapping another buffer in a way the package doc's "Bindings"
+	// section refuses, and by Run under StrategyRemap for memory it cannot
+	// map as bound (see StrategyRemap); the error names the buffers.
+	// Nothing was enqueued. It is replay.ErrInvalidBinding.
 	ErrInvalidBinding = replay.ErrInvalidBinding
-	// ErrClosed is returned by every method of a closed Executable.
+	// ErrStreamCapturing is returned by Run for a step on a stream that is
+	// capturing a graph (gpu.Backend.StreamIsCapturing): an executable's
+	// steps launch graphs of their own and cannot be captured into the
+	// caller's. Nothing was bound or enqueued, and the executable is
+	// unchanged: the next step on a stream that is not capturing runs.
+	ErrStreamCapturing = errors.New("stablegraph: stream is capturing")
+	// ErrClosed is returned by every method of a closed Executable, and by
+	// the Runs and reads that Close woke from their waits.
 	ErrClosed = errors.New("stablegraph: executable closed")
 	// ErrSlotWait is returned by Run under StrategyPool when no slot became
 	// ready within Options.SlotWait (or ctx's deadline): the device did not
@@ -33,6 +43,9 @@ var (
 	// lease was released: their slot may hold another step's results.
 	ErrReleased = errors.New("stablegraph: outputs already released")
 )
+
+// errNilProgram is what Compile and Validate return for a nil *Program.
+var errNilProgram = fmt.Errorf("%w: nil *Program (make one with NewProgram)", ErrInvalidProgram)
 
 // CompileError is one mistake in a program. Command is the index of the
 // offending command, or -1 when the mistake is in a buffer declaration or

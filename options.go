@@ -138,6 +138,11 @@ type Options struct {
 	// finish the step before one that moves buffers too (an error
 	// wrapping gpu.ErrTimeout). Default 30 s.
 	SlotWait time.Duration
+	// CloseWait bounds how long Close waits for the executable's last step
+	// to complete on the device before it gives up, releasing nothing and
+	// saying what it left (see Executable.CloseContext, which takes a
+	// context instead). Default 30 s.
+	CloseWait time.Duration
 	// SlotPoll is how a pool step waiting for the device to finish with a
 	// slot polls the slot timeline (see vmm.WaitPolicy): it yields between
 	// reads for up to SlotPoll.Yield, then sleeps from SlotPoll.MinSleep
@@ -195,6 +200,7 @@ const MaxPoolSlots = 64
 const (
 	defaultPoolSlots      = 2
 	defaultSlotWait       = 30 * time.Second
+	defaultCloseWait      = 30 * time.Second
 	defaultAutoProbeSteps = 3
 )
 
@@ -237,6 +243,12 @@ func (o Options) withDefaults() (Options, error) {
 		o.SlotWait = defaultSlotWait
 	case o.SlotWait < 0:
 		return o, fmt.Errorf("stablegraph: negative slot wait %v", o.SlotWait)
+	}
+	switch {
+	case o.CloseWait == 0:
+		o.CloseWait = defaultCloseWait
+	case o.CloseWait < 0:
+		return o, fmt.Errorf("stablegraph: negative close wait %v", o.CloseWait)
 	}
 	switch {
 	case o.AutoProbeSteps == 0:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"reflect"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -33,7 +34,13 @@ func (ck *checker) add(cmd int, op, buf, format string, args ...any) {
 // Validate checks the program without a device and returns every mistake
 // found (up to 32), joined; each wraps ErrInvalidProgram and is a
 // *CompileError naming the command and buffer. Compile calls it first.
-func (p *Program) Validate() error { return p.check() }
+// A nil *Program is an error too.
+func (p *Program) Validate() error {
+	if p == nil {
+		return errNilProgram
+	}
+	return p.check()
+}
 
 // kernelSpecs returns the specs of the built-in kernels and of the
 // program's modules, by name.
@@ -151,10 +158,10 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 			ck.add(i, op, c.args[0].slice.buf.Name(), "shape m=%d n=%d k=%d is not positive 32-bit", g.M, g.N, g.K)
 			return
 		}
-		for j, need := range []int64{int64(g.M) * int64(g.N), int64(g.M) * int64(g.K), int64(g.K) * int64(g.N)} {
+		for j, dims := range [][2]int{{g.M, g.N}, {g.M, g.K}, {g.K, g.N}} {
 			s := c.args[j].slice
-			if s.n < 4*need {
-				ck.add(i, op, s.buf.Name(), "%s holds %d bytes, the %c matrix needs %d", s, s.n, "cab"[j], 4*need)
+			if need, ok := f32Bytes(dims[0], dims[1]); !ok || s.n < need {
+				ck.add(i, op, s.buf.Name(), "%s holds %d bytes, the %c matrix needs %s (%d×%d float32)", s, s.n, "cab"[j], bytesNeeded(need, ok), dims[0], dims[1])
 			}
 			if s.off%ptrAlign != 0 {
 				ck.add(i, op, s.buf.Name(), "slice %s is not %d-byte aligned", s, ptrAlign)
@@ -162,8 +169,8 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 		}
 		if len(c.args) == 4 { // the bias
 			s := c.args[3].slice
-			if s.n < 4*int64(g.N) {
-				ck.add(i, op, s.buf.Name(), "bias %s holds %d bytes, N=%d float32 need %d", s, s.n, g.N, 4*int64(g.N))
+			if need, ok := f32Bytes(1, g.N); !ok || s.n < need {
+				ck.add(i, op, s.buf.Name(), "bias %s holds %d bytes, N=%d float32 need %s", s, s.n, g.N, bytesNeeded(need, ok))
 			}
 			if s.off%ptrAlign != 0 {
 				ck.add(i, op, s.buf.Name(), "bias slice %s is not %d-byte aligned", s, ptrAlign)
@@ -185,6 +192,26 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 			}
 		}
 	}
+}
+
+// f32Bytes is the bytes of a rows×cols float32 matrix (both positive), and
+// false when that does not fit in an int64: shapes are checked before any
+// size is computed from them, so that no product can wrap around and pass a
+// bounds check.
+func f32Bytes(rows, cols int) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(rows), uint64(cols))
+	if hi != 0 || lo > math.MaxInt64/4 {
+		return 0, false
+	}
+	return int64(lo) * 4, true
+}
+
+// bytesNeeded says a size f32Bytes computed, or that it overflowed.
+func bytesNeeded(n int64, ok bool) string {
+	if !ok {
+		return "more than 2^63 bytes"
+	}
+	return fmt.Sprintf("%d", n)
 }
 
 func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i int, c *cmdDecl, op string) {

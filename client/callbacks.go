@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -129,16 +130,33 @@ func (h *clientHelper) notify() {
 }
 
 // stop makes run finish every pending callback (giving up on events after
-// deadline) and waits for it to return.
-func (h *clientHelper) stop(deadline time.Duration) error {
+// deadline) and waits for it to return, until ctx ends: a callback that
+// does not return is reported, not waited for.
+func (h *clientHelper) stop(ctx context.Context, deadline time.Time) error {
 	h.mu.Lock()
 	h.mu.closing = true
-	h.mu.deadline = time.Now().Add(deadline)
+	h.mu.deadline = deadline
 	h.mu.Unlock()
 	h.notify()
-	<-h.done
+	select {
+	case <-h.done:
+	case <-ctx.Done():
+		// The helper gives up on events at the deadline, so only a
+		// callback that does not return keeps it: wait a little past the
+		// deadline for it, then report it.
+		select {
+		case <-h.done:
+		case <-time.After(helperGrace):
+			return fmt.Errorf("client: close: a completion callback has not returned %v after the deadline; the helper goroutine is left to finish it: %w",
+				helperGrace, ctx.Err())
+		}
+	}
 	return errors.Join(h.errs...)
 }
+
+// helperGrace is how long Close waits past its deadline for the helper,
+// which abandons pending events at the deadline itself.
+const helperGrace = 100 * time.Millisecond
 
 func (h *clientHelper) run() {
 	defer close(h.done)

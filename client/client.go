@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/retire"
@@ -38,7 +40,9 @@ type Options struct {
 	StreamCache *streamcache.Cache
 	// Retire configures each device's retirement queue (defaults: at most
 	// 3 batches pending, 30 s wait deadline; see package retire). Its
-	// WaitDeadline also bounds how long Close waits for pending callbacks.
+	// WaitDeadline also bounds Close as a whole: the wait for calls in
+	// progress, for the streams, for pending callbacks and for the retired
+	// batches.
 	Retire retire.Options
 	// Logger receives debug logs. Default slog.Default().
 	Logger *slog.Logger
@@ -79,8 +83,9 @@ func (o Options) withDefaults(b gpu.Backend) Options {
 // device, and a helper goroutine for completion callbacks (see the package
 // doc).
 //
-// A Client is safe for concurrent use. Close waits for calls in progress,
-// and every call that starts after Close began returns ErrClosed.
+// A Client is safe for concurrent use. Close waits for calls in progress
+// (up to its deadline), and every call that starts after Close began
+// returns ErrClosed.
 // Callbacks passed to After run on the helper goroutine, one at a time; they
 // may call Client methods but must not call Close, which waits for them.
 type Client struct {
@@ -99,6 +104,14 @@ type Client struct {
 		sync.RWMutex
 		closed bool
 	}
+	// closing is set when Close begins, so that calls fail at once while
+	// Close waits for those in progress; calls counts those.
+	closing atomic.Bool
+	calls   atomic.Int64
+	// closeSem (capacity 1) serialises Closes; left are the devices a
+	// Close has not released yet (busy at its deadline), guarded by it.
+	closeSem chan struct{}
+	left     []*clientDevice
 
 	helperMu sync.Mutex // guards helper creation
 	helper   *clientHelper
@@ -166,6 +179,8 @@ func Open(b gpu.Backend, opts Options) (*Client, error) {
 		cache: opts.StreamCache,
 		key:   streamcache.Key{Flags: opts.StreamFlags, Priority: opts.StreamPriority},
 		devs:  make(map[int]*clientDevice, len(opts.Devices)),
+
+		closeSem: make(chan struct{}, 1),
 	}
 	n := b.DeviceCount()
 	for _, dev := range opts.Devices {
@@ -207,12 +222,22 @@ func (c *Client) Devices() []int { return slices.Clone(c.opts.Devices) }
 
 // enter marks the start of a call; the returned func ends it.
 func (c *Client) enter() (func(), error) {
+	if c.closing.Load() {
+		return nil, ErrClosed
+	}
 	c.life.RLock()
 	if c.life.closed {
 		c.life.RUnlock()
 		return nil, ErrClosed
 	}
-	return c.life.RUnlock, nil
+	c.calls.Add(1)
+	return c.leave, nil
+}
+
+// leave ends a call begun by enter.
+func (c *Client) leave() {
+	c.calls.Add(-1)
+	c.life.RUnlock()
 }
 
 func (c *Client) device(dev int) (*clientDevice, error) {
@@ -544,63 +569,195 @@ func (c *Client) Readback(ctx context.Context, dev int, dst []byte, src gpu.Devi
 	return errors.Join(serr, c.drainAfterSync(ctx, d, upTo, serr))
 }
 
-// Close releases the client: it waits for every stream, runs every pending
-// callback, drains the retirement queues, frees timelines and events, and
-// gives the streams back to the cache (which destroys those that failed or
-// are busy). It returns every error met on the way. Close is idempotent.
+// Close is CloseContext bounded by Options.Retire.WaitDeadline.
 func (c *Client) Close() error {
-	c.life.Lock()
-	if c.life.closed {
-		c.life.Unlock()
-		return nil
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Retire.WaitDeadline)
+	defer cancel()
+	return c.CloseContext(ctx)
+}
+
+// CloseContext releases the client: it waits for the calls in progress,
+// for every stream, runs every pending callback, drains the retirement
+// queues, frees timelines and events, and gives the streams back to the
+// cache (which destroys those that failed). It returns every error met on
+// the way. Every call that starts once Close has begun returns ErrClosed.
+//
+// Every wait ends when ctx does, and Close then reports what it could not
+// release: with calls still in progress (waiting for the device) it
+// releases nothing; a device whose streams are still busy is left whole
+// (its streams, timeline, retired batches and events, which the device may
+// still use); callbacks still pending run with an error wrapping
+// gpu.ErrTimeout. A later Close tries again for what was left, and once
+// everything is released Close does nothing and returns nil.
+func (c *Client) CloseContext(ctx context.Context) error {
+	c.closing.Store(true)
+	if err := c.lockLife(ctx); err != nil {
+		return fmt.Errorf("client: close: %d calls still in progress (waiting for the device?); nothing was released, close again once they return: %w",
+			c.calls.Load(), err)
 	}
+	first := !c.life.closed
 	c.life.closed = true
 	c.life.Unlock()
+	select {
+	case c.closeSem <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("client: close: waiting for another Close: %w", ctx.Err())
+	}
+	defer func() { <-c.closeSem }()
+	if first {
+		c.left = slices.Clone(c.order)
+	}
+	if len(c.left) == 0 {
+		return nil
+	}
 
-	ctx := context.Background()
 	var errs []error
 	// 1. Streams first, so that nothing the client queued is running and
 	// every event of a pending callback has completed (or failed).
-	for _, d := range c.order {
-		errs = append(errs, c.syncDevice(ctx, d))
+	var idle, busy []*clientDevice
+	for _, d := range c.left {
+		stuck, err := c.quiesce(ctx, d)
+		errs = append(errs, err)
+		if stuck {
+			busy = append(busy, d)
+		} else {
+			idle = append(idle, d)
+		}
 	}
-	// 2. The helper, before the events and streams it touches go away.
+	// 2. The helper, before the events and streams it touches go away. At
+	// its deadline it gives up on the events still pending (a busy
+	// device's), failing their callbacks.
 	c.helperMu.Lock()
 	h := c.helper
+	c.helper = nil
 	c.helperMu.Unlock()
 	if h != nil {
-		errs = append(errs, h.stop(c.opts.Retire.WaitDeadline))
+		deadline, ok := ctx.Deadline()
+		if !ok {
+			deadline = time.Now().Add(c.opts.Retire.WaitDeadline)
+		}
+		errs = append(errs, h.stop(ctx, deadline))
 	}
-	// 3. Timelines (the queues were drained by syncDevice) and events.
-	for _, d := range c.order {
+	// 3. Timelines (the queues were drained by quiesce), events and
+	// streams of the idle devices.
+	for _, d := range idle {
+		errs = append(errs, c.releaseDevice(d))
+	}
+	for _, d := range busy {
+		var pending retire.Stats
 		d.mu.Lock()
 		if d.q != nil {
-			if st := d.q.Stats(); st.PendingBatches > 0 {
-				errs = append(errs, fmt.Errorf("client: close: device %d: %d retired batches (%d bytes) could not be released safely and are leaked",
-					d.ordinal, st.PendingBatches, st.PendingBytes))
-			}
-		}
-		if d.tl != nil {
-			errs = append(errs, wrapDev(d, "close timeline", d.tl.Close()))
-		}
-		if d.join != 0 {
-			errs = append(errs, wrapDev(d, "destroy join event", c.b.EventDestroy(d.join)))
-			d.join = 0
+			pending = d.q.Stats()
 		}
 		d.mu.Unlock()
-		d.evMu.Lock()
-		for _, ev := range d.events {
-			errs = append(errs, wrapDev(d, "destroy event", c.b.EventDestroy(ev)))
-		}
-		d.events = nil
-		d.evMu.Unlock()
+		errs = append(errs, fmt.Errorf("client: close: device %d: streams still busy at the deadline: left unreleased for a later Close, since the device may still use them: %d streams, its timeline, %d retired batches (%d bytes) and its events",
+			d.ordinal, len(d.streams), pending.PendingBatches, pending.PendingBytes))
 	}
-	// 4. Streams back to the cache.
-	errs = append(errs, c.returnStreams())
+	c.left = busy
 	err := errors.Join(errs...)
 	c.opts.Logger.Debug("client: client closed", "backend", c.b.Name(), "devices", c.opts.Devices,
-		"streams_per_device", c.opts.StreamsPerDevice, "err", err)
+		"streams_per_device", c.opts.StreamsPerDevice, "left", len(busy), "err", err)
 	return err
+}
+
+// releaseDevice frees d's timeline and events and gives its streams back
+// to the cache, once its streams are idle and its queue drained.
+func (c *Client) releaseDevice(d *clientDevice) error {
+	var errs []error
+	d.mu.Lock()
+	if d.q != nil {
+		if st := d.q.Stats(); st.PendingBatches > 0 {
+			errs = append(errs, fmt.Errorf("client: close: device %d: %d retired batches (%d bytes) could not be released safely and are leaked",
+				d.ordinal, st.PendingBatches, st.PendingBytes))
+		}
+	}
+	if d.tl != nil {
+		errs = append(errs, wrapDev(d, "close timeline", d.tl.Close()))
+		d.tl = nil
+	}
+	if d.join != 0 {
+		errs = append(errs, wrapDev(d, "destroy join event", c.b.EventDestroy(d.join)))
+		d.join = 0
+	}
+	d.mu.Unlock()
+	d.evMu.Lock()
+	for _, ev := range d.events {
+		errs = append(errs, wrapDev(d, "destroy event", c.b.EventDestroy(ev)))
+	}
+	d.events = nil
+	d.evMu.Unlock()
+	errs = append(errs, c.returnDeviceStreams(d))
+	return errors.Join(errs...)
+}
+
+// lockLife takes life exclusively, polling so that ctx can end the wait
+// for the calls in progress (new ones fail at once: closing is set).
+func (c *Client) lockLife(ctx context.Context) error {
+	backoff := time.Microsecond
+	for !c.life.TryLock() {
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Millisecond)
+	}
+	return nil
+}
+
+// quiesce waits, until ctx ends, for every stream of d to be idle, then
+// drains d's retirement queue. busy reports streams still running at the
+// deadline: they are marked failed, and d's queue is left alone.
+func (c *Client) quiesce(ctx context.Context, d *clientDevice) (busy bool, err error) {
+	upTo := d.signalled()
+	var errs []error
+	var sync0 error
+	for _, st := range d.streams {
+		err := waitIdle(ctx, c.b, st.s)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			busy = true
+			err = fmt.Errorf("client: close: device %d stream %d still busy at the deadline: %w (%w)", d.ordinal, st.idx, gpu.ErrTimeout, err)
+			st.fail(err)
+			errs = append(errs, err)
+		case err != nil:
+			st.fail(err)
+			errs = append(errs, fmt.Errorf("client: close: device %d stream %d: %w", d.ordinal, st.idx, err))
+		}
+		if st.idx == 0 {
+			sync0 = err
+		}
+	}
+	if busy {
+		return true, errors.Join(errs...)
+	}
+	errs = append(errs, c.drainAfterSync(ctx, d, upTo, sync0))
+	return false, errors.Join(errs...)
+}
+
+// waitIdle polls s with back-off until its work has completed (nil), it
+// reports a fault (the error), or ctx ends (ctx's error).
+func waitIdle(ctx context.Context, b gpu.Backend, s gpu.Stream) error {
+	backoff := time.Microsecond
+	for {
+		idle, err := b.StreamQuery(s)
+		if errors.Is(err, gpu.ErrNotReady) {
+			idle, err = false, nil
+		}
+		if err != nil || idle {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Millisecond)
+	}
 }
 
 func wrapDev(d *clientDevice, what string, err error) error {
@@ -615,12 +772,20 @@ func wrapDev(d *clientDevice, what string, err error) error {
 func (c *Client) returnStreams() error {
 	var errs []error
 	for _, d := range c.order {
-		for _, st := range d.streams {
-			if err := c.cache.Put(c.b, c.keyFor(d), st.s, st.failure()); err != nil {
-				errs = append(errs, fmt.Errorf("client: close: device %d stream %d: %w", d.ordinal, st.idx, err))
-			}
-		}
-		d.streams = nil
+		errs = append(errs, c.returnDeviceStreams(d))
 	}
+	return errors.Join(errs...)
+}
+
+// returnDeviceStreams gives d's streams back to the cache with the first
+// error seen on each.
+func (c *Client) returnDeviceStreams(d *clientDevice) error {
+	var errs []error
+	for _, st := range d.streams {
+		if err := c.cache.Put(c.b, c.keyFor(d), st.s, st.failure()); err != nil {
+			errs = append(errs, fmt.Errorf("client: close: device %d stream %d: %w", d.ordinal, st.idx, err))
+		}
+	}
+	d.streams = nil
 	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -788,4 +789,83 @@ func BenchmarkClientRetireLoop(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(iters*n), "ns/submission")
 	b.ReportMetric(float64(peak), "peak-pending-B")
 	b.ReportMetric(float64(poll)/float64(max(total, 1)), "poll-share")
+}
+
+// TestClientCloseHonoursDeadline: with a stream stuck on the device, Close
+// returns at its own wait deadline (Options.Retire.WaitDeadline), saying
+// which device it could not release and keeping it whole (the device may
+// still use its timeline and streams), and a later Close, once the device
+// is done, releases it: nothing is left live. A call stuck in progress
+// (Synchronize on the stuck stream) holds Close off only until the
+// deadline too, and new calls fail at once.
+func TestClientCloseHonoursDeadline(t *testing.T) {
+	for _, stuckCall := range []bool{false, true} {
+		t.Run(fmt.Sprintf("call-in-progress=%v", stuckCall), func(t *testing.T) {
+			e := newClientEnv(t, 1, streamcache.Options{})
+			defer e.finish()
+			gate := make(chan struct{})
+			e.load(0, gateModule(gate))
+			const deadline = 150 * time.Millisecond
+			c := e.open(client.Options{Retire: retire.Options{WaitDeadline: deadline}})
+			s, err := c.Stream(0, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x, y := e.alloc(0, 64), e.alloc(0, 64)
+			defer func() {
+				for _, p := range []gpu.DevicePtr{x, y} {
+					if err := e.b.MemFree(p); err != nil {
+						t.Error(err)
+					}
+				}
+			}()
+			e.launch(0, "gated_copy", 16, s, gpu.Ptr(y), gpu.Ptr(x), gpu.I32(16))
+			if _, err := c.Submitted(0, 0); err != nil {
+				t.Fatal(err)
+			}
+			syncDone := make(chan error, 1)
+			if stuckCall {
+				go func() { syncDone <- c.Synchronize(context.Background()) }()
+				time.Sleep(20 * time.Millisecond) // let it enter
+			}
+			start := time.Now()
+			closed := make(chan error, 1)
+			go func() { closed <- c.Close() }()
+			select {
+			case err = <-closed:
+			case <-time.After(deadline + 5*time.Second):
+				close(gate) // let the device and the test finish
+				t.Fatalf("Close still waiting %v after its deadline of %v", 5*time.Second, deadline)
+			}
+			took := time.Since(start)
+			if err == nil {
+				t.Fatal("Close with a stuck stream reported nothing")
+			}
+			if took > deadline+2*time.Second {
+				t.Fatalf("Close took %v with a wait deadline of %v", took, deadline)
+			}
+			want := "still busy"
+			if stuckCall {
+				want = "calls still in progress"
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("Close error %q does not say %q", err, want)
+			}
+			if _, err := c.Stream(0, 0); !errors.Is(err, client.ErrClosed) {
+				t.Fatalf("a call after Close began: %v, want ErrClosed", err)
+			}
+			close(gate)
+			if stuckCall {
+				if err := <-syncDone; err != nil {
+					t.Fatalf("the Synchronize in progress: %v", err)
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("second Close, the device done: %v", err)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("third Close: %v", err)
+			}
+		})
+	}
 }

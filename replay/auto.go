@@ -147,7 +147,7 @@ func newAuto(spec Spec) (Strategy, error) {
 			spec.Logger.Debug("auto: candidate failed; falling back", "candidate", c.Strategy, "err", err)
 			continue
 		}
-		built = append(built, &probe{strategy: c.Strategy, st: st, cand: i, mem: MemoryOf(st)})
+		built = append(built, &probe{strategy: c.Strategy, st: st, cand: i})
 		if skip != "" {
 			break
 		}

@@ -1,5 +1,13 @@
 package replay
 
+import (
+	"errors"
+	"maps"
+	"sync/atomic"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
 // Counters count the work a strategy did. The root package's Counters is
 // this type: its Executable.Stats holds them summed since Compile and for
 // the last step alone, so a benchmark can report totals and per-step
@@ -13,15 +21,26 @@ type Counters struct {
 	GraphLaunches int64
 	// Records counts graphs recorded and instantiated, the first included.
 	Records int64
-	// Rerecords counts the records after the first: addresses moved
-	// (record), or an update or patch was refused or failed and the graph
-	// was recorded anew.
+	// Rerecords counts the records of a graph recorded before, each for
+	// one of three causes, counted apart so that every re-record is
+	// explained: Rerecords = MoveRerecords + UpdateFallbacks +
+	// RetryRerecords.
 	Rerecords int64
+	// MoveRerecords counts re-records because an address the graph holds
+	// moved: every move under record; a state rebound (BindState) under
+	// stable and pool, whose graphs otherwise hold addresses that never
+	// move.
+	MoveRerecords int64
+	// UpdateFallbacks counts updates or patches the driver refused,
+	// replaced by a re-record (update, patch; stable's and pool's copy
+	// nodes). Stats.Fallbacks says why, by reason.
+	UpdateFallbacks int64
+	// RetryRerecords counts re-records of a graph that a failed step left
+	// unusable (an update or patch that failed with an error other than a
+	// refusal, which that step returned): the next step records it anew.
+	RetryRerecords int64
 	// GraphUpdates counts whole-graph exec updates applied (update).
 	GraphUpdates int64
-	// UpdateFallbacks counts updates or patches the driver refused,
-	// replaced by a re-record.
-	UpdateFallbacks int64
 	// PatchedNodes counts nodes updated in place (patch), traced nodes
 	// included.
 	PatchedNodes int64
@@ -31,6 +50,10 @@ type Counters struct {
 	// TracesSynthesized counts traces built from a differential template
 	// instead of being captured.
 	TracesSynthesized int64
+	// TracesMoved counts flattened traces moved to new operands in place
+	// by their template's pointer slots (patch): neither captured nor
+	// synthesized, only their nodes' pointers updated.
+	TracesMoved int64
 	// TraceCacheHits and TraceCacheMisses count trace cache lookups.
 	TraceCacheHits, TraceCacheMisses int64
 	// BytesCopied counts bytes the strategy itself copied to move params in
@@ -54,6 +77,12 @@ type Counters struct {
 	// Remaps counts the buffers whose range remap unmapped and mapped to
 	// the caller's memory anew, one per bound buffer that moved.
 	Remaps int64
+	// AliasedSteps counts the steps of stable and pool whose bound buffers
+	// overlapped, one of them written by the step, and which therefore
+	// ran over copies laid out as the caller's buffers are (alias.go). The
+	// strategies that work in the caller's memory need no such layout and
+	// count none.
+	AliasedSteps int64
 }
 
 // Sub returns c - d, field by field.
@@ -63,11 +92,14 @@ func (c Counters) Sub(d Counters) Counters {
 		GraphLaunches:     c.GraphLaunches - d.GraphLaunches,
 		Records:           c.Records - d.Records,
 		Rerecords:         c.Rerecords - d.Rerecords,
-		GraphUpdates:      c.GraphUpdates - d.GraphUpdates,
+		MoveRerecords:     c.MoveRerecords - d.MoveRerecords,
 		UpdateFallbacks:   c.UpdateFallbacks - d.UpdateFallbacks,
+		RetryRerecords:    c.RetryRerecords - d.RetryRerecords,
+		GraphUpdates:      c.GraphUpdates - d.GraphUpdates,
 		PatchedNodes:      c.PatchedNodes - d.PatchedNodes,
 		TracesCaptured:    c.TracesCaptured - d.TracesCaptured,
 		TracesSynthesized: c.TracesSynthesized - d.TracesSynthesized,
+		TracesMoved:       c.TracesMoved - d.TracesMoved,
 		TraceCacheHits:    c.TraceCacheHits - d.TraceCacheHits,
 		TraceCacheMisses:  c.TraceCacheMisses - d.TraceCacheMisses,
 		BytesCopied:       c.BytesCopied - d.BytesCopied,
@@ -76,6 +108,7 @@ func (c Counters) Sub(d Counters) Counters {
 		SlotWaits:         c.SlotWaits - d.SlotWaits,
 		SlotWaitSleeps:    c.SlotWaitSleeps - d.SlotWaitSleeps,
 		Remaps:            c.Remaps - d.Remaps,
+		AliasedSteps:      c.AliasedSteps - d.AliasedSteps,
 	}
 }
 
@@ -102,4 +135,54 @@ type Memory struct {
 
 func (m Memory) plus(o Memory) Memory {
 	return Memory{Persistent: m.Persistent + o.Persistent, Slots: m.Slots + o.Slots, SlotCount: m.SlotCount + o.SlotCount}
+}
+
+// Fallbacks say why a strategy's graph updates were refused
+// (Counters.UpdateFallbacks), so that a benchmark's re-records can be
+// traced to the driver's reason. The root package's Stats.Fallbacks is
+// this type.
+type Fallbacks struct {
+	// ByReason counts the refusals by the reason the backend gave: the
+	// gpu.UpdateResult of its *gpu.UpdateError ("topology changed",
+	// "parameters changed", ...). It sums to Counters.UpdateFallbacks; nil
+	// when there was none.
+	ByReason map[string]int64
+	// Last is the last refusal's error in full (the operation, the node,
+	// the driver's code and the detail), "" when there was none.
+	Last string
+
+	seq int64 // when Last happened (fallbackSeq), to merge candidates'
+}
+
+// fallbackSeq orders the refusals of all strategies, so that auto can tell
+// which of its candidates' refusals came last.
+var fallbackSeq atomic.Int64
+
+// clone returns a copy of f whose map is its own.
+func (f Fallbacks) clone() Fallbacks {
+	f.ByReason = maps.Clone(f.ByReason)
+	return f
+}
+
+// merge adds o's refusals to f; Last becomes the later of the two.
+func (f *Fallbacks) merge(o Fallbacks) {
+	for k, n := range o.ByReason {
+		if f.ByReason == nil {
+			f.ByReason = map[string]int64{}
+		}
+		f.ByReason[k] += n
+	}
+	if o.seq > f.seq {
+		f.Last, f.seq = o.Last, o.seq
+	}
+}
+
+// refusalReason is the short reason of a refused update: its
+// gpu.UpdateResult, or "refused" for an error that says no more.
+func refusalReason(err error) string {
+	var ue *gpu.UpdateError
+	if errors.As(err, &ue) {
+		return ue.Result.String()
+	}
+	return "refused"
 }

@@ -32,6 +32,46 @@
 //   - MemoryHolder: device memory of its own (stable's copies, pool's slots).
 //   - Chooser: it runs a strategy of its choosing (auto) and says why.
 //   - WarmUpper: steps to reach its steady state, so auto measures it after.
+//   - AliasSafe: it gives eager's results when bound buffers overlap
+//     (below); without it the executable refuses such bindings.
+//   - FallbackReporter: why its graph updates were refused, by reason
+//     (every strategy embedding base has it).
+//
+// Every re-record a strategy makes is counted with its cause
+// (Counters.Rerecords = MoveRerecords + UpdateFallbacks + RetryRerecords):
+// record through recorded.record and copies.go's record, which take the
+// cause. A refused update (errors.Is(err, gpu.ErrGraphUpdate); the
+// *gpu.UpdateError's Result says why) is logged in full at debug level
+// (base.refused) and counted by reason when its re-record succeeds.
+//
+// # Aliasing
+//
+// The caller may bind buffers onto one another: an output onto the param
+// it is computed from, two outputs onto one address, partial overlaps.
+// Eager, record, update and patch compute in the caller's memory, so they
+// give eager's semantics by nature. Stable and pool compute over copies of
+// their own; copied apart, an overlap would read stale bytes. They could
+// refuse such bindings, or run such a step through a strategy that uses
+// the caller's addresses (patch); they do neither: for a step whose bound
+// buffers overlap, one of them written (Overlaps, alias.go: a sort by
+// address, O(n log n), no allocation in the steady state), they lay their
+// copies of each overlapping group out as the caller's are, the same
+// relative offsets in one region of their own memory (copies.go, "Aliased
+// layouts"), and run a graph recorded over that layout. Why this and not
+// the others: in-place updates are what frameworks do every step, and this
+// keeps such steps what the strategy is for, one launch with only copy
+// nodes updated when the caller's buffers move (each pattern of overlaps
+// has its graph, a few kept per set of copies); it stays inside the
+// strategy, so auto's probes measure what will run; it works with
+// zero-copy outputs; and refusing would break callers whose bindings eager
+// accepts. Pool's slots are sized for it (a few alignment units more);
+// stable allocates the area at its first aliased step. Counters.AliasedSteps
+// counts those steps.
+//
+// A strategy of another kind implements AliasSafe only if it gives eager's
+// results for overlapping bindings; otherwise the executable refuses them
+// with ErrInvalidBinding naming two of the buffers, so that nothing
+// computes other bits silently.
 //
 // # The spec
 //

@@ -22,12 +22,16 @@ func (st *eager) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Re
 
 func (st *eager) Close() error { return nil }
 
+// AliasSafe: eager works in the caller's memory, the reference semantics.
+func (st *eager) AliasSafe() bool { return true }
+
 // base is what every strategy keeps of its Spec, and its counters.
 type base struct {
-	b   gpu.Backend
-	cb  *graph.CommandBuffer
-	log *slog.Logger
-	c   Counters
+	b     gpu.Backend
+	cb    *graph.CommandBuffer
+	log   *slog.Logger
+	c     Counters
+	falls Fallbacks
 }
 
 func newBase(spec Spec) base {
@@ -36,3 +40,44 @@ func newBase(spec Spec) base {
 
 // Counters returns what the strategy counted.
 func (st *base) Counters() Counters { return st.c }
+
+// Fallbacks says why the strategy's updates were refused (a copy).
+func (st *base) Fallbacks() Fallbacks { return st.falls.clone() }
+
+// recordCause is why a strategy records again a graph it recorded before
+// (Counters.Rerecords and the counters that explain it).
+type recordCause uint8
+
+const (
+	// causeMoved: an address the graph holds moved.
+	causeMoved recordCause = iota
+	// causeRefused: the backend refused an update (the refusal says why).
+	causeRefused
+	// causeRetry: a failed step left no usable graph.
+	causeRetry
+)
+
+// refused logs a refused update, in full, at debug level; the re-record
+// that replaces it is counted by rerecorded.
+func (st *base) refused(what string, err error) {
+	st.log.Debug(what+" refused; re-recording", "reason", refusalReason(err), "err", err)
+}
+
+// rerecorded counts a re-record and its cause; refusal is the refused
+// update's error for causeRefused.
+func (st *base) rerecorded(cause recordCause, refusal error) {
+	st.c.Rerecords++
+	switch cause {
+	case causeMoved:
+		st.c.MoveRerecords++
+	case causeRefused:
+		st.c.UpdateFallbacks++
+		if st.falls.ByReason == nil {
+			st.falls.ByReason = map[string]int64{}
+		}
+		st.falls.ByReason[refusalReason(refusal)]++
+		st.falls.Last, st.falls.seq = refusal.Error(), fallbackSeq.Add(1)
+	case causeRetry:
+		st.c.RetryRerecords++
+	}
+}

@@ -24,7 +24,8 @@ func newPatch(spec Spec) (Strategy, error) {
 func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	switch {
 	case st.x == nil:
-		if err := st.record(addrs); err != nil {
+		// The first step, or a failed step dropped the graph.
+		if err := st.record(addrs, causeRetry, nil); err != nil {
 			return Result{}, err
 		}
 	case st.cb.Moved(st.x.Addrs(), addrs):
@@ -39,10 +40,9 @@ func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Re
 		if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
 			return Result{}, errors.Join(err, derr)
 		}
-		st.c.UpdateFallbacks++
-		st.log.Debug("node update refused; re-recording", "reason", err)
-		if err := st.record(addrs); err != nil {
-			return Result{}, err
+		st.refused("node update", err)
+		if rerr := st.record(addrs, causeRefused, err); rerr != nil {
+			return Result{}, rerr
 		}
 	}
 	return Result{}, st.launch(s)

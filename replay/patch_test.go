@@ -1,7 +1,11 @@
 package replay_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -10,6 +14,7 @@ import (
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // fillU64 returns a traced function that fills its one slice with n copies
@@ -136,10 +141,12 @@ func persistentAddresses(exe *stablegraph.Executable) bool {
 	return st == stablegraph.StrategyStable || st == stablegraph.StrategyPool || st == stablegraph.StrategyRemap
 }
 
-// TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update
-// and a node update and checks that the step still runs, by re-recording.
+// TestRefusedUpdatesFallBack makes the driver refuse a whole-graph update,
+// a node update and a copy node update, and checks that the step still
+// runs, by re-recording, and that Stats says why: the refusal counted by
+// its reason, the last one in full, and the full error in the debug log.
 func TestRefusedUpdatesFallBack(t *testing.T) {
-	refused := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported}
+	refused := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported, Detail: "the test refused it"}
 	for _, c := range []struct {
 		st stablegraph.Strategy
 		op string
@@ -148,13 +155,17 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 		{stablegraph.StrategyPatch, "GraphExecKernelNodeSetParams"},
 		{stablegraph.StrategyPatch, "GraphExecMemsetNodeSetParams"},
 		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams"},
+		{stablegraph.StrategyStable, "GraphExecMemcpyNodeSetParams"},
+		{stablegraph.StrategyPool, "GraphExecMemcpyNodeSetParams"},
 	} {
-		t.Run(c.op, func(t *testing.T) {
+		t.Run(string(c.st)+"/"+c.op, func(t *testing.T) {
 			b := simtest.New(t, 1)
 			w := steptest.NewMLP(2, 16, 2, 50, 3)
-			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.PingPong, 4)
+			// Random: a pool slot's copy nodes move too.
+			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, steptest.Random, 4)
+			var log bytes.Buffer
 			b.InjectFault(c.op, 0, refused)
-			got, _ := steptest.RunMLP(t, b, w, c.st, steptest.PingPong, 4)
+			got := runMLPLogged(t, b, w, c.st, steptest.Random, 4, &log)
 			for i := range got {
 				for k := range got[i].Outs {
 					if string(got[i].Outs[k]) != string(want[i].Outs[k]) {
@@ -166,8 +177,132 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 			if final.UpdateFallbacks != 1 || final.Rerecords != 1 {
 				t.Errorf("fallbacks %d, re-records %d; want 1 and 1", final.UpdateFallbacks, final.Rerecords)
 			}
+			if n := final.Fallbacks.ByReason["not supported"]; n != 1 || len(final.Fallbacks.ByReason) != 1 {
+				t.Errorf("fallbacks by reason %v, want one \"not supported\"", final.Fallbacks.ByReason)
+			}
+			if !strings.Contains(final.Fallbacks.Last, "the test refused it") {
+				t.Errorf("last fallback %q does not give the refusal in full", final.Fallbacks.Last)
+			}
+			if !strings.Contains(log.String(), "refused; re-recording") || !strings.Contains(log.String(), "the test refused it") {
+				t.Errorf("debug log does not give the refusal:\n%s", log.String())
+			}
 		})
 	}
+}
+
+// runMLPLogged is steptest.RunMLP with the executable's debug logs in log.
+func runMLPLogged(t *testing.T, b gpu.Backend, w *steptest.MLP, st stablegraph.Strategy, move steptest.Movement, steps int, log *bytes.Buffer) []steptest.Step {
+	t.Helper()
+	s := simtest.Stream(t, b, 0)
+	ad := steptest.NewMLPAddresser(t, b, w, move)
+	logger := slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: st, Logger: logger})
+	w.InitStates(t, exe)
+	res := steptest.Run(t, exe, s, ad, steps, w.Outputs, nil)
+	if err := b.StreamSynchronize(s); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestRerecordsExplained: every re-record is counted under its cause
+// (Rerecords = MoveRerecords + UpdateFallbacks + RetryRerecords): record
+// re-records at every move; a step whose patch failed (not refused) leaves
+// no graph and the next records it again; stable re-records when a state
+// is rebound; and on the chain workload under auto, whatever moves, every
+// step's re-records are explained.
+func TestRerecordsExplained(t *testing.T) {
+	explained := func(t *testing.T, what string, c stablegraph.Counters) {
+		t.Helper()
+		if c.Rerecords != c.MoveRerecords+c.UpdateFallbacks+c.RetryRerecords {
+			t.Fatalf("%s: %d re-records, %d explained by moves, %d by refusals, %d by retries",
+				what, c.Rerecords, c.MoveRerecords, c.UpdateFallbacks, c.RetryRerecords)
+		}
+	}
+	t.Run("record", func(t *testing.T) {
+		b := simtest.New(t, 1)
+		w := steptest.NewMLP(2, 16, 2, 50, 3)
+		got, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyRecord, steptest.PingPong, 5)
+		final := got[len(got)-1].Stats
+		if final.MoveRerecords != 4 || final.Rerecords != 4 {
+			t.Errorf("record, ping-pong, 5 steps: %d re-records, %d for moves; want 4 and 4", final.Rerecords, final.MoveRerecords)
+		}
+		explained(t, "record", final.Counters)
+	})
+	t.Run("retry", func(t *testing.T) {
+		ctx := context.Background()
+		b := simtest.New(t, 1)
+		s := simtest.Stream(t, b, 0)
+		w := steptest.NewMLP(2, 16, 2, 50, 3)
+		ad := steptest.NewMLPAddresser(t, b, w, steptest.PingPong)
+		exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
+		w.InitStates(t, exe)
+		for i := range 4 {
+			bind, err := ad.Bind(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 1 {
+				b.InjectFault("GraphExecKernelNodeSetParams", 0, nil) // a failure, not a refusal
+				if _, err := exe.Run(ctx, s, bind); !errors.Is(err, gpu.ErrInjected) {
+					t.Fatalf("step 1: %v, want the injected failure", err)
+				}
+			}
+			if _, err := exe.Run(ctx, s, bind); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.StreamSynchronize(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st := exe.Stats()
+		if st.RetryRerecords != 1 || st.Rerecords != 1 || st.UpdateFallbacks != 0 {
+			t.Errorf("after a failed patch: %d re-records, %d retries, %d fallbacks; want 1, 1, 0", st.Rerecords, st.RetryRerecords, st.UpdateFallbacks)
+		}
+		explained(t, "patch after a failed step", st.Counters)
+	})
+	t.Run("state-rebound", func(t *testing.T) {
+		for _, strategy := range []stablegraph.Strategy{stablegraph.StrategyStable, stablegraph.StrategyPool} {
+			ctx := context.Background()
+			b := simtest.New(t, 1)
+			s := simtest.Stream(t, b, 0)
+			w := steptest.NewMLP(2, 16, 2, 50, 3)
+			ad := steptest.NewMLPAddresser(t, b, w, steptest.Fixed)
+			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: strategy, PoolSlots: 1})
+			w.InitStates(t, exe)
+			for i := range 3 {
+				if i == 2 {
+					if err := exe.BindState(ctx, w.Acc, simtest.Alloc(t, b, 0, uint64(w.Acc.Size()))); err != nil {
+						t.Fatal(err)
+					}
+				}
+				bind, err := ad.Bind(i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := exe.Run(ctx, s, bind); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.StreamSynchronize(s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if st := exe.Stats(); st.MoveRerecords != 1 || st.Rerecords != 1 {
+				t.Errorf("%s, a state rebound: %d re-records, %d for moves; want 1 and 1", strategy, st.Rerecords, st.MoveRerecords)
+			}
+		}
+	})
+	t.Run("auto-chain", func(t *testing.T) {
+		for _, pattern := range []workload.Pattern{workload.Fixed, workload.PingPong, workload.Random} {
+			b := simtest.New(t, 1)
+			w := steptest.MustWorkload(t, "chain", workload.Config{K: 20, N: 64})
+			r := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto}, pattern, 24, false)
+			for i, st := range r.Steps {
+				explained(t, fmt.Sprintf("auto on chain, %s, step %d (ran %s)", pattern, i, st.Stats.Ran), st.Stats.Last)
+			}
+			explained(t, "auto on chain, "+string(pattern), r.Steps[len(r.Steps)-1].Stats.Counters)
+		}
+	})
 }
 
 // TestConcurrentRuns runs one executable from several goroutines on their

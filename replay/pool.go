@@ -15,9 +15,11 @@ import (
 // Close, each with its own graph recorded at its first use and replayed
 // forever after (see copies.go for the copies). States, constants and
 // temps are the executable's own, shared by all slots: steps are ordered
-// on the device anyway, because they share the states. It needs VMM and
-// stream memory operations; New fails with an error wrapping
-// gpu.ErrNotSupported without them.
+// on the device anyway, because they share the states. A step whose bound
+// buffers overlap runs over copies laid out as the caller's within the
+// slot's own memory, which is sized for it (copies.go, "Aliased layouts").
+// It needs VMM and stream memory operations; New fails with an error
+// wrapping gpu.ErrNotSupported without them.
 //
 // # Slots and the timeline
 //
@@ -73,7 +75,7 @@ type pool struct {
 type poolSlot struct {
 	index  int
 	mem    *vmm.Allocation
-	g      *slotGraph
+	set    *copySet
 	point  uint64 // timeline point signalled after its last step; 0: never used
 	used   uint64 // pool.uses at its last step
 	leased bool
@@ -95,10 +97,11 @@ func newPool(spec Spec) (_ Strategy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	offs, size := plan.layout(spec.Buffers, opts.Alignment)
-	// A program without params and outputs still gets (empty) slots, so
-	// the pool behaves the same; the smallest allocation is one granule.
-	size = max(size, 1)
+	offs, size := plan.layout()
+	// Room for the aliased layouts too (copies.go); a program without
+	// params and outputs still gets (empty) slots, so the pool behaves the
+	// same; the smallest allocation is one granule.
+	size = max(size+plan.aliasSlack(), 1)
 	p := &pool{base: newBase(spec), plan: plan, zeroCopy: opts.ZeroCopyOutputs}
 	p.leases.changed = make(chan struct{})
 	for _, id := range spec.outputs() {
@@ -123,7 +126,9 @@ func newPool(spec Spec) (_ Strategy, err error) {
 		for i, off := range offs {
 			persist[i] = a.Ptr().Add(off)
 		}
-		p.slots = append(p.slots, &poolSlot{index: k, mem: a, g: plan.newSlot(persist)})
+		// Aliased layouts go to the slot's own memory: a slot's copies
+		// carry nothing from one step to the next.
+		p.slots = append(p.slots, &poolSlot{index: k, mem: a, set: plan.newSet(persist, a.Ptr(), true, nil)})
 		p.mem.Slots += a.Size()
 	}
 	p.mem.SlotCount = len(p.slots)
@@ -141,6 +146,10 @@ func (p *pool) Memory() Memory { return p.mem }
 
 // WarmUp: pool records each slot's graph at the slot's first use.
 func (p *pool) WarmUp() int { return len(p.slots) }
+
+// AliasSafe: bound buffers that overlap get copies laid out as the caller's
+// within the slot (copies.go).
+func (p *pool) AliasSafe() bool { return true }
 
 // LeasesOutputs reports whether Run hands out slot memory instead of
 // copying into the caller's output buffers.
@@ -208,7 +217,7 @@ func (p *pool) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Resu
 	slot := p.next
 	p.next = nil
 	p.c.SlotWaitSleeps = p.tl.WaitStats().Slept
-	launched, err := p.plan.step(&p.base, slot.g, s, addrs)
+	sg, launched, err := p.plan.step(&p.base, slot.set, s, addrs)
 	if launched {
 		// Rule 4 (docs/ARCHITECTURE.md): the write that releases the slot follows the slot's work
 		// at once, before the executable records its step event or anyone
@@ -236,7 +245,7 @@ func (p *pool) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Resu
 	}
 	outs := make([]gpu.DevicePtr, len(p.outIdx))
 	for i, k := range p.outIdx {
-		outs[i] = slot.g.persist[k]
+		outs[i] = sg.persist[k]
 	}
 	p.leases.Lock()
 	slot.leased = true
@@ -257,7 +266,7 @@ func (p *pool) Close() error {
 	p.leases.Unlock()
 	var errs []error
 	for _, s := range p.slots {
-		errs = append(errs, p.plan.dropExec(&p.base, s.g))
+		errs = append(errs, p.plan.closeSet(&p.base, s.set))
 	}
 	if p.tl != nil {
 		if err := p.tl.Close(); err != nil {
@@ -326,8 +335,8 @@ func modelPool(spec Spec) Candidate {
 		cand.Note = err.Error()
 		return cand
 	}
-	_, size := pl.layout(spec.Buffers, opts.Alignment)
-	slots := uint64(opts.PoolSlots) * gpu.RoundUp(max(size, 1), gran)
+	_, size := pl.layout()
+	slots := uint64(opts.PoolSlots) * gpu.RoundUp(max(size+pl.aliasSlack(), 1), gran)
 	free, _, err := spec.Backend.MemGetInfo(spec.Device)
 	if err != nil {
 		cand.Note = fmt.Sprintf("free device memory unknown: %v", err)

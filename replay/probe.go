@@ -59,8 +59,7 @@ const probeQueryRetries = 3
 type probe struct {
 	strategy Name
 	st       Strategy
-	cand     int    // its index in the model's Candidates
-	mem      Memory // the memory it holds, released when it loses
+	cand     int // its index in the model's Candidates
 
 	warm    int
 	samples []probeSample
@@ -103,11 +102,15 @@ type autoProbe struct {
 	losers   []*probe
 	deferred error  // the decision's errors, returned by the next run
 	fellBack string // "; fell back because ..." of Compile, or ""
+	// aliasSafe: every candidate handles overlapping bindings.
+	aliasSafe bool
 
 	info struct {
 		sync.Mutex
-		choice  Choice
-		mem     Memory
+		choice Choice
+		// live are the candidates whose memory counts: every one built
+		// while probing, the one kept once the others are closed.
+		live    []*probe
 		lastRan Name // the candidate that ran the last step
 	}
 }
@@ -128,7 +131,7 @@ func (a *autoProbe) setLastRan(n Name) {
 // candidates, in the model's order). On error it has released the events;
 // the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack}
+	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built)}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
@@ -159,8 +162,8 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 	var plan []string
 	for _, pr := range built {
 		plan = append(plan, fmt.Sprintf("%s (%d+%d steps)", pr.strategy, pr.warm, steps))
-		a.info.mem = a.info.mem.plus(pr.mem)
 	}
+	a.info.live = slices.Clone(built)
 	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured) before choosing; until then the cheapest modelled step: %s%s",
 		strings.Join(plan, ", "), othersAfter(a.info.choice.Candidates), fellBack)
 	a.log.Debug("auto: probing", "candidates", plan)
@@ -170,12 +173,13 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 // decided is auto when it does not probe: it runs pr, the model's choice,
 // from the first step.
 func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
-	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack}
+	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack,
+		aliasSafe: allAliasSafe([]*probe{pr})}
 	ch.Strategy = pr.strategy
 	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
 	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
 	a.info.choice = ch
-	a.info.mem = pr.mem
+	a.info.live = []*probe{pr}
 	a.log.Debug("auto chose a strategy", "strategy", pr.strategy, "reason", ch.Reason)
 	return a
 }
@@ -197,11 +201,38 @@ func (a *autoProbe) Status() Status {
 }
 
 // Memory is what auto holds now: every candidate while probing, the one
-// kept after.
+// kept after (asked of each, since stable's grows at its first aliased
+// step).
 func (a *autoProbe) Memory() Memory {
 	a.info.Lock()
 	defer a.info.Unlock()
-	return a.info.mem
+	var m Memory
+	for _, pr := range a.info.live {
+		m = m.plus(MemoryOf(pr.st))
+	}
+	return m
+}
+
+// AliasSafe: every candidate handles overlapping bindings (all of this
+// package's do), whichever runs a step.
+func (a *autoProbe) AliasSafe() bool { return a.aliasSafe }
+
+func allAliasSafe(ps []*probe) bool {
+	for _, pr := range ps {
+		if !HandlesAliasing(pr.st) {
+			return false
+		}
+	}
+	return true
+}
+
+// Fallbacks merges the candidates' refused updates, those closed included.
+func (a *autoProbe) Fallbacks() Fallbacks {
+	var f Fallbacks
+	for _, pr := range a.probes {
+		f.merge(FallbacksOf(pr.st))
+	}
+	return f
 }
 
 // LeasesOutputs is the model's choice's: auto probes only when no
@@ -419,7 +450,7 @@ func (a *autoProbe) tryCloseLosers() error {
 	a.losers = nil
 	errs = append(errs, a.destroyEvents())
 	a.info.Lock()
-	a.info.mem = a.final.mem
+	a.info.live = []*probe{a.final}
 	a.info.Unlock()
 	return errors.Join(errs...)
 }

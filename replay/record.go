@@ -14,8 +14,14 @@ type record struct{ recorded }
 func newRecord(spec Spec) (Strategy, error) { return &record{recorded{base: newBase(spec)}}, nil }
 
 func (st *record) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
-	if st.x == nil || st.cb.Moved(st.x.Addrs(), addrs) {
-		if err := st.record(addrs); err != nil {
+	switch {
+	case st.x == nil:
+		// The first step, or a failed step dropped the graph.
+		if err := st.record(addrs, causeRetry, nil); err != nil {
+			return Result{}, err
+		}
+	case st.cb.Moved(st.x.Addrs(), addrs):
+		if err := st.record(addrs, causeMoved, nil); err != nil {
 			return Result{}, err
 		}
 	}

@@ -19,14 +19,16 @@ type recorded struct {
 
 // record records and instantiates the commands at addrs, replacing the
 // current exec graph only once the new one exists: a failure leaves the
-// old one in place, consistent with the addresses it holds.
-func (st *recorded) record(addrs []gpu.DevicePtr) error {
+// old one in place, consistent with the addresses it holds. A record after
+// the first is counted as a re-record for cause (refusal: the refused
+// update, for causeRefused).
+func (st *recorded) record(addrs []gpu.DevicePtr, cause recordCause, refusal error) error {
 	x, err := st.cb.Instantiate(st.b, addrs, st.patchable)
 	if err != nil {
 		return err
 	}
 	if st.c.Records > 0 {
-		st.c.Rerecords++
+		st.rerecorded(cause, refusal)
 		st.log.Debug("re-recorded the step graph")
 	}
 	st.c.Records++
@@ -34,6 +36,10 @@ func (st *recorded) record(addrs []gpu.DevicePtr) error {
 	st.x = x
 	return err
 }
+
+// AliasSafe: record, update and patch work in the caller's memory, as
+// eager does.
+func (st *recorded) AliasSafe() bool { return true }
 
 // launch launches the exec graph on s.
 func (st *recorded) launch(s gpu.Stream) error {

@@ -57,6 +57,10 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 	for i, r := range res[1:] {
 		i++
 		last := r.Stats.Last
+		if last.Rerecords != last.MoveRerecords+last.UpdateFallbacks+last.RetryRerecords {
+			t.Errorf("step %d (ran %s): %d re-records not explained by %d moves, %d refusals, %d retries",
+				i, r.Stats.Ran, last.Rerecords, last.MoveRerecords, last.UpdateFallbacks, last.RetryRerecords)
+		}
 		if r.Stats.Probing {
 			// Auto runs each candidate in turn, warm-ups included:
 			// only the bits are checked (by the caller).
@@ -75,8 +79,8 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 		// Under auto, what the chosen strategy should have done.
 		switch r.Stats.Strategy {
 		case stablegraph.StrategyRecord:
-			if want := int64(b2i(r.Moved)); last.Rerecords != want {
-				t.Errorf("step %d: %d re-records, want %d", i, last.Rerecords, want)
+			if want := int64(b2i(r.Moved)); last.Rerecords != want || last.MoveRerecords != want {
+				t.Errorf("step %d: %d re-records (%d for moves), want %d", i, last.Rerecords, last.MoveRerecords, want)
 			}
 		case stablegraph.StrategyUpdate:
 			if want := int64(b2i(r.Moved)); last.GraphUpdates != want || last.Rerecords != 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/stablegraph/stablegraph/gpu"
 )
@@ -15,14 +16,23 @@ import (
 // nodes of the step's graph, so a step is one launch; only their
 // caller-side pointers are updated when the caller's buffers move
 // (Counters.CopyNodeUpdates), nothing else is patched. Its allocations are
-// made by New, so a step allocates nothing.
+// made by New, so a step allocates nothing, with one exception: the first
+// step whose bound buffers overlap, one of them written, allocates the area
+// where stable lays out copies of the overlapping buffers as the caller's
+// are (copies.go, "Aliased layouts"), as large as the copies of every bound
+// buffer together, and keeps it until Close.
 type stable struct {
 	base
 	plan  *copyPlan
-	slot  *slotGraph
+	set   *copySet
 	mem   []gpu.DevicePtr // the persistent allocations, parallel to plan.persistent
 	names []string        // their buffers' names, for errors
-	bytes uint64          // what mem holds
+	dev   int
+	// area is the aliased layouts' allocation (0 until the first aliased
+	// step); bytes is what mem and area hold, read by Memory without the
+	// executable's lock.
+	area  gpu.DevicePtr
+	bytes atomic.Uint64
 }
 
 // newStable allocates the persistent copies. On error it has released
@@ -32,7 +42,7 @@ func newStable(spec Spec) (_ Strategy, err error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &stable{base: newBase(spec), plan: plan}
+	st := &stable{base: newBase(spec), plan: plan, dev: spec.Device}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, st.freeMem())
@@ -47,33 +57,51 @@ func newStable(spec Spec) (_ Strategy, err error) {
 		}
 		st.mem = append(st.mem, p)
 		st.names = append(st.names, d.Name)
-		st.bytes += size
+		st.bytes.Add(size)
 	}
-	st.slot = plan.newSlot(st.mem)
+	st.set = plan.newSet(st.mem, 0, false, st.allocArea)
 	return st, nil
 }
 
+// allocArea allocates the aliased layouts' area.
+func (st *stable) allocArea() (gpu.DevicePtr, error) {
+	size := st.plan.callerBytes()
+	p, err := st.b.MemAlloc(st.dev, size)
+	if err != nil {
+		return 0, fmt.Errorf("stable: allocate %d bytes: %w", size, err)
+	}
+	st.area = p
+	st.bytes.Add(size)
+	return p, nil
+}
+
 func (st *stable) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
-	_, err := st.plan.step(&st.base, st.slot, s, addrs)
+	_, _, err := st.plan.step(&st.base, st.set, s, addrs)
 	return Result{}, err
 }
 
-// Memory is the persistent copies.
-func (st *stable) Memory() Memory { return Memory{Persistent: st.bytes} }
+// AliasSafe: bound buffers that overlap get copies laid out as the caller's
+// (copies.go).
+func (st *stable) AliasSafe() bool { return true }
 
-// Close destroys the graph and frees the persistent copies, reporting
+// Memory is the persistent copies, and the aliased layouts' area once
+// allocated.
+func (st *stable) Memory() Memory { return Memory{Persistent: st.bytes.Load()} }
+
+// Close destroys the graphs and frees the persistent copies, reporting
 // every failure.
 func (st *stable) Close() error {
 	var errs []error
-	if st.slot != nil {
-		errs = append(errs, st.plan.dropExec(&st.base, st.slot))
+	if st.set != nil {
+		errs = append(errs, st.plan.closeSet(&st.base, st.set))
 	}
 	errs = append(errs, st.freeMem())
 	return errors.Join(errs...)
 }
 
-// freeMem frees the persistent copies; one whose free fails is reported
-// and forgotten, since the executable is closed whatever happens.
+// freeMem frees the persistent copies and the area; one whose free fails
+// is reported and forgotten, since the executable is closed whatever
+// happens.
 func (st *stable) freeMem() error {
 	var errs []error
 	for i, p := range st.mem {
@@ -82,6 +110,12 @@ func (st *stable) freeMem() error {
 		}
 	}
 	st.mem = nil
+	if st.area != 0 {
+		if err := st.b.MemFree(st.area); err != nil {
+			errs = append(errs, fmt.Errorf("free the aliased layouts' area: %w", err))
+		}
+		st.area = 0
+	}
 	return errors.Join(errs...)
 }
 

@@ -91,6 +91,30 @@ type WarmUpper interface {
 	WarmUp() int
 }
 
+// AliasSafe is implemented by strategies that give eager's results when
+// the buffers bound for a step overlap in device memory (alias.go): an
+// output bound onto a param's memory, two outputs on one address, partial
+// overlaps. A strategy that works in the caller's memory does by nature
+// (eager, record, update, patch); one that copies params and outputs into
+// memory of its own must lay its copies out as the caller's are (stable and
+// pool do, copies.go). The executable refuses, with an error naming two of
+// the overlapping buffers, a step whose bound buffers overlap with one of
+// them written when its strategy lacks this capability or answers false,
+// so that a strategy that does not handle aliasing never computes other
+// bits silently. The answer must not change after New.
+type AliasSafe interface {
+	AliasSafe() bool
+}
+
+// FallbackReporter is implemented by strategies that say why their graph
+// updates were refused (Counters.UpdateFallbacks): every strategy that
+// embeds base does.
+type FallbackReporter interface {
+	// Fallbacks returns the refusals so far by reason (a copy). Called
+	// under the executable's lock, like Counters.
+	Fallbacks() Fallbacks
+}
+
 // Status is what a strategy runs now.
 type Status struct {
 	// Running is the strategy that runs (Choice.Strategy).
@@ -143,6 +167,22 @@ func StatusOf(st Strategy, requested Name, stepped bool) Status {
 		s.Ran = requested
 	}
 	return s
+}
+
+// HandlesAliasing reports whether st gives eager's results for bound
+// buffers that overlap (AliasSafe): false without the capability.
+func HandlesAliasing(st Strategy) bool {
+	a, ok := st.(AliasSafe)
+	return ok && a.AliasSafe()
+}
+
+// FallbacksOf returns st's refused updates by reason: none without
+// FallbackReporter.
+func FallbacksOf(st Strategy) Fallbacks {
+	if f, ok := st.(FallbackReporter); ok {
+		return f.Fallbacks()
+	}
+	return Fallbacks{}
 }
 
 // WarmUpOf returns the steps st takes to reach its steady state: 1

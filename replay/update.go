@@ -17,7 +17,8 @@ func newUpdate(spec Spec) (Strategy, error) { return &update{recorded{base: newB
 func (st *update) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	switch {
 	case st.x == nil:
-		if err := st.record(addrs); err != nil {
+		// The first step, or a failed step dropped the graph.
+		if err := st.record(addrs, causeRetry, nil); err != nil {
 			return Result{}, err
 		}
 	case st.cb.Moved(st.x.Addrs(), addrs):
@@ -29,10 +30,9 @@ func (st *update) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		if !errors.Is(err, gpu.ErrGraphUpdate) {
 			return Result{}, err
 		}
-		st.c.UpdateFallbacks++
-		st.log.Debug("graph exec update refused; re-recording", "reason", err)
-		if err := st.record(addrs); err != nil {
-			return Result{}, err
+		st.refused("graph exec update", err)
+		if rerr := st.record(addrs, causeRefused, err); rerr != nil {
+			return Result{}, rerr
 		}
 	}
 	return Result{}, st.launch(s)

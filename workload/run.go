@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -247,7 +249,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		r.Note = fmt.Sprintf("ran %s: %s", c.Strategy, c.Reason)
 	}
 	if st.UpdateFallbacks > 0 {
-		r.Note = joinNote(r.Note, fmt.Sprintf("%d updates or patches refused by the driver, re-recorded", st.UpdateFallbacks))
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d updates or patches refused by the driver, re-recorded (since Compile, by reason: %s)",
+			st.UpdateFallbacks, fallbackReasons(exe.Stats().Fallbacks)))
+	}
+	if n := st.MoveRerecords + st.RetryRerecords; n > 0 && opts.Strategy != sg.StrategyRecord {
+		r.Note = joinNote(r.Note, fmt.Sprintf("re-records: %d for moved addresses (a state rebound), %d after a failed step", st.MoveRerecords, st.RetryRerecords))
 	}
 	if res.Mismatch >= 0 {
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
@@ -285,6 +291,15 @@ func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller 
 		perStep = append(perStep, float64(time.Since(t0).Nanoseconds())/1e3/float64(opts.WallBatchSize))
 	}
 	return report.Summarize(perStep), nil
+}
+
+// fallbackReasons lists the refusals by reason, "topology changed: 2, ...".
+func fallbackReasons(f sg.Fallbacks) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(f.ByReason)) {
+		parts = append(parts, fmt.Sprintf("%s: %d", k, f.ByReason[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func joinNote(a, b string) string {
