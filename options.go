@@ -33,6 +33,17 @@ const (
 	// with per-node exec parameter updates; traced nodes through their
 	// child graph (see package graph and package trace).
 	StrategyPatch = replay.Patch
+	// StrategyDevice records the graph once and moves its pointers on the
+	// device: every kernel node with a pointer into a param, output or
+	// state opts in to device-side updates, and a patcher kernel, the
+	// graph's root node, rewrites them from a table the host writes into
+	// mapped pinned memory, one update per moved buffer; a step is one
+	// launch and no other driver call. Collectives, and copies it cannot
+	// make copy kernels, move from the host. It needs device-updatable
+	// graph nodes (CUDA 12.4) and the patcher built for the device
+	// (kernels/cuda/gen-patcher.sh); Compile fails with an error wrapping
+	// gpu.ErrNotSupported without them. See package replay, device.go.
+	StrategyDevice = replay.Device
 	// StrategyStable gives every param and output buffer one persistent
 	// address for the life of the executable (cached allocations): the
 	// graph is recorded once over them, params are copied in and outputs
@@ -53,8 +64,8 @@ const (
 	// memory operations; Compile fails with an error wrapping
 	// gpu.ErrNotSupported without them.
 	StrategyPool = replay.Pool
-	// StrategyAuto chooses among patch, stable and pool for the program and
-	// device from measured costs: it builds the candidates the device can
+	// StrategyAuto chooses among patch, device, stable and pool for the
+	// program and device from measured costs: it builds the candidates the device can
 	// run (a cost model, Options.Costs, weighs bytes to copy against nodes
 	// to patch, VMM support and slot memory, and orders them), runs each
 	// for a few steps timing its GPU and host time (Options.AutoProbeSteps),
@@ -114,7 +125,9 @@ type Options struct {
 	// SlotWait bounds how long Run waits for a pool slot: for the device to
 	// finish the step that last used it, or for a zero-copy lease on it to
 	// be released. Passing it is an error wrapping ErrSlotWait and
-	// gpu.ErrTimeout. Default 30 s.
+	// gpu.ErrTimeout. StrategyDevice waits as long, and polls as SlotPoll
+	// says, for its next patch table (its error wraps gpu.ErrTimeout).
+	// Default 30 s.
 	SlotWait time.Duration
 	// SlotPoll is how a pool step waiting for the device to finish with a
 	// slot polls the slot timeline (see vmm.WaitPolicy): it yields between

@@ -51,6 +51,16 @@ type Counters struct {
 	// SlotWaitSleeps counts the waits for the device to finish with a slot
 	// that outlasted the yield phase of Options.SlotPoll and slept.
 	SlotWaitSleeps int64
+	// DeviceUpdates counts the pointer parameters the device strategy's
+	// patcher rewrote on the device: those of every opted-in node whose
+	// buffer moved, written by the host into the patcher's table as one
+	// update per moved buffer. The host path of that strategy (copies it
+	// could not make kernels, collectives) counts in PatchedNodes.
+	DeviceUpdates int64
+	// GraphUploads counts the uploads of an executable graph after the
+	// device strategy moved nodes from the host: zero in a steady state
+	// where everything moves on the device.
+	GraphUploads int64
 }
 
 // Sub returns c - d, field by field.
@@ -72,6 +82,8 @@ func (c Counters) Sub(d Counters) Counters {
 		TimelineWrites:    c.TimelineWrites - d.TimelineWrites,
 		SlotWaits:         c.SlotWaits - d.SlotWaits,
 		SlotWaitSleeps:    c.SlotWaitSleeps - d.SlotWaitSleeps,
+		DeviceUpdates:     c.DeviceUpdates - d.DeviceUpdates,
+		GraphUploads:      c.GraphUploads - d.GraphUploads,
 	}
 }
 
