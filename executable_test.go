@@ -590,6 +590,9 @@ func TestRunFaults(t *testing.T) {
 		"GraphExecChildGraphNodeSetParams", "GraphExecMemcpyNodeSetParams", "GraphExecMemsetNodeSetParams",
 		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
 		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync", "StreamWriteValue64",
+		// The device strategy's recording: opt-in, the patcher's root
+		// node and memory, the upload.
+		"GraphKernelNodeSetDeviceUpdatable", "GraphAddRootKernelNode", "GraphUpload", "HostAlloc", "MemcpyHtoD", "Memset",
 	}
 	const steps = 5
 	// Outputs that do not depend on the state a failed step may have half

@@ -214,7 +214,13 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		return Result{}, err
 	}
 	if err := st.x.Launch(st.b, s); err != nil {
-		// Nothing ran: the table is written again for the same launch.
+		// Nothing ran. The table must not move anything at the next
+		// launch, which takes this one's number: it writes its own, or
+		// none when its buffers are where the device holds them.
+		if writes > 0 {
+			w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
+			w.Seal(math.MaxUint64)
+		}
 		return Result{}, err
 	}
 	st.rig.launches++
