@@ -141,7 +141,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	baseUsed, memInfo := usedMemory(b, opts.Device)
 	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)
+		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
 	}
 	// Closing the executable waits for its last step; the stream is
 	// synchronized before it is destroyed (cleanup runs newest first).
@@ -359,6 +359,13 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 			if strat == sg.StrategyEager {
 				return nil, err
 			}
+			if ce := (compileError{}); errors.As(err, &ce) && errors.Is(err, gpu.ErrNotSupported) {
+				// The device cannot run it (pool without VMM, device
+				// without its patcher): no row to compare, no failure.
+				rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Unchecked: true,
+					Note: NotSupportedNote + err.Error()})
+				continue
+			}
 			rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Note: "failed: " + err.Error()})
 			continue
 		}
@@ -404,6 +411,17 @@ func floorRun(ctx context.Context, b gpu.Backend, w *Workload, o RunOptions, mov
 	}
 	return Run(ctx, b, w, o)
 }
+
+// compileError is Run's error when Compile failed.
+type compileError struct{ err error }
+
+func (e compileError) Error() string { return e.err.Error() }
+func (e compileError) Unwrap() error { return e.err }
+
+// NotSupportedNote begins the note of a Bench row whose strategy the
+// device cannot run (Compile refused it with gpu.ErrNotSupported): the row
+// is Unchecked, and not a failure.
+const NotSupportedNote = "not supported on this device: "
 
 // FloorRow is the name of Bench's row for the step graph replayed with no
 // buffer moving: the floor of every strategy's step time.

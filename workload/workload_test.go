@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"strings"
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
-	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 func openSim(t *testing.T) gpu.Backend {
@@ -171,4 +172,38 @@ func sha(b []byte) [32]byte {
 	h.Write(b)
 	h.Sum(d[:0])
 	return d
+}
+
+// noDeviceUpdates is the sim on a driver without device-updatable graph
+// nodes.
+type noDeviceUpdates struct{ *sim.Backend }
+
+func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
+	return gpu.Errorf("DeviceUpdatesSupported", gpu.ErrNotSupported, "no device-side graph updates on this driver")
+}
+
+// TestBenchSkipsUnsupported: a strategy Compile refuses with
+// gpu.ErrNotSupported gets a row saying so, unchecked, and the others run.
+func TestBenchSkipsUnsupported(t *testing.T) {
+	raw, err := sim.New(gpu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	w := small(t, "chain-moving")
+	rep, err := Bench(context.Background(), noDeviceUpdates{raw}, w, []sg.Strategy{sg.StrategyDevice, sg.StrategyPatch},
+		RunOptions{Steps: 3, Warmup: 1, Pattern: Random})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, ok := rep.Result("device")
+	if !ok || !dev.Unchecked || !strings.HasPrefix(dev.Note, NotSupportedNote) || !strings.Contains(dev.Note, "no device-side graph updates") {
+		t.Errorf("device row %+v", dev)
+	}
+	if patch, ok := rep.Result("patch"); !ok || !patch.OutputsMatchEager {
+		t.Errorf("patch row %+v", patch)
+	}
+	if live := raw.LiveHandles(); !live.IsZero() {
+		t.Errorf("live handles %s", live)
+	}
 }
