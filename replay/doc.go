@@ -26,7 +26,8 @@
 // finds a driver's, each with its fallback in one function (strategy.go):
 //
 //   - Acquirer: the next step may have to wait for a resource (pool's
-//     slots); the executable waits without its lock.
+//     slots, device's patch tables); the executable waits without its
+//     lock.
 //   - OutputLeaser: outputs may be the strategy's own memory, leased to the
 //     caller (pool's zero-copy outputs); then they need not be bound.
 //   - MemoryHolder: device memory of its own (stable's copies, pool's slots).
@@ -52,7 +53,10 @@
 // One file each: eager.go launches every command every step (the
 // reference); record.go re-records on every move; update.go applies a
 // whole-graph exec update; patch.go updates in place the nodes whose
-// buffers moved (recorded.go holds what those three share); stable.go and
+// buffers moved (recorded.go holds what those three share); device.go
+// records once and moves the pointers on the device, from the patcher
+// node at the graph's root (graph.RecordDevice says what moves where);
+// stable.go and
 // pool.go run over persistent copies of the params and outputs, the copies
 // planned in copies.go (pool.go says how a slot is picked and released);
 // auto.go chooses among the strategies that price themselves (Costs,
