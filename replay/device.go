@@ -89,6 +89,7 @@ type device struct {
 	module  gpu.Module
 	patcher gpu.Function
 	opts    graph.DeviceOptions
+	bound   []bool // per buffer: bound by the caller every step
 	policy  vmm.WaitPolicy
 
 	x   *graph.Exec // nil before the first step and after a failure
@@ -135,8 +136,10 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 		return nil, fmt.Errorf("device: the patcher kernel: %w", err)
 	}
 	st.opts.Movable = make([]bool, len(spec.Buffers))
+	st.bound = make([]bool, len(spec.Buffers))
 	for i, buf := range spec.Buffers {
-		st.opts.Movable[i] = buf.Class.Bound() || buf.Class == State
+		st.bound[i] = buf.Class.Bound()
+		st.opts.Movable[i] = st.bound[i] || buf.Class == State
 	}
 	if spec.Kernels != nil {
 		// Without them, copies and memsets that move take the host path.
@@ -308,8 +311,17 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	if rig, err = newPatchRig(b, st.dev, dr.Slots, dr.Ranges); err != nil {
 		return err
 	}
+	// A thread per pointer into the buffers bound every step: the states'
+	// pointers move only when a state is rebound, and then the threads
+	// take several each (grid-stride) rather than idle every step.
+	threads := 0
+	for _, r := range dr.Ranges {
+		if st.bound[r.Buf] {
+			threads += r.N
+		}
+	}
 	if _, err = st.du.GraphAddRootKernelNode(dr.Graph(), gpu.KernelParams{Func: st.patcher,
-		Config: kernels.PatcherConfig(len(dr.Slots)), Args: rig.mem.Args()}); err != nil {
+		Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}); err != nil {
 		return fmt.Errorf("device: add the patcher: %w", err)
 	}
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
