@@ -180,7 +180,7 @@ func (st *device) Acquire() func(context.Context) error {
 }
 
 func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
-	if err := st.checkPatcher(s); err != nil {
+	if err := st.checkPatcher(); err != nil {
 		return Result{}, err
 	}
 	switch {
@@ -273,7 +273,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 // checkPatcher fails when the patcher's mirror shows pointer updates the
 // device runtime refused since the last check: the steps since ran on
 // stale pointers. The graph is dropped, so the next step records afresh.
-func (st *device) checkPatcher(s gpu.Stream) error {
+func (st *device) checkPatcher() error {
 	r := st.rig
 	if r == nil {
 		return nil
