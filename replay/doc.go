@@ -43,7 +43,7 @@
 // and after the step over extra buffers); every buffer's name, class, size
 // and flow (what the step reads before writing, what it writes, whether in
 // full); the options that concern strategies; whether the step holds
-// collectives; and a logger. A strategy keeps what it needs and never
+// collectives; the executable's kernels by name; and a logger. A strategy keeps what it needs and never
 // reaches back into the executable. Buffers are indexed as the address
 // vectors Run receives: params and outputs may move every step, states
 // when rebound, temps and constants never.
