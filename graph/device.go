@@ -64,6 +64,7 @@ type DeviceSlot struct {
 	Offset uint32
 	Buf    int
 	Off    uint64
+	cmd    int // the command whose node it is
 }
 
 // SlotRange is the slots of one buffer: Slots[First : First+N].
@@ -85,6 +86,10 @@ type DeviceRecording struct {
 	// the buffers that have any, in buffer order.
 	Slots  []DeviceSlot
 	Ranges []SlotRange
+	// HostPath says, for each flattened command whose kernel nodes the
+	// driver would not opt in to device-side updates, why: such a command
+	// is moved from the host instead.
+	HostPath []string
 }
 
 // Graph is the recorded graph.
@@ -241,14 +246,16 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 		return l, nil
 	}
 	var slots []DeviceSlot
+	cmd := 0
 	// pointer adds a slot for the pointer at byte off of node n's
 	// parameters into buf+at, when buf moves.
 	pointer := func(n gpu.GraphNode, off uint64, buf int, at uint64) {
 		if opts.Movable[buf] {
-			slots = append(slots, DeviceSlot{Node: n, Offset: uint32(off), Buf: buf, Off: at})
+			slots = append(slots, DeviceSlot{Node: n, Offset: uint32(off), Buf: buf, Off: at, cmd: cmd})
 		}
 	}
 	for i := range cb.cmds {
+		cmd = i
 		c := &cb.cmds[i]
 		switch {
 		case c.Kind == KindKernel:
@@ -296,6 +303,31 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 			plan.mode[i] = devHost
 		}
 	}
+	// Opt in every node with a slot, once. A library's kernel the driver
+	// will not opt in moves its command to the host path; one of the
+	// program's own kernels is an error.
+	devs := map[gpu.GraphNode]gpu.DevNode{}
+	refused := map[int]bool{}
+	for k := range slots {
+		s := &slots[k]
+		if refused[s.cmd] {
+			continue
+		}
+		dn, ok := devs[s.Node]
+		if !ok {
+			if dn, err = du.GraphKernelNodeSetDeviceUpdatable(s.Node, true); err != nil {
+				if plan.mode[s.cmd] == devFlat && (errors.Is(err, gpu.ErrInvalidValue) || errors.Is(err, gpu.ErrNotSupported)) {
+					refused[s.cmd], plan.mode[s.cmd] = true, devHost
+					d.HostPath = append(d.HostPath, fmt.Sprintf("%s: %v", cb.cmds[s.cmd].Name, err))
+					continue
+				}
+				return nil, fmt.Errorf("%s: opt in a kernel node to device-side updates: %w", cb.cmds[s.cmd].Name, err)
+			}
+			devs[s.Node] = dn
+		}
+		s.Dev = dn
+	}
+	slots = slices.DeleteFunc(slots, func(s DeviceSlot) bool { return refused[s.cmd] })
 	for i := range cb.cmds {
 		if plan.mode[i] == devNone {
 			continue
@@ -305,19 +337,6 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 				plan.watch[b] = append(w, int32(i))
 			}
 		}
-	}
-	// Opt in every node with a slot, once.
-	devs := map[gpu.GraphNode]gpu.DevNode{}
-	for k := range slots {
-		s := &slots[k]
-		dn, ok := devs[s.Node]
-		if !ok {
-			if dn, err = du.GraphKernelNodeSetDeviceUpdatable(s.Node, true); err != nil {
-				return nil, fmt.Errorf("opt in a kernel node to device-side updates: %w", err)
-			}
-			devs[s.Node] = dn
-		}
-		s.Dev = dn
 	}
 	slices.SortStableFunc(slots, func(a, b DeviceSlot) int { return a.Buf - b.Buf })
 	for k := 0; k < len(slots); {

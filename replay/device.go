@@ -299,6 +299,9 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	if err != nil {
 		return fmt.Errorf("device: %w", err)
 	}
+	for _, why := range dr.HostPath {
+		st.log.Debug("device: a library call's kernels cannot opt in; it moves from the host", "reason", why)
+	}
 	var rig *patchRig
 	defer func() {
 		if err != nil {

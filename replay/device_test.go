@@ -561,3 +561,35 @@ func TestDeviceModel(t *testing.T) {
 		}
 	}
 }
+
+// libraryRefused is the sim on a driver that will not opt library kernels
+// (opaque parameters) in to device-side updates.
+type libraryRefused struct{ *sim.Backend }
+
+func (b libraryRefused) GraphKernelNodeSetDeviceUpdatable(n gpu.GraphNode, on bool) (gpu.DevNode, error) {
+	p, err := b.GraphKernelNodeParams(n)
+	if err != nil {
+		return 0, err
+	}
+	if len(p.Args) > 0 && p.Args[0].Kind == gpu.ArgBytes {
+		return 0, gpu.Errorf("GraphKernelNodeSetDeviceUpdatable", gpu.ErrInvalidValue, "this kernel cannot be device-updatable")
+	}
+	return b.Backend.GraphKernelNodeSetDeviceUpdatable(n, on)
+}
+
+// TestDeviceLibraryKernelRefused: where the driver will not opt a GEMM's
+// kernels in, the GEMM moves from the host (and the graph is uploaded
+// again) while the rest moves on the device; the bits are eager's.
+func TestDeviceLibraryKernelRefused(t *testing.T) {
+	raw := simtest.New(t, 1)
+	b := libraryRefused{raw}
+	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 4})
+	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 5, true)
+	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, workload.Random, 5, true)
+	steptest.SameResults(t, got, want)
+	for i, st := range got.Steps[1:] {
+		if last := st.Stats.Last; st.Moved && (last.PatchedNodes == 0 || last.GraphUploads != 1 || last.DeviceUpdates == 0 || last.Records != 0) {
+			t.Errorf("step %d: %+v; want the GEMM from the host, an upload, the rest on the device", i+1, last)
+		}
+	}
+}
