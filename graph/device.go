@@ -30,7 +30,9 @@ import (
 //     trace was proved patchable, package trace): its kernel nodes on the
 //     device, at the template's pointer slots; its copy and memset nodes,
 //     if any, from the host. The template holds only at addresses of its
-//     alignment class: PatchDevice refuses a move to another class.
+//     alignment class: PatchDevice refuses a move to another class. When
+//     the driver will not opt one of its kernels in, the whole command
+//     moves from the host (DeviceRecording.HostPath says why).
 //   - Any other traced command (not flattened, flattened without a
 //     template, or HostPath: collectives) moves from the host, as Patch
 //     moves it.
@@ -38,8 +40,8 @@ import (
 // After a move from the host the caller uploads the executable graph
 // again (gpu.DeviceUpdates.GraphUpload), which resets the device-side
 // parameters of every opted-in node to the host-side ones: the addresses
-// the graph was recorded at. The host-side parameters of opted-in nodes
-// are never changed, so that the caller always knows what an upload
+// the graph was recorded at. The host-side parameters of the nodes with
+// slots are never changed, so that the caller always knows what an upload
 // restores.
 
 // DeviceOptions say how RecordDevice records.
