@@ -135,6 +135,7 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 		Buffers:     bufs,
 		Options:     e.opts.replayOptions(),
 		Collectives: coll,
+		Kernels:     e.kernel,
 		Logger:      e.log,
 	}
 }
@@ -263,6 +264,7 @@ func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error
 				}
 				uses = append(uses, trace.Use{Operand: k, Off: uint64(a.slice.off)})
 			}
+			c.Library, c.HostPath = d.kind == cmdGemm, d.coll != nil
 			if d.kind == cmdGemm {
 				c.Trace = e.mu.tr.NewLibraryCommand(c.Name, blas.Command(d.gemm.blas()), uses, sizes)
 			} else {

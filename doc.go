@@ -103,7 +103,13 @@
 // StrategyPatch updates in place only the nodes whose buffers moved
 // (package graph), moving traced nodes through their child graph with
 // traces from a per-command LRU cache keyed by address or built from a
-// differential-tracing template (package trace).
+// differential-tracing template (package trace). StrategyDevice records
+// once and moves the pointers on the GPU: a patcher kernel, the graph's
+// root node, rewrites the pointer parameters of the nodes opted in to
+// device-side updates from a table the host writes into mapped pinned
+// memory, one update per moved buffer, so that a step is one launch and no
+// other driver call (it needs CUDA 12.4's device-updatable graph nodes and
+// the patcher built for the GPU; see package replay, device.go).
 //
 // Two strategies never move the program's addresses at all. StrategyStable
 // gives every param and output a persistent allocation for the life of the
@@ -131,7 +137,7 @@
 // while leased. It needs VMM and stream memory operations; Compile refuses
 // it with an error wrapping gpu.ErrNotSupported on devices without them.
 //
-// StrategyAuto chooses among patch, stable and pool per program and device
+// StrategyAuto chooses among patch, device, stable and pool per program and device
 // from measured costs. A cost model (Costs, by default the H100 figures of
 // docs/GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
 // support and slot memory) rules out what the device cannot run and orders

@@ -595,6 +595,9 @@ func TestRunFaults(t *testing.T) {
 		"GraphNodes", "GraphNodeType", "GraphNodeDeps", "GraphKernelNodeParams", "FuncParamInfo", "MemAlloc",
 		"EventRecord", "StreamWaitEvent", "MemcpyDtoDAsync", "MemsetAsync", "StreamWriteValue64",
 		"EventQuery", "MemUnmap", "MemMap", "MemSetAccess", // remap's per-step calls
+		// The device strategy's recording: opt-in, the patcher's root
+		// node and memory, the upload.
+		"GraphKernelNodeSetDeviceUpdatable", "GraphAddRootKernelNode", "GraphUpload", "HostAlloc", "MemcpyHtoD", "Memset",
 	}
 	const steps = 5
 	// Outputs that do not depend on the state a failed step may have half

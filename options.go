@@ -33,6 +33,17 @@ const (
 	// with per-node exec parameter updates; traced nodes through their
 	// child graph (see package graph and package trace).
 	StrategyPatch = replay.Patch
+	// StrategyDevice records the graph once and moves its pointers on the
+	// device: every kernel node with a pointer into a param, output or
+	// state opts in to device-side updates, and a patcher kernel, the
+	// graph's root node, rewrites them from a table the host writes into
+	// mapped pinned memory, one update per moved buffer; a step is one
+	// launch and no other driver call. Collectives, and copies it cannot
+	// make copy kernels, move from the host. It needs device-updatable
+	// graph nodes (CUDA 12.4) and the patcher built for the device
+	// (kernels/cuda/gen-patcher.sh); Compile fails with an error wrapping
+	// gpu.ErrNotSupported without them. See package replay, device.go.
+	StrategyDevice = replay.Device
 	// StrategyStable gives every param and output buffer one persistent
 	// address for the life of the executable (cached allocations): the
 	// graph is recorded once over them, params are copied in and outputs
@@ -69,8 +80,8 @@ const (
 	// granule, with ErrInvalidBinding. It is a baseline to measure
 	// (BENCHMARKS.md): auto does not consider it.
 	StrategyRemap = replay.Remap
-	// StrategyAuto chooses among patch, stable and pool for the program and
-	// device from measured costs: it builds the candidates the device can
+	// StrategyAuto chooses among patch, device, stable and pool for the
+	// program and device from measured costs: it builds the candidates the device can
 	// run (a cost model, Options.Costs, weighs bytes to copy against nodes
 	// to patch, VMM support and slot memory, and orders them), runs each
 	// for a few steps timing its GPU and host time (Options.AutoProbeSteps),
@@ -136,7 +147,9 @@ type Options struct {
 	// be released. Passing it is an error wrapping ErrSlotWait and
 	// gpu.ErrTimeout. It bounds StrategyRemap's wait for the device to
 	// finish the step before one that moves buffers too (an error
-	// wrapping gpu.ErrTimeout). Default 30 s.
+	// wrapping gpu.ErrTimeout). StrategyDevice waits as long, and polls as
+	// SlotPoll says, for its next patch table (its error wraps
+	// gpu.ErrTimeout). Default 30 s.
 	SlotWait time.Duration
 	// CloseWait bounds how long Close waits for the executable's last step
 	// to complete on the device before it gives up, releasing nothing and

@@ -366,9 +366,9 @@ type Variant struct {
 }
 
 // AutoSteps are the steps of auto's trials: enough for its probe of every
-// candidate (warm-up and Options.AutoProbeSteps steps each) to end and its
-// choice to run.
-const AutoSteps = 16
+// candidate (warm-up and Options.AutoProbeSteps steps each: 19 for patch,
+// device, stable and pool) to end and its choice to run.
+const AutoSteps = 21
 
 // DefaultVariants are every strategy with default options (auto for
 // AutoSteps steps), then pool with one slot, pool with zero-copy outputs,
@@ -392,12 +392,12 @@ func DefaultVariants() []Variant {
 
 // Ops are the entry points a campaign counts: the methods of gpu.Backend
 // and of its optional capabilities (gpu.Collectives, gpu.GEMM,
-// gpu.GraphNodeReader), less Close (the backend's own, which the trial
-// makes) and those that cannot fail.
+// gpu.GraphNodeReader, gpu.DeviceUpdates), less Close (the backend's own,
+// which the trial makes) and those that cannot fail.
 func Ops() []string {
 	seen := map[string]bool{}
 	for _, t := range []reflect.Type{reflect.TypeFor[gpu.Backend](), reflect.TypeFor[gpu.Collectives](),
-		reflect.TypeFor[gpu.GEMM](), reflect.TypeFor[gpu.GraphNodeReader]()} {
+		reflect.TypeFor[gpu.GEMM](), reflect.TypeFor[gpu.GraphNodeReader](), reflect.TypeFor[gpu.DeviceUpdates]()} {
 		for i := range t.NumMethod() {
 			m := t.Method(i)
 			if m.Name == "Close" {

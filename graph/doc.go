@@ -11,6 +11,11 @@
 //     command becomes a child-graph node holding its trace.
 //   - Patch rewrites, in an instantiated graph, only the nodes whose
 //     buffers moved, through the per-node exec parameter updates.
+//   - RecordDevice records the step for device-side patching: its kernel
+//     nodes with pointers into movable buffers opted in to device-side
+//     updates, and where each of those pointers is (the slots a node of
+//     the caller's rewrites on the device); PatchDevice moves from the
+//     host what the device cannot (device.go says what moves where).
 //
 // # Addresses
 //

@@ -86,7 +86,7 @@ func newMLP(t *testing.T, rows, w, layers int, opts trace.Options) *mlp {
 		c := m.tr.NewLibraryCommand(fmt.Sprintf("gemm %d", l), blas.Command(g),
 			[]trace.Use{{Operand: 0}, {Operand: 1}, {Operand: 2}, {Operand: 3}},
 			[]uint64{uint64(4 * n), uint64(4 * n), uint64(4 * w * w), uint64(4 * w)})
-		cmds = append(cmds, graph.Command{Name: fmt.Sprintf("gemm %d", l), Kind: graph.KindTraced, Trace: c, Operands: []int{hb, in, wb, bb}})
+		cmds = append(cmds, graph.Command{Name: fmt.Sprintf("gemm %d", l), Kind: graph.KindTraced, Trace: c, Operands: []int{hb, in, wb, bb}, Library: true})
 		out := hb
 		if l == layers-1 {
 			out = 1

@@ -64,6 +64,16 @@ type Command struct {
 	// operands, in operand order.
 	Trace    *trace.Command
 	Operands []int
+	// Library marks a traced command that calls a library (a GEMM): where
+	// the backend reads its kernels back it is flattened, and moves as its
+	// own kernel nodes (Moves prices it so).
+	Library bool
+	// HostPath marks a traced command whose nodes RecordDevice never opts
+	// in to device-side updates, so that they always move from the host:
+	// collectives, whose NCCL kernels CUDA cannot read back. The sim's
+	// collectives can be read back; they take the host path all the same,
+	// so that the sim runs what CUDA runs.
+	HostPath bool
 }
 
 // buffers returns the buffers c references (with repeats).
@@ -254,7 +264,7 @@ func (cb *CommandBuffer) Launch(b gpu.Backend, s gpu.Stream, addrs []gpu.DeviceP
 // caller owns the graph; nodes[i] is command i's node (for a flattened
 // command, its last node; 0 when its trace is empty).
 func (cb *CommandBuffer) Record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (_ gpu.Graph, nodes []gpu.GraphNode, err error) {
-	r, err := cb.record(b, addrs, patch)
+	r, err := cb.record(b, addrs, patch, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -269,15 +279,19 @@ type flatCmd struct {
 	tmpl   *trace.Template // the template params were made from, or nil
 }
 
-// recorded is what record makes: the graph, each command's node, and the
-// flattened commands (nil where not flattened).
+// recorded is what record makes: the graph, each command's node, the
+// flattened commands (nil where not flattened) and, for RecordDevice, the
+// copies and memsets recorded as kernels (nil otherwise).
 type recorded struct {
 	g     gpu.Graph
 	nodes []gpu.GraphNode
 	flat  []*flatCmd
+	made  []devMode
 }
 
-func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (_ recorded, err error) {
+// record records the commands at addrs; with kern set (RecordDevice) the
+// copies and memsets it accepts become kernel nodes.
+func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool, kern *kernelizer) (_ recorded, err error) {
 	g, err := b.GraphCreate(cb.dev)
 	if err != nil {
 		return recorded{}, fmt.Errorf("record: %w", err)
@@ -288,6 +302,9 @@ func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool
 		}
 	}()
 	r := recorded{g: g, nodes: make([]gpu.GraphNode, len(cb.cmds)), flat: make([]*flatCmd, len(cb.cmds))}
+	if kern != nil {
+		r.made = make([]devMode, len(cb.cmds))
+	}
 	// frontier holds the nodes the next command depends on: the last
 	// command's node, or a flattened command's exit nodes.
 	var frontier []gpu.GraphNode
@@ -298,10 +315,15 @@ func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool
 		switch c.Kind {
 		case KindKernel:
 			n, err = b.GraphAddKernelNode(g, frontier, c.kernelParams(addrs))
-		case KindMemcpy:
-			n, err = b.GraphAddMemcpyNode(g, frontier, c.memcpyParams(addrs))
-		case KindMemset:
-			n, err = b.GraphAddMemsetNode(g, frontier, c.memsetParams(addrs))
+		case KindMemcpy, KindMemset:
+			if p, mode, ok := kern.kernel(c, addrs); ok {
+				n, err = b.GraphAddKernelNode(g, frontier, p)
+				r.made[i] = mode
+			} else if c.Kind == KindMemcpy {
+				n, err = b.GraphAddMemcpyNode(g, frontier, c.memcpyParams(addrs))
+			} else {
+				n, err = b.GraphAddMemsetNode(g, frontier, c.memsetParams(addrs))
+			}
 		case KindTraced:
 			key = c.operandAddrs(addrs, key)
 			var fl trace.Flat
@@ -371,6 +393,7 @@ type Exec struct {
 
 	addrs []gpu.DevicePtr // the addresses X's nodes hold
 	flat  []*flatCmd      // per command, its flattened nodes (nil: not flattened)
+	dev   *devPlan        // RecordDevice's: what moves on the host; nil otherwise
 	// Scratch for Patch, kept to allocate nothing per step.
 	mark    []uint32 // mark[c] == gen: command c is in dirty
 	gen     uint32
@@ -383,7 +406,7 @@ type Exec struct {
 // Instantiate records the commands at addrs (see Record) and instantiates
 // the graph.
 func (cb *CommandBuffer) Instantiate(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (*Exec, error) {
-	r, err := cb.record(b, addrs, patch)
+	r, err := cb.record(b, addrs, patch, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -449,7 +472,7 @@ func (x *Exec) Destroy(b gpu.Backend) error {
 // to x with a whole-graph exec update. When the driver refuses the update
 // the error wraps gpu.ErrGraphUpdate and x is unchanged and usable.
 func (cb *CommandBuffer) Update(b gpu.Backend, x *Exec, addrs []gpu.DevicePtr) error {
-	r, err := cb.record(b, addrs, false)
+	r, err := cb.record(b, addrs, false, nil)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 // normally the graph's root node (gpu.DeviceUpdates.GraphAddRootKernelNode),
 // that writes new values into the parameters of device-updatable kernel
 // nodes (gpu.DevNode) with the device runtime's cudaGraphKernelNodeSetParam,
-// one thread per update, so that the nodes after it run on the new
+// one thread per parameter, so that the nodes after it run on the new
 // addresses in the same launch and the host makes no driver call per step.
 // Its CUDA source is cuda/patcher.cu; its Go reference, which the sim runs,
 // is refPatcher.
@@ -25,14 +25,22 @@ import (
 // # Memory it reads and writes (all little-endian)
 //
 // Slots (device memory, written once): the parameters the patcher may
-// change, PatchSlotSize bytes each: {node u64 (a gpu.DevNode), offset u32
-// (byte offset into the node's kernel parameters), reserved u32}. Every
-// update writes 8 bytes at the slot's offset.
+// change, PatchSlotSize bytes each: {node u64 (a gpu.DevNode), add u64,
+// offset u32 (byte offset into the node's kernel parameters), reserved u32}.
+// Every update writes 8 bytes at the slot's offset: the update's value plus
+// the slot's add. A host that lays out the slots of one buffer side by side,
+// each with its offset into the buffer as add, moves every pointer into the
+// buffer with one update whose value is the buffer's new address.
 //
 // Tables (a ring of ntables tables, stride bytes apart, usually in mapped
 // pinned host memory that the host writes): each is a PatchHeaderSize-byte
-// header {seq u64, count u32, reserved u32} followed by up to capacity
-// updates of PatchUpdateSize bytes {slot u32, reserved u32, value u64}.
+// header {seq u64, count u32, total u32} followed by up to capacity updates
+// of PatchUpdateSize bytes {slot u32, start u32, value u64}. Update j sets
+// the slots [slot, slot+n) where n is the next update's start minus its own
+// (the last update's: total minus its start): start is the number of slot
+// writes of the updates before it (0 for the first), and total the number of
+// slot writes of the table. Slot write i of the table, for i in [0, total),
+// is thread i's (grid-stride).
 //
 // Control block (device memory, PatchCtlSize bytes, zeroed before the first
 // launch): {seq u64, done u32, failed u32, skipped u32, reserved u32,
@@ -40,42 +48,57 @@ import (
 // count of its blocks that finished the current launch (back to 0 between
 // launches).
 //
+// Mirror (optional, mapped pinned host memory, PatchMirrorSize bytes): {seq
+// u64, failed u32, skipped u32}, written by the patcher as each launch ends,
+// the counters first, each 8-byte word with one store: what the host reads,
+// without a driver call, to know which tables are free again and whether
+// every update was applied.
+//
 // # One launch
 //
 // The patcher reads seq from the control block and uses table seq %
 // ntables. If that table's header says the same seq and count <= capacity,
-// it applies the table's count updates, entry i by thread i (grid-stride);
-// an update whose slot is out of range, or that the device runtime refuses,
-// adds one to failed and, if firstError is 0, sets it to (i+1)<<32 | the
-// cudaError_t code (1 is cudaErrorInvalidValue; with several failures in a
-// launch, whichever thread gets there first). Otherwise it applies
-// nothing and adds one to skipped. Its last block to finish sets done back
-// to 0 and seq to seq+1. So the control block advances once per launch,
-// with no host call.
+// it applies the table's updates, slot write i by thread i (grid-stride,
+// reading the updates in chunks of PatchChunk); a slot write whose slot is
+// out of range, or that the device runtime refuses, adds one to failed and,
+// if firstError is 0, sets it to (i+1)<<32 | the cudaError_t code (1 is
+// cudaErrorInvalidValue; with several failures in a launch, whichever thread
+// gets there first). Otherwise it applies nothing and adds one to skipped.
+// Its last block to finish sets done back to 0 and seq to seq+1 and, when
+// there is a mirror, writes failed and skipped to it and then seq+1. So the
+// control block advances once per launch, with no host call.
 //
 // # The host's part
 //
-// For the k-th launch (k from 0) the host writes table k % ntables: the
-// updates, then count, then seq = k (WritePatchTable), and launches. It may
-// rewrite a table only once the launch that read it has finished (ntables
-// launches earlier: a timeline tells). The control block's failed and
-// skipped counters say whether every update of every launch was applied.
-// The launch must be one-dimensional (PatcherConfig).
+// For the k-th launch (k from 0) the host writes table k % ntables (the
+// updates, then the header: WritePatchTable or a PatchTableWriter) when
+// something moves, and launches; a launch whose table is not its own moves
+// nothing (and counts as skipped). It may rewrite a table only once the
+// launch that read it has finished its patcher (ntables launches earlier:
+// the mirror's seq has passed it). The mirror's failed counter says whether
+// every update of every launch was applied. The launch must be
+// one-dimensional (PatcherConfig).
 
 // lend is the byte order of every record the patcher reads.
 var lend = encbin.LittleEndian
 
 // Patcher is the patcher kernel's name: (ctl, slots, nslots u32, tables,
-// stride u64, ntables u32, capacity u32).
+// stride u64, ntables u32, capacity u32, mirror).
 const Patcher = "sg_patcher"
 
 // Sizes of the patcher's records, in bytes.
 const (
-	PatchSlotSize   = 16
+	PatchSlotSize   = 24
 	PatchHeaderSize = 16
 	PatchUpdateSize = 16
 	PatchCtlSize    = 32
+	PatchMirrorSize = 16
 )
+
+// PatchChunk is how many updates each block of the patcher reads at a time
+// (SG_PATCH_CHUNK in cuda/patcher.cu): a launch reads its table's updates
+// in ceil(count/PatchChunk) rounds.
+const PatchChunk = 256
 
 // cudaErrorInvalidValue is what the patcher records for an update it
 // could not apply because the value was refused (device runtime or slot
@@ -84,7 +107,7 @@ const cudaErrorInvalidValue = 1
 
 // PatcherSpec is the patcher's kernel spec.
 func PatcherSpec() gpu.KernelSpec {
-	return gpu.KernelSpec{Name: Patcher, Params: []gpu.ArgKind{p, p, gpu.ArgU32, p, u64, gpu.ArgU32, gpu.ArgU32}, Ref: refPatcher}
+	return gpu.KernelSpec{Name: Patcher, Params: []gpu.ArgKind{p, p, gpu.ArgU32, p, u64, gpu.ArgU32, gpu.ArgU32, p}, Ref: refPatcher}
 }
 
 // PatcherModule returns the patcher's module image: its spec and, through
@@ -95,14 +118,34 @@ func PatcherModule() *gpu.ModuleImage {
 	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec()}, Binary: PatcherBinary}
 }
 
-// PatcherConfig is the patcher's launch for a table capacity: one thread
-// per update, in blocks of 128.
-func PatcherConfig(capacity int) gpu.LaunchConfig { return gpu.Linear(capacity, 128) }
+// PatcherConfig is the patcher's launch for up to writes slot writes per
+// launch: one thread each, in blocks of 128.
+func PatcherConfig(writes int) gpu.LaunchConfig { return gpu.Linear(max(writes, 1), 128) }
 
-// PatcherArgs are the patcher's arguments.
+// PatcherMemory is where one patcher's records are: its arguments.
+type PatcherMemory struct {
+	Ctl    gpu.DevicePtr // the control block
+	Slots  gpu.DevicePtr
+	NSlots int
+	// Tables is the first of NTables tables, Stride bytes apart, of
+	// Capacity updates each (PatchTableStride).
+	Tables   gpu.DevicePtr
+	Stride   uint64
+	NTables  int
+	Capacity int
+	// Mirror is the host-mapped mirror of the control block; 0: none.
+	Mirror gpu.DevicePtr
+}
+
+// Args are the patcher's arguments for m.
+func (m PatcherMemory) Args() []gpu.Arg {
+	return []gpu.Arg{gpu.Ptr(m.Ctl), gpu.Ptr(m.Slots), gpu.U32(uint32(m.NSlots)), gpu.Ptr(m.Tables), gpu.U64(m.Stride),
+		gpu.U32(uint32(m.NTables)), gpu.U32(uint32(m.Capacity)), gpu.Ptr(m.Mirror)}
+}
+
+// PatcherArgs are the patcher's arguments without a mirror.
 func PatcherArgs(ctl, slots gpu.DevicePtr, nslots int, tables gpu.DevicePtr, stride uint64, ntables, capacity int) []gpu.Arg {
-	return []gpu.Arg{gpu.Ptr(ctl), gpu.Ptr(slots), gpu.U32(uint32(nslots)), gpu.Ptr(tables), gpu.U64(stride),
-		gpu.U32(uint32(ntables)), gpu.U32(uint32(capacity))}
+	return PatcherMemory{Ctl: ctl, Slots: slots, NSlots: nslots, Tables: tables, Stride: stride, NTables: ntables, Capacity: capacity}.Args()
 }
 
 // PatchTableStride is the size of one table of capacity updates.
@@ -111,55 +154,109 @@ func PatchTableStride(capacity int) uint64 {
 }
 
 // PatchSlot is one parameter the patcher may change: 8 bytes at Offset of
-// Node's kernel parameters.
+// Node's kernel parameters, set to an update's value plus Add.
 type PatchSlot struct {
 	Node   gpu.DevNode
 	Offset uint32
+	Add    uint64
 }
 
 // EncodePatchSlots returns slots in the patcher's layout.
 func EncodePatchSlots(slots []PatchSlot) []byte {
 	b := make([]byte, PatchSlotSize*len(slots))
 	for i, s := range slots {
-		lend.PutUint64(b[PatchSlotSize*i:], uint64(s.Node))
-		lend.PutUint32(b[PatchSlotSize*i+8:], s.Offset)
+		PutPatchSlot(b[PatchSlotSize*i:], s)
 	}
 	return b
 }
 
-// PatchUpdate sets slot Slot to Value.
+// PutPatchSlot writes s in the patcher's layout at the start of b (at least
+// PatchSlotSize bytes).
+func PutPatchSlot(b []byte, s PatchSlot) {
+	lend.PutUint64(b, uint64(s.Node))
+	lend.PutUint64(b[8:], s.Add)
+	lend.PutUint32(b[16:], s.Offset)
+	lend.PutUint32(b[20:], 0)
+}
+
+// PatchUpdate sets Count slots from Slot on (0 counts as 1) to Value plus
+// each slot's Add.
 type PatchUpdate struct {
 	Slot  uint32
+	Count uint32
 	Value uint64
 }
 
 // WritePatchTable writes one table for the launch numbered seq: updates
-// first, then the header, count and then seq, so that a patcher reading the
-// header never sees a seq whose updates are not written yet. table is the
-// table's memory (at least PatchTableStride(len(updates)) bytes).
+// first, then the header, count and total and then seq, so that a patcher
+// reading the header never sees a seq whose updates are not written yet.
+// table is the table's memory (at least PatchTableStride(len(updates))
+// bytes).
 func WritePatchTable(table []byte, seq uint64, updates []PatchUpdate) error {
-	if need := PatchTableStride(len(updates)); uint64(len(table)) < need {
-		return fmt.Errorf("kernels: patch table of %d bytes cannot hold %d updates (%d bytes): %w", len(table), len(updates), need, gpu.ErrInvalidValue)
-	}
+	w := NewPatchTableWriter(table)
 	for i, u := range updates {
-		e := table[PatchHeaderSize+PatchUpdateSize*i:]
-		lend.PutUint32(e, u.Slot)
-		lend.PutUint32(e[4:], 0)
-		lend.PutUint64(e[8:], u.Value)
+		if err := w.Add(u.Slot, max(u.Count, 1), u.Value); err != nil {
+			return fmt.Errorf("update %d: %w", i, err)
+		}
 	}
-	lend.PutUint32(table[8:], uint32(len(updates)))
-	lend.PutUint32(table[12:], 0)
-	lend.PutUint64(table, seq)
+	w.Seal(seq)
 	return nil
+}
+
+// PatchTableWriter writes one table in place, allocating nothing: the
+// per-step path of a host that moves ranges of slots. Add the updates, then
+// Seal.
+type PatchTableWriter struct {
+	b            []byte
+	count, total uint32
+}
+
+// NewPatchTableWriter starts writing table, which keeps its old contents
+// (and header) until Seal.
+func NewPatchTableWriter(table []byte) PatchTableWriter { return PatchTableWriter{b: table} }
+
+// Add appends an update setting n slots from slot on (n ≥ 1) to value plus
+// each slot's add. It fails, writing nothing, when the table is full or the
+// table's slot writes would pass 2³²-1.
+func (w *PatchTableWriter) Add(slot, n uint32, value uint64) error {
+	off := PatchHeaderSize + PatchUpdateSize*uint64(w.count)
+	switch {
+	case uint64(len(w.b)) < off+PatchUpdateSize:
+		return fmt.Errorf("kernels: patch table of %d bytes cannot hold %d updates (%d bytes): %w",
+			len(w.b), w.count+1, off+PatchUpdateSize, gpu.ErrInvalidValue)
+	case n == 0 || uint64(w.total)+uint64(n) > 1<<32-1:
+		return fmt.Errorf("kernels: patch update of %d slots after %d: %w", n, w.total, gpu.ErrInvalidValue)
+	}
+	e := w.b[off : off+PatchUpdateSize]
+	lend.PutUint32(e, slot)
+	lend.PutUint32(e[4:], w.total)
+	lend.PutUint64(e[8:], value)
+	w.count++
+	w.total += n
+	return nil
+}
+
+// Updates is the number of updates added; Writes the slot writes they make.
+func (w *PatchTableWriter) Updates() int { return int(w.count) }
+
+// Writes is the number of slot writes of the updates added.
+func (w *PatchTableWriter) Writes() int { return int(w.total) }
+
+// Seal writes the header for the launch numbered seq: count and total, then
+// seq.
+func (w *PatchTableWriter) Seal(seq uint64) {
+	lend.PutUint32(w.b[8:], w.count)
+	lend.PutUint32(w.b[12:], w.total)
+	lend.PutUint64(w.b, seq)
 }
 
 // PatchCtl is the decoded control block.
 type PatchCtl struct {
 	Seq     uint64 // launches run
 	Done    uint32 // blocks finished in the current launch; 0 between launches
-	Failed  uint32 // updates not applied
+	Failed  uint32 // slot writes not applied
 	Skipped uint32 // launches whose table was not for them (seq mismatch, count > capacity)
-	// FirstEntry is the index of the first failed update plus one (0:
+	// FirstEntry is the index of the first failed slot write plus one (0:
 	// none), FirstCode its cudaError_t.
 	FirstEntry uint32
 	FirstCode  uint32
@@ -185,11 +282,28 @@ func (c PatchCtl) encode() []byte {
 	return b
 }
 
+// PatchMirror is the mirror of a control block as the host reads it.
+type PatchMirror struct {
+	Seq             uint64 // launches whose patcher has finished
+	Failed, Skipped uint32
+}
+
+// ReadPatchMirror reads the mirror at byte off (a multiple of 8) of h
+// without synchronizing with the device: seq first, then the counters, which
+// the patcher writes before seq, so they are at least those of launch seq.
+func ReadPatchMirror(h gpu.HostMem, off int) PatchMirror {
+	seq := h.Load64(off)
+	c := h.Load64(off + 8)
+	return PatchMirror{Seq: seq, Failed: uint32(c), Skipped: uint32(c >> 32)}
+}
+
 // refPatcher is the patcher's Go reference: one launch as described above,
-// run sequentially (so done stays 0). Updates go through the device
-// runtime of the backend (gpu.DeviceRuntime); an update it refuses with
-// gpu.ErrInvalidValue is counted in failed, as cudaErrorInvalidValue; any
-// other error (a fault) ends the kernel.
+// run sequentially (so done stays 0), reading the updates in chunks and
+// finding each slot write's update by the same binary search as the CUDA
+// kernel, so that a malformed table does on the sim what it does on a GPU.
+// Updates go through the device runtime of the backend (gpu.DeviceRuntime);
+// a slot write it refuses with gpu.ErrInvalidValue is counted in failed, as
+// cudaErrorInvalidValue; any other error (a fault) ends the kernel.
 func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	rt, ok := mem.(gpu.DeviceRuntime)
 	if !ok {
@@ -201,6 +315,7 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	}
 	ctlPtr, slots, nslots := a[0].AsPtr(), a[1].AsPtr(), uint64(a[2].AsU32())
 	tables, stride, ntables, capacity := a[3].AsPtr(), a[4].AsU64(), uint64(a[5].AsU32()), a[6].AsU32()
+	mirror := a[7].AsPtr()
 	if ntables == 0 {
 		return fmt.Errorf("kernel %s: zero tables (the device would divide by zero): %w", Patcher, gpu.ErrInvalidValue)
 	}
@@ -214,7 +329,7 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := mem.Read(table, hdr[:]); err != nil {
 		return err
 	}
-	seq, count := lend.Uint64(hdr[:]), lend.Uint32(hdr[8:])
+	seq, count, total := lend.Uint64(hdr[:]), lend.Uint32(hdr[8:]), lend.Uint32(hdr[12:])
 	if seq != ctl.Seq || count > capacity {
 		ctl.Skipped++
 	} else if count > 0 {
@@ -222,33 +337,66 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if err := mem.Read(table.Add(PatchHeaderSize), ups); err != nil {
 			return err
 		}
+		start := func(j uint32) uint64 { return uint64(lend.Uint32(ups[PatchUpdateSize*j+4:])) }
 		var slot [PatchSlotSize]byte
-		for i := range count {
-			u := ups[PatchUpdateSize*i:]
-			s := uint64(lend.Uint32(u))
-			err := fmt.Errorf("kernel %s: update %d names slot %d of %d: %w", Patcher, i, s, nslots, gpu.ErrInvalidValue)
-			if s < nslots {
-				if err = mem.Read(slots.Add(s*PatchSlotSize), slot[:]); err != nil {
+		for first := uint32(0); first < count; first += PatchChunk {
+			n := min(count-first, PatchChunk)
+			end := uint64(total)
+			if first+n < count {
+				end = start(first + n)
+			}
+			for i := start(first); i < end; i++ {
+				// The last update of the chunk whose start is at most i.
+				lo, hi := uint32(0), n
+				for hi-lo > 1 {
+					m := (lo + hi) / 2
+					if start(first+m) <= i {
+						lo = m
+					} else {
+						hi = m
+					}
+				}
+				u := ups[PatchUpdateSize*(first+lo):]
+				s := uint64(lend.Uint32(u)) + (i - start(first+lo))
+				err := fmt.Errorf("kernel %s: slot write %d names slot %d of %d: %w", Patcher, i, s, nslots, gpu.ErrInvalidValue)
+				if s < nslots {
+					if err = mem.Read(slots.Add(s*PatchSlotSize), slot[:]); err != nil {
+						return err
+					}
+					var v [8]byte
+					lend.PutUint64(v[:], lend.Uint64(u[8:])+lend.Uint64(slot[8:]))
+					err = rt.GraphKernelNodeSetParam(gpu.DevNode(lend.Uint64(slot[:])), uint64(lend.Uint32(slot[16:])), v[:])
+				}
+				if err == nil {
+					continue
+				}
+				if !errors.Is(err, gpu.ErrInvalidValue) {
 					return err
 				}
-				node := gpu.DevNode(lend.Uint64(slot[:]))
-				err = rt.GraphKernelNodeSetParam(node, uint64(lend.Uint32(slot[8:])), u[8:16])
-			}
-			if err == nil {
-				continue
-			}
-			if !errors.Is(err, gpu.ErrInvalidValue) {
-				return err
-			}
-			ctl.Failed++
-			if ctl.FirstEntry == 0 {
-				ctl.FirstEntry, ctl.FirstCode = i+1, cudaErrorInvalidValue
+				ctl.Failed++
+				if ctl.FirstEntry == 0 {
+					ctl.FirstEntry, ctl.FirstCode = uint32(i+1), cudaErrorInvalidValue
+				}
 			}
 		}
 	}
 	ctl.Seq++
 	ctl.Done = 0
-	return mem.Write(ctlPtr, ctl.encode())
+	if err := mem.Write(ctlPtr, ctl.encode()); err != nil {
+		return err
+	}
+	if mirror == 0 {
+		return nil
+	}
+	// Two 8-byte stores, the counters first, as the CUDA kernel makes them:
+	// a host that sees seq sees counters at least as recent.
+	var w [8]byte
+	lend.PutUint64(w[:], uint64(ctl.Failed)|uint64(ctl.Skipped)<<32)
+	if err := mem.Write(mirror.Add(8), w[:]); err != nil {
+		return err
+	}
+	lend.PutUint64(w[:], ctl.Seq)
+	return mem.Write(mirror, w[:])
 }
 
 // The prebuilt patcher: one cubin per architecture, patcher/sm_<NN>.cubin,

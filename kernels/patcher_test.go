@@ -68,10 +68,13 @@ func TestPatcherSourceSignature(t *testing.T) {
 		t.Errorf("%s has %d parameters in patcher.cu, %d in its spec", Patcher, got, want)
 	}
 	for name, size := range map[string]int{"sg_patch_slot": PatchSlotSize, "sg_patch_header": PatchHeaderSize,
-		"sg_patch_update": PatchUpdateSize, "sg_patch_ctl": PatchCtlSize} {
+		"sg_patch_update": PatchUpdateSize, "sg_patch_ctl": PatchCtlSize, "sg_patch_mirror": PatchMirrorSize} {
 		if !bytes.Contains(src, []byte(fmt.Sprintf("static_assert(sizeof(%s) == %d,", name, size))) {
 			t.Errorf("patcher.cu does not assert sizeof(%s) == %d", name, size)
 		}
+	}
+	if !bytes.Contains(src, []byte(fmt.Sprintf("#define SG_PATCH_CHUNK %d\n", PatchChunk))) {
+		t.Errorf("patcher.cu does not define SG_PATCH_CHUNK as PatchChunk (%d)", PatchChunk)
 	}
 }
 
@@ -108,24 +111,46 @@ func TestPatcherBinaryPicksArchitecture(t *testing.T) {
 }
 
 func TestPatchRecords(t *testing.T) {
-	slots := EncodePatchSlots([]PatchSlot{{Node: 0x1122334455667788, Offset: 8}, {Node: 7, Offset: 0x10203}})
-	want := []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 8, 0, 0, 0, 0, 0, 0, 0,
-		7, 0, 0, 0, 0, 0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0}
+	slots := EncodePatchSlots([]PatchSlot{{Node: 0x1122334455667788, Offset: 8}, {Node: 7, Offset: 0x10203, Add: 0x0a0b}})
+	want := []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0,
+		7, 0, 0, 0, 0, 0, 0, 0, 0x0b, 0x0a, 0, 0, 0, 0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0}
 	if !bytes.Equal(slots, want) {
 		t.Errorf("EncodePatchSlots = % x\nwant % x", slots, want)
 	}
 	table := bytes.Repeat([]byte{0xee}, int(PatchTableStride(3)))
-	if err := WritePatchTable(table, 0x0102, []PatchUpdate{{Slot: 1, Value: 0xaabb}, {Slot: 0x0304, Value: 5}}); err != nil {
+	if err := WritePatchTable(table, 0x0102, []PatchUpdate{{Slot: 1, Value: 0xaabb}, {Slot: 0x0304, Count: 3, Value: 5}}); err != nil {
 		t.Fatal(err)
 	}
-	want = []byte{2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0,
+	// Header: seq, 2 updates, 4 slot writes; then {slot, start, value}.
+	want = []byte{2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0,
 		1, 0, 0, 0, 0, 0, 0, 0, 0xbb, 0xaa, 0, 0, 0, 0, 0, 0,
-		4, 3, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0}
+		4, 3, 0, 0, 1, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0}
 	if !bytes.Equal(table[:48], want) || !bytes.Equal(table[48:], bytes.Repeat([]byte{0xee}, 16)) {
 		t.Errorf("WritePatchTable = % x", table)
 	}
 	if err := WritePatchTable(table[:40], 1, make([]PatchUpdate, 2)); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("table too small: %v", err)
+	}
+	// The writer refuses what does not fit and leaves the header alone.
+	w := NewPatchTableWriter(table[:32])
+	if err := w.Add(0, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(1, 1, 1); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("second update in a one-update table: %v", err)
+	}
+	if err := w.Add(1, 0, 1); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("update of zero slots: %v", err)
+	}
+	if w.Updates() != 1 || w.Writes() != 1 || lend.Uint64(table) != 0x0102 {
+		t.Errorf("after refused updates: %d updates, %d writes, header seq %#x", w.Updates(), w.Writes(), lend.Uint64(table))
+	}
+	big := NewPatchTableWriter(make([]byte, PatchTableStride(2)))
+	if err := big.Add(0, 1<<31, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := big.Add(0, 1<<31, 0); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("2^32 slot writes in one table: %v", err)
 	}
 	c := PatchCtl{Seq: 9, Done: 1, Failed: 2, Skipped: 3, FirstEntry: 4, FirstCode: 1}
 	got, err := DecodePatchCtl(c.encode())
@@ -134,6 +159,12 @@ func TestPatchRecords(t *testing.T) {
 	}
 	if _, err := DecodePatchCtl(make([]byte, 31)); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("short control block: %v", err)
+	}
+	h := gpu.HostMem{Bytes: make([]byte, 32)}
+	lend.PutUint64(h.Bytes[16:], 7)
+	lend.PutUint64(h.Bytes[24:], 2|5<<32)
+	if m := ReadPatchMirror(h, 16); m != (PatchMirror{Seq: 7, Failed: 2, Skipped: 5}) {
+		t.Errorf("ReadPatchMirror = %+v", m)
 	}
 }
 
@@ -204,6 +235,7 @@ type memOnly struct{ gpu.Memory }
 type patchRig struct {
 	d                  *fakeDevice
 	ctl, slots, tables gpu.DevicePtr
+	mirror             gpu.DevicePtr // 0: none
 	nslots, ntables    int
 	capacity           int
 	stride             uint64
@@ -236,7 +268,8 @@ func (r *patchRig) write(t *testing.T, seq uint64, ups []PatchUpdate) {
 }
 
 func (r *patchRig) run(mem gpu.Memory, cfg gpu.LaunchConfig) error {
-	return refPatcher(mem, cfg, PatcherArgs(r.ctl, r.slots, r.nslots, r.tables, r.stride, r.ntables, r.capacity))
+	return refPatcher(mem, cfg, PatcherMemory{Ctl: r.ctl, Slots: r.slots, NSlots: r.nslots, Tables: r.tables, Stride: r.stride,
+		NTables: r.ntables, Capacity: r.capacity, Mirror: r.mirror}.Args())
 }
 
 func (r *patchRig) ctlState(t *testing.T) PatchCtl {
@@ -371,5 +404,124 @@ func TestPatcherModule(t *testing.T) {
 	}
 	if _, err := m.Binary(9, 0); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 		t.Errorf("Binary(9, 0): %v", err)
+	}
+}
+
+// TestRefPatcherRanges: one update moves a range of slots, each to the
+// value plus its own add; the ranges of a table follow one another.
+func TestRefPatcherRanges(t *testing.T) {
+	d := newFakeDevice()
+	const nodes = 5
+	var slots []PatchSlot
+	for i := 1; i <= nodes; i++ {
+		d.params[gpu.DevNode(i)] = make([]byte, 16)
+		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, PatchSlot{Node: gpu.DevNode(i), Offset: 8, Add: 0})
+	}
+	r := &patchRig{d: d, nslots: len(slots), ntables: 1, capacity: 4, stride: PatchTableStride(4)}
+	r.ctl = d.alloc(make([]byte, PatchCtlSize))
+	r.slots = d.alloc(EncodePatchSlots(slots))
+	r.tables = d.alloc(make([]byte, r.stride))
+	r.mirror = d.alloc(make([]byte, PatchMirrorSize))
+	// Slots 0..3 (nodes 1 and 2), then slot 6 (node 4's first), then 8..9.
+	r.write(t, 0, []PatchUpdate{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}})
+	if err := r.run(r.d, PatcherConfig(len(slots))); err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]int]uint64{{1, 0}: 1<<20 + 100, {1, 8}: 1 << 20, {2, 0}: 1<<20 + 200, {2, 8}: 1 << 20,
+		{3, 0}: 0, {3, 8}: 0, {4, 0}: 2<<20 + 400, {4, 8}: 0, {5, 0}: 3<<20 + 500, {5, 8}: 3 << 20}
+	for k, v := range want {
+		if got := r.param(k[0], k[1]); got != v {
+			t.Errorf("node %d offset %d = %#x, want %#x", k[0], k[1], got, v)
+		}
+	}
+	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+		t.Errorf("control block %+v", c)
+	}
+	mir := make([]byte, PatchMirrorSize)
+	if err := d.Read(r.mirror, mir); err != nil {
+		t.Fatal(err)
+	}
+	if m := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); m != (PatchMirror{Seq: 1}) {
+		t.Errorf("mirror %+v, want seq 1", m)
+	}
+	// A range past the last slot: the writes inside apply, the others fail,
+	// counted in the control block and its mirror.
+	r.write(t, 1, []PatchUpdate{{Slot: 8, Count: 4, Value: 4 << 20}})
+	if err := r.run(r.d, PatcherConfig(len(slots))); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.param(5, 0); got != 4<<20+500 {
+		t.Errorf("in-range write of a range that overruns: %#x", got)
+	}
+	wantCtl := PatchCtl{Seq: 2, Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}
+	if c := r.ctlState(t); c != wantCtl {
+		t.Errorf("control block %+v, want %+v", c, wantCtl)
+	}
+	if err := d.Read(r.mirror, mir); err != nil {
+		t.Fatal(err)
+	}
+	if m := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); m != (PatchMirror{Seq: 2, Failed: 2}) {
+		t.Errorf("mirror %+v, want seq 2, 2 failed", m)
+	}
+}
+
+// TestRefPatcherChunks: a table of more updates than one chunk applies
+// every slot write once, across the chunk boundaries.
+func TestRefPatcherChunks(t *testing.T) {
+	const nodes = PatchChunk + 50 // 2(PatchChunk+50) slots
+	r := newPatchRig(t, nodes, 2, 2*nodes)
+	var ups []PatchUpdate
+	for i := 0; i < 2*nodes; i += 2 { // one node's slots each: both, or the first
+		ups = append(ups, PatchUpdate{Slot: uint32(i), Count: uint32(1 + (i/2)%2), Value: uint64(1000 + i)})
+	}
+	if len(ups) <= PatchChunk {
+		t.Fatalf("%d updates: not more than a chunk", len(ups))
+	}
+	r.write(t, 0, ups)
+	if err := r.run(r.d, PatcherConfig(2*nodes)); err != nil {
+		t.Fatal(err)
+	}
+	set := 0
+	for _, u := range ups {
+		for k := uint32(0); k < u.Count; k++ {
+			s := int(u.Slot + k)
+			if got := r.param(s/2+1, 8*(s%2)); got != u.Value {
+				t.Fatalf("slot %d = %d, want %d", s, got, u.Value)
+			}
+			set++
+		}
+	}
+	if len(r.d.setLogs) != set {
+		t.Errorf("%d slot writes for %d slots in the table", len(r.d.setLogs), set)
+	}
+	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+		t.Errorf("control block %+v", c)
+	}
+}
+
+// TestRefPatcherMalformedTable: starts that go backwards leave the writes
+// they skip unapplied and fault nothing; the launch still advances.
+func TestRefPatcherMalformedTable(t *testing.T) {
+	r := newPatchRig(t, 2, 1, 4)
+	tb, err := r.d.find(r.tables, int(r.stride))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewPatchTableWriter(tb)
+	for _, v := range []uint64{1, 2} {
+		if err := w.Add(uint32(v-1), 1, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Seal(0)
+	lend.PutUint32(tb[PatchHeaderSize+4:], 5) // the first update starts past the total
+	if err := r.run(r.d, PatcherConfig(4)); err != nil {
+		t.Fatal(err)
+	}
+	if r.param(1, 0) != 0 || r.param(1, 8) != 0 {
+		t.Errorf("a table whose first start passes its total applied something: %d %d", r.param(1, 0), r.param(1, 8))
+	}
+	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+		t.Errorf("control block %+v", c)
 	}
 }

@@ -68,7 +68,7 @@ func (c Candidate) String() string {
 }
 
 // auto chooses among the strategies that price themselves (the registry
-// entries with a model: patch, stable, pool) for the program and device,
+// entries with a model: patch, device, stable, pool) for the program and device,
 // from measured costs. The cost model (Options.Costs) rules out what the
 // device cannot run and orders the rest; newAuto builds them through the
 // registry, cheapest first (falling back past one that runs out of memory

@@ -60,6 +60,8 @@ func autoOptions(t *testing.T, col string) stablegraph.Options {
 			o.Costs.CopyBytesPerUS = f()
 		case "node-update-us":
 			o.Costs.NodeUpdateUS = f()
+		case "patcher-us":
+			o.Costs.PatcherUS = f()
 		default:
 			t.Fatalf("unknown option %q", k)
 		}
@@ -100,7 +102,7 @@ func TestAutoChoice(t *testing.T) {
 			if !strings.Contains(ch.Reason, c.says) || !strings.HasPrefix(ch.Reason, "cheapest modelled step: "+string(c.want)) {
 				t.Errorf("reason %q does not say %q", ch.Reason, c.says)
 			}
-			if len(ch.Candidates) != 3 || ch.Candidates[0].Strategy != c.want {
+			if len(ch.Candidates) != 4 || ch.Candidates[0].Strategy != c.want {
 				t.Fatalf("candidates %+v", ch.Candidates)
 			}
 			for i := 1; i < len(ch.Candidates); i++ {
@@ -133,7 +135,8 @@ func TestAutoChoice(t *testing.T) {
 func TestAutoFallsBack(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
-	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3}
+	// The patcher priced out, so that the model's order is pool, stable.
+	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3, Costs: stablegraph.Costs{PatcherUS: 100}}
 	b.InjectFault("MemCreate", 1, gpu.ErrOutOfMemory)
 	exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts)
 	b.ClearFaults()
@@ -166,6 +169,7 @@ func TestPersistentOptions(t *testing.T) {
 	for _, o := range []stablegraph.Options{
 		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},
 		{Costs: stablegraph.Costs{NodeUpdateUS: -1}}, {Costs: stablegraph.Costs{PoolMemoryFraction: 2}},
+		{Costs: stablegraph.Costs{PatcherUS: -1}}, {Costs: stablegraph.Costs{GraphUploadUS: -1}},
 		{SlotPoll: vmm.WaitPolicy{MinSleep: -time.Microsecond}}, {AutoProbeSteps: stablegraph.MaxAutoProbeSteps + 1},
 	} {
 		if exe, err := stablegraph.Compile(context.Background(), b, p, o); err == nil {
@@ -173,7 +177,7 @@ func TestPersistentOptions(t *testing.T) {
 			t.Errorf("Compile accepted %+v", o)
 		}
 	}
-	want := []stablegraph.Strategy{"eager", "record", "update", "patch", "stable", "pool", "remap", "auto"}
+	want := []stablegraph.Strategy{"eager", "record", "update", "patch", "device", "stable", "pool", "remap", "auto"}
 	if got := stablegraph.Strategies(); !slices.Equal(got, want) {
 		t.Errorf("Strategies() = %v", got)
 	}
@@ -182,7 +186,7 @@ func TestPersistentOptions(t *testing.T) {
 			t.Errorf("ParseStrategy(%q) = %q, %v", s, got, err)
 		}
 	}
-	if d := stablegraph.DefaultCosts(); d.NodeUpdateUS != 0.33 || d.TimelineWriteUS != 1 {
+	if d := stablegraph.DefaultCosts(); d.NodeUpdateUS != 0.33 || d.TimelineWriteUS != 1 || d.PatcherUS != 3.5 || d.PatcherNodeUS != 0.006 {
 		t.Errorf("default costs %+v", d)
 	}
 }

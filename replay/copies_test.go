@@ -57,9 +57,9 @@ func persistentVariants() []struct {
 // it launches one graph and, when the caller's buffers moved, updates only
 // copy nodes.
 func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
-	// Enough for auto to probe its three candidates (14 steps by default)
+	// Enough for auto to probe its four candidates (19 steps by default)
 	// and then run the one it kept.
-	const steps = 17
+	const steps = 22
 	workloads := []struct {
 		name string
 		cfg  workload.Config

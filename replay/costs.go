@@ -14,10 +14,13 @@ type Costs struct {
 	// node of an executable graph in place
 	// (cuGraphExecKernelNodeSetParams: 0.33).
 	NodeUpdateUS float64
-	// TracedUpdateUS is the cost of moving one traced node (a GEMM or
-	// other library call): building its child graph from the template and
+	// TracedUpdateUS is the cost of moving one traced command that is
+	// not flattened (a collective, or a function whose trace the backend
+	// cannot read back): building its child graph from the template and
 	// setting it on the exec graph. Not measured; estimated at 5 from a
-	// capture-sized graph build plus a node update.
+	// capture-sized graph build plus a node update. A flattened library
+	// call (a GEMM) moves as its kernel nodes, at NodeUpdateUS each
+	// (graph.Moves).
 	TracedUpdateUS float64
 	// CopyLatencyUS and CopyBytesPerUS model one device-to-device copy as
 	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: the line through
@@ -31,6 +34,17 @@ type Costs struct {
 	// memory that the pool's slots may take for auto to consider pool.
 	// Default 0.25.
 	PoolMemoryFraction float64
+	// PatcherUS is the GPU time the device strategy's patcher node adds to
+	// a step, whatever moves (3.5: 20.7 against 17.2 µs for a 16-node
+	// graph with every node moved).
+	PatcherUS float64
+	// PatcherNodeUS is the GPU time the patcher adds per node it moves
+	// (0.006).
+	PatcherNodeUS float64
+	// GraphUploadUS is the cost of uploading an executable graph again,
+	// which the device strategy does after moving nodes from the host.
+	// Not measured; estimated at 10.
+	GraphUploadUS float64
 }
 
 // DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
@@ -42,6 +56,9 @@ func DefaultCosts() Costs {
 		CopyBytesPerUS:     1.478e6,
 		TimelineWriteUS:    1.0,
 		PoolMemoryFraction: 0.25,
+		PatcherUS:          3.5,
+		PatcherNodeUS:      0.006,
+		GraphUploadUS:      10,
 	}
 }
 
@@ -60,6 +77,9 @@ func (c Costs) WithDefaults() (Costs, error) {
 		{&c.CopyBytesPerUS, d.CopyBytesPerUS, math.Inf(1)},
 		{&c.TimelineWriteUS, d.TimelineWriteUS, math.Inf(1)},
 		{&c.PoolMemoryFraction, d.PoolMemoryFraction, 1},
+		{&c.PatcherUS, d.PatcherUS, math.Inf(1)},
+		{&c.PatcherNodeUS, d.PatcherNodeUS, math.Inf(1)},
+		{&c.GraphUploadUS, d.GraphUploadUS, math.Inf(1)},
 	} {
 		switch {
 		case *f.v == 0:

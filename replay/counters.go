@@ -83,6 +83,16 @@ type Counters struct {
 	// strategies that work in the caller's memory need no such layout and
 	// count none.
 	AliasedSteps int64
+	// DeviceUpdates counts the pointer parameters the device strategy's
+	// patcher rewrote on the device: those of every opted-in node whose
+	// buffer moved, written by the host into the patcher's table as one
+	// update per moved buffer. The host path of that strategy (copies it
+	// could not make kernels, collectives) counts in PatchedNodes.
+	DeviceUpdates int64
+	// GraphUploads counts the uploads of an executable graph after the
+	// device strategy moved nodes from the host: zero in a steady state
+	// where everything moves on the device.
+	GraphUploads int64
 }
 
 // Sub returns c - d, field by field.
@@ -109,6 +119,8 @@ func (c Counters) Sub(d Counters) Counters {
 		SlotWaitSleeps:    c.SlotWaitSleeps - d.SlotWaitSleeps,
 		Remaps:            c.Remaps - d.Remaps,
 		AliasedSteps:      c.AliasedSteps - d.AliasedSteps,
+		DeviceUpdates:     c.DeviceUpdates - d.DeviceUpdates,
+		GraphUploads:      c.GraphUploads - d.GraphUploads,
 	}
 }
 

@@ -26,7 +26,8 @@
 // finds a driver's, each with its fallback in one function (strategy.go):
 //
 //   - Acquirer: the next step may have to wait for a resource (pool's
-//     slots); the executable waits without its lock.
+//     slots, device's patch tables); the executable waits without its
+//     lock.
 //   - OutputLeaser: outputs may be the strategy's own memory, leased to the
 //     caller (pool's zero-copy outputs); then they need not be bound.
 //   - MemoryHolder: device memory of its own (stable's copies, pool's slots).
@@ -82,7 +83,7 @@
 // and after the step over extra buffers); every buffer's name, class, size
 // and flow (what the step reads before writing, what it writes, whether in
 // full); the options that concern strategies; whether the step holds
-// collectives; and a logger. A strategy keeps what it needs and never
+// collectives; the executable's kernels by name; and a logger. A strategy keeps what it needs and never
 // reaches back into the executable. Buffers are indexed as the address
 // vectors Run receives: params and outputs may move every step, states
 // when rebound, temps and constants never.
@@ -92,7 +93,10 @@
 // One file each: eager.go launches every command every step (the
 // reference); record.go re-records on every move; update.go applies a
 // whole-graph exec update; patch.go updates in place the nodes whose
-// buffers moved (recorded.go holds what those three share); stable.go and
+// buffers moved (recorded.go holds what those three share); device.go
+// records once and moves the pointers on the device, from the patcher
+// node at the graph's root (graph.RecordDevice says what moves where);
+// stable.go and
 // pool.go run over persistent copies of the params and outputs, the copies
 // planned in copies.go (pool.go says how a slot is picked and released);
 // remap.go records once over virtual ranges of its own and maps the

@@ -53,13 +53,15 @@ func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Re
 func (st *patch) WarmUp() int { return 2 }
 
 // modelPatch prices a step in which every param and output moves: one
-// node update per command using them, a traced node's costing more.
+// node update per node using them (a flattened GEMM's kernel nodes
+// included: graph.Moves), a traced command that does not flatten costing
+// more.
 func modelPatch(spec Spec) Candidate {
 	c := spec.Options.Costs
-	nodes, traced := spec.Commands.Users(spec.bound())
+	m := spec.Commands.Moves(spec.bound())
 	return Candidate{
 		Strategy: Patch, Usable: true,
-		StepUS: float64(nodes-traced)*c.NodeUpdateUS + float64(traced)*c.TracedUpdateUS,
-		Note:   fmt.Sprintf("%d nodes to patch, %d of them traced", nodes, traced),
+		StepUS: float64(m.Nodes)*c.NodeUpdateUS + float64(m.Traced)*c.TracedUpdateUS,
+		Note:   fmt.Sprintf("%d nodes to patch, %d traced commands", m.Nodes, m.Traced),
 	}
 }

@@ -23,7 +23,7 @@ import (
 // the states the one before it left would diverge at once). The choice
 // reports what it measured, and the memory shrinks to the kept candidate's.
 func TestAutoProbesAndDecides(t *testing.T) {
-	const steps = 18 // 14 probe steps by default, then the kept one
+	const steps = 23 // 19 probe steps by default, then the kept one
 	for _, name := range []string{"mlp", "train", "chain"} {
 		w := steptest.MustWorkload(t, name, workload.Config{Layers: 3, Width: 16, Batch: 4, K: 12, N: 64})
 		for _, pattern := range workload.Patterns() {
@@ -53,10 +53,11 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 			order = append(order, c.Strategy)
 		}
 	}
-	if len(order) != 3 || order[0] != first.Strategy {
+	if len(order) != 4 || order[0] != first.Strategy {
 		t.Fatalf("candidates at Compile %+v", first.Candidates)
 	}
-	warm := map[stablegraph.Strategy]int{stablegraph.StrategyPatch: 2, stablegraph.StrategyStable: 1, stablegraph.StrategyPool: poolSlots}
+	warm := map[stablegraph.Strategy]int{stablegraph.StrategyPatch: 2, stablegraph.StrategyDevice: 2, stablegraph.StrategyStable: 1,
+		stablegraph.StrategyPool: poolSlots}
 	step := 0
 	for _, st := range order {
 		for range warm[st] + probeSteps {
@@ -81,7 +82,7 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 		!strings.Contains(final.Reason, "measured") {
 		t.Fatalf("final choice %+v", final)
 	}
-	if len(final.Candidates) != 3 || final.Candidates[0].Strategy != final.Strategy {
+	if len(final.Candidates) != 4 || final.Candidates[0].Strategy != final.Strategy {
 		t.Fatalf("final candidates %+v", final.Candidates)
 	}
 	for _, c := range final.Candidates {
@@ -104,8 +105,8 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 func TestAutoProbeOptions(t *testing.T) {
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
-	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 12, true)
-	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 12, true)
+	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 15, true)
+	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 15, true)
 	steptest.SameResults(t, got, want)
 	checkProbes(t, got, 1, 3)
 
@@ -178,8 +179,9 @@ func TestAutoProbeFaults(t *testing.T) {
 		t.Skip("a fault at every probe step is slow under -short")
 	}
 	ops := []string{"EventRecord", "EventQuery", "EventElapsed", "GraphLaunch", "GraphInstantiate",
-		"GraphExecMemcpyNodeSetParams", "GraphExecKernelNodeSetParams", "StreamWriteValue64", "StreamBeginCapture"}
-	const steps = 18
+		"GraphExecMemcpyNodeSetParams", "GraphExecKernelNodeSetParams", "StreamWriteValue64", "StreamBeginCapture",
+		"GraphUpload", "GraphKernelNodeSetDeviceUpdatable", "GraphAddRootKernelNode", "HostAlloc"}
+	const steps = 23
 	compared := []int{0, 1, 3} // outputs that do not depend on the accumulator
 	b := simtest.New(t, 1)
 	w := steptest.NewMLP(2, 8, 2, 10, 3)
@@ -298,10 +300,10 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 				if err := b.StreamSynchronize(s); err != nil {
 					t.Fatal(err)
 				}
-				// One probe step each (8 steps in all): step 8 decides
-				// and fences, step 9 closes the candidates not kept and
+				// One probe step each (11 steps in all): step 11 decides
+				// and fences, step 12 closes the candidates not kept and
 				// destroys the probe events.
-				if i == 8 || i == 9 {
+				if i == 11 || i == 12 {
 					b.InjectFault(c.op, 0, nil)
 				}
 				_, err := exe.Run(ctx, s, bufs)
@@ -311,7 +313,7 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 					t.Fatalf("step %d: %v", i, err)
 				case err != nil:
 					failed = true
-					if exe.Choice().Probing || i != 9 {
+					if exe.Choice().Probing || i != 12 {
 						t.Fatalf("step %d failed (probing %v): %v", i, exe.Choice().Probing, err)
 					}
 				}

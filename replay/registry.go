@@ -16,6 +16,7 @@ const (
 	Record Name = "record" // record.go
 	Update Name = "update" // update.go
 	Patch  Name = "patch"  // patch.go
+	Device Name = "device" // device.go
 	Stable Name = "stable" // stable.go
 	Pool   Name = "pool"   // pool.go
 	Remap  Name = "remap"  // remap.go
@@ -45,6 +46,7 @@ func init() {
 		{name: Record, build: newRecord},
 		{name: Update, build: newUpdate},
 		{name: Patch, build: newPatch, model: modelPatch},
+		{name: Device, build: newDevice, model: modelDevice},
 		{name: Stable, build: newStable, model: modelStable},
 		{name: Pool, build: newPool, model: modelPool},
 		{name: Remap, build: newRemap},

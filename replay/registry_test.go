@@ -14,9 +14,9 @@ import (
 // movement and demands every output of every step, and the final state,
 // equal to eager's bit for bit.
 func TestStrategiesMatchEager(t *testing.T) {
-	// Enough for auto to probe its three candidates (14 steps) and then
+	// Enough for auto to probe its four candidates (19 steps) and then
 	// run the one it kept.
-	const steps = 18
+	const steps = 23
 	for _, move := range steptest.Movements() {
 		t.Run(string(move), func(t *testing.T) {
 			b := simtest.New(t, 1)
@@ -54,6 +54,7 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 	if first := res[0].Stats.Last; st == stablegraph.StrategyRemap && (first.Records != 1 || first.Remaps != int64(len(res[0].Bind))) {
 		t.Errorf("first step: %d records, %d ranges mapped; want 1 and %d", first.Records, first.Remaps, len(res[0].Bind))
 	}
+	var deviceUpdates int64 // per moving step, by device
 	for i, r := range res[1:] {
 		i++
 		last := r.Stats.Last
@@ -113,6 +114,29 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 			}
 			if last.Remaps != int64(moved) || (move == steptest.Fixed) != (moved == 0) {
 				t.Errorf("step %d: %d ranges remapped, %d buffers moved (%s)", i, last.Remaps, moved, move)
+			}
+		case stablegraph.StrategyDevice:
+			// Recorded once; every pointer moves on the device (the copy
+			// and memset of the program as copy and fill kernels, the
+			// GEMMs' kernels at their template's slots): nothing moved
+			// from the host, uploaded or captured after the first step.
+			if last.Records != 0 || last.GraphUpdates != 0 || last.PatchedNodes != 0 || last.GraphUploads != 0 || last.TracesCaptured != 0 {
+				t.Errorf("step %d: %d records, %d updates, %d patched, %d uploads, %d traces captured under device",
+					i, last.Records, last.GraphUpdates, last.PatchedNodes, last.GraphUploads, last.TracesCaptured)
+			}
+			if r.Moved != (last.DeviceUpdates > 0) {
+				t.Errorf("step %d: moved=%v but %d pointers moved on the device", i, r.Moved, last.DeviceUpdates)
+			}
+			// With ping-pong, every param and output moves at every step:
+			// the same pointers every time (random buffers may land where
+			// they were).
+			if move != steptest.PingPong {
+				break
+			}
+			if deviceUpdates == 0 {
+				deviceUpdates = last.DeviceUpdates
+			} else if last.DeviceUpdates != deviceUpdates {
+				t.Errorf("step %d: %d pointers moved on the device, %d at an earlier step", i, last.DeviceUpdates, deviceUpdates)
 			}
 		case stablegraph.StrategyStable, stablegraph.StrategyPool:
 			// The body is recorded once (per pool slot, at its first

@@ -33,6 +33,11 @@ type Spec struct {
 	// Collectives is true when the step holds collectives, whose time is
 	// set by the peers (auto does not probe such steps).
 	Collectives bool
+	// Kernels resolves the executable's loaded kernels by name, the
+	// built-in ones (package kernels) always among them, for a strategy
+	// that puts kernels of its own in the step (device: copy and fill
+	// kernels for moving copies and memsets). Nil: none.
+	Kernels func(name string) (gpu.Function, error)
 	// Logger receives the strategy's logs; per-step paths log at debug
 	// level only.
 	Logger *slog.Logger

@@ -320,6 +320,11 @@ type StrategyReport struct {
 	// choices of its segments, comma-separated in the order first made,
 	// when they differ between segments.
 	Ran string `json:"ran,omitempty"`
+	// Unsupported says why the device cannot run the strategy (Compile
+	// refused it with gpu.ErrNotSupported: the device strategy without its
+	// patcher, pool without VMM); its segments are skipped, and it is not
+	// judged.
+	Unsupported string `json:"unsupported,omitempty"`
 }
 
 // Report is a soak's result.
@@ -380,6 +385,10 @@ func (r *Report) WriteText(w io.Writer) error {
 		name := s.Strategy
 		if s.Ran != "" {
 			name += " (" + s.Ran + ")"
+		}
+		if s.Unsupported != "" {
+			fmt.Fprintf(tw, "%s\tnot supported here: %s\n", name, s.Unsupported)
+			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", name, s.Segments, s.Steps, s.Checks, s.Mismatches,
 			report.FormatBytes(s.PeakDeviceBytes), report.FormatBytes(s.ExecutableBytes),
@@ -537,6 +546,12 @@ func (s *soaker) run(ctx context.Context) (err error) {
 			return nil
 		}
 		s.segment, s.strategy = seg, s.cfg.Strategies[seg%len(s.cfg.Strategies)]
+		if s.perStrat[s.strategy].Unsupported != "" {
+			if s.allUnsupported() {
+				return errors.New("no strategy of the soak can run on this device")
+			}
+			continue
+		}
 		segEnd := time.Now().Add(s.cfg.Segment)
 		if segEnd.After(end) && seg >= len(s.cfg.Strategies) {
 			segEnd = end
@@ -553,6 +568,16 @@ func (s *soaker) run(ctx context.Context) (err error) {
 	return nil
 }
 
+// allUnsupported reports whether no strategy of the soak can run.
+func (s *soaker) allUnsupported() bool {
+	for _, st := range s.perStrat {
+		if st.Unsupported == "" {
+			return false
+		}
+	}
+	return true
+}
+
 // runSegment runs the current strategy until segEnd.
 func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) (err error) {
 	b := s.b
@@ -563,6 +588,11 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 	}
 	exe, err := sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger,
 		Remappable: caller.Remappable()})
+	if errors.Is(err, gpu.ErrNotSupported) && s.strategy != sg.StrategyEager {
+		st.Unsupported = err.Error()
+		s.cfg.Logger.Warn("soak: the device cannot run the strategy; its segments are skipped", "strategy", s.strategy, "err", err)
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("compile: %w", err)
 	}
@@ -784,6 +814,11 @@ func (s *soaker) finish() {
 			continue
 		}
 		delete(s.perStrat, strat)
+		if st.Unsupported != "" {
+			st.DeviceSegment, st.HandlesSegment = -1, -1
+			r.Strategies = append(r.Strategies, *st)
+			continue
+		}
 		st.Device, st.DeviceSegment = segmentTrend(r.Samples, st.Strategy, func(smp Sample) float64 { return float64(smp.UsedBytes) },
 			float64(s.cfg.Tolerance), 0.01)
 		st.Handles, st.HandlesSegment = segmentTrend(r.Samples, st.Strategy, func(smp Sample) float64 { return float64(smp.Handles) }, 0, 0.01)

@@ -184,3 +184,64 @@ func TestSegmentTrend(t *testing.T) {
 		})
 	}
 }
+
+// noDeviceUpdates is the sim on a driver without device-updatable graph
+// nodes: the device strategy cannot run there.
+type noDeviceUpdates struct{ *sim.Backend }
+
+func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
+	return gpu.Errorf("DeviceUpdatesSupported", gpu.ErrNotSupported, "no device-side graph updates on this driver")
+}
+
+// TestSoakSkipsUnsupported: a strategy the device cannot run is reported
+// as such, its segments skipped, and the soak judges the others; a soak of
+// unsupported strategies only fails at once.
+func TestSoakSkipsUnsupported(t *testing.T) {
+	raw, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	b := noDeviceUpdates{raw}
+	cfg := Config{Workload: "mlp", Duration: 1500 * time.Millisecond, CheckEvery: 3, Warmup: 10, Segment: 500 * time.Millisecond,
+		SampleEvery: time.Millisecond, Strategies: []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice}}
+	cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch = 2, 16, 4
+	rep, err := Run(context.Background(), b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", text.String())
+	if rep.Error != "" || rep.Mismatches != 0 || rep.Memory == MemoryGrows {
+		t.Fatalf("soak: error %q, %d mismatches, memory %s", rep.Error, rep.Mismatches, rep.Memory)
+	}
+	for _, s := range rep.Strategies {
+		switch s.Strategy {
+		case "device":
+			if !strings.Contains(s.Unsupported, "no device-side graph updates") || s.Segments != 0 || s.Steps != 0 {
+				t.Errorf("device: %+v", s)
+			}
+		case "patch":
+			if s.Unsupported != "" || s.Segments == 0 || s.Checks == 0 {
+				t.Errorf("patch: %+v", s)
+			}
+		}
+	}
+	if slices.Contains(rep.Unjudged, "device") || !strings.Contains(text.String(), "not supported here: ") {
+		t.Errorf("unjudged %v; text:\n%s", rep.Unjudged, text.String())
+	}
+	cfg.Strategies = []sg.Strategy{sg.StrategyDevice}
+	rep, err = Run(context.Background(), b, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rep.Error, "no strategy of the soak can run") {
+		t.Errorf("a soak of an unsupported strategy only: error %q", rep.Error)
+	}
+	if live := raw.LiveHandles(); !live.IsZero() {
+		t.Errorf("handles live after the soaks: %s", live)
+	}
+}

@@ -327,7 +327,7 @@ func TestDPAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, strat := range []sg.Strategy{sg.StrategyPatch, sg.StrategyPool} {
+	for _, strat := range []sg.Strategy{sg.StrategyPatch, sg.StrategyPool, sg.StrategyDevice} {
 		ref := make([][][]float32, world)
 		if err := eachRank(world, func(r int) error {
 			var err error
@@ -441,5 +441,69 @@ func TestJoinRankFailures(t *testing.T) {
 		Token: "dp-test-token-0123456789", Timeout: 200 * time.Millisecond})
 	if !errors.Is(err, rendezvous.ErrTimeout) {
 		t.Fatalf("no rank 0: %v", err)
+	}
+}
+
+// TestDPDevice: dp on 2 ranks with the device strategy. The all-reduce
+// keeps its host path (its buffer, the gradients, is a temp that never
+// moves, so it costs nothing per step); everything else moves on the
+// device: after the first step no node is moved from the host, no graph
+// uploaded again, no collective captured, and every rank's weights after
+// every step are patch's bit for bit. Auto on dp weighs the device
+// strategy by the model (dp's collectives rule out probing).
+func TestDPDevice(t *testing.T) {
+	ctx := context.Background()
+	const world, steps = 2, 4
+	b := openSimN(t, world, 30*time.Second)
+	ws, err := ForRanks("dp", dpShape, openComms(t, b, world))
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := func(strat sg.Strategy) [][][]float32 {
+		out := make([][][]float32, world)
+		if err := eachRank(world, func(r int) error {
+			var err error
+			out[r], err = stepStates(ctx, b, ws[r], r, strat, steps, nil)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	want, got := states(sg.StrategyPatch), states(sg.StrategyDevice)
+	for r := range world {
+		for step := range steps {
+			for i, v := range got[r][step] {
+				if math.Float32bits(v) != math.Float32bits(want[r][step][i]) {
+					t.Fatalf("rank %d, step %d: weight %d = %v under device, %v under patch", r, step, i, v, want[r][step][i])
+				}
+			}
+		}
+	}
+	res, err := RunRanks(ctx, b, ws, RunOptions{Strategy: sg.StrategyDevice, Steps: 4, Warmup: 1, Pattern: Random, WallBatches: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, rr := range res {
+		c := rr.Stats
+		if c.PatchedNodes != 0 || c.GraphUploads != 0 || c.Rerecords != 0 || c.TracesCaptured != 0 || c.DeviceUpdates == 0 ||
+			!strings.Contains(rr.Result.Note, "collectives captured in steady state: 0") {
+			t.Errorf("rank %d: %+v; note %q", r, c, rr.Result.Note)
+		}
+	}
+	exe, err := sg.Compile(ctx, b, ws[0].Program, sg.Options{Strategy: sg.StrategyAuto, Device: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := exe.Choice()
+	if err := exe.Close(); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range ch.Candidates {
+		found = found || (c.Strategy == sg.StrategyDevice && c.Usable && c.StepUS > 0)
+	}
+	if !found || !strings.Contains(ch.Reason, "device: ") || !strings.Contains(ch.Reason, "not probed: the program holds collectives") {
+		t.Errorf("auto on dp: %+v", ch)
 	}
 }

@@ -147,7 +147,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
 		Remappable: caller.Remappable()})
 	if err != nil {
-		return nil, fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)
+		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
 	}
 	// Closing the executable waits for its last step; the stream is
 	// synchronized before it is destroyed (cleanup runs newest first).
@@ -254,6 +254,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 	if n := st.MoveRerecords + st.RetryRerecords; n > 0 && opts.Strategy != sg.StrategyRecord {
 		r.Note = joinNote(r.Note, fmt.Sprintf("re-records: %d for moved addresses (a state rebound), %d after a failed step", st.MoveRerecords, st.RetryRerecords))
+	}
+	if st.DeviceUpdates > 0 || st.GraphUploads > 0 {
+		// The device strategy: its pointer moves are no node updates.
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d pointers moved on the device (%.0f per step), %d uploads after moves from the host",
+			st.DeviceUpdates, float64(st.DeviceUpdates)/float64(max(opts.Steps, 1)), st.GraphUploads))
 	}
 	if res.Mismatch >= 0 {
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
@@ -379,6 +384,13 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 			if strat == sg.StrategyEager {
 				return nil, err
 			}
+			if ce := (compileError{}); errors.As(err, &ce) && errors.Is(err, gpu.ErrNotSupported) {
+				// The device cannot run it (pool without VMM, device
+				// without its patcher): no row to compare, no failure.
+				rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Unchecked: true,
+					Note: NotSupportedNote + err.Error()})
+				continue
+			}
 			rep.Results = append(rep.Results, report.Result{Strategy: string(strat), Note: "failed: " + err.Error()})
 			continue
 		}
@@ -424,6 +436,17 @@ func floorRun(ctx context.Context, b gpu.Backend, w *Workload, o RunOptions, mov
 	}
 	return Run(ctx, b, w, o)
 }
+
+// compileError is Run's error when Compile failed.
+type compileError struct{ err error }
+
+func (e compileError) Error() string { return e.err.Error() }
+func (e compileError) Unwrap() error { return e.err }
+
+// NotSupportedNote begins the note of a Bench row whose strategy the
+// device cannot run (Compile refused it with gpu.ErrNotSupported): the row
+// is Unchecked, and not a failure.
+const NotSupportedNote = "not supported on this device: "
 
 // FloorRow is the name of Bench's row for the step graph replayed with no
 // buffer moving: the floor of every strategy's step time.

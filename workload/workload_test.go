@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"strings"
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
-	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 )
 
 func openSim(t *testing.T) gpu.Backend {
@@ -115,7 +116,8 @@ func TestBenchStrategiesMatchEager(t *testing.T) {
 				t.Errorf("%s/%s: floor row present = %v", name, pat, ok)
 			}
 			for _, r := range rep.Results {
-				explained := r.Strategy == "auto" || r.Strategy == FloorRow
+				// device says how many pointers it moved.
+				explained := r.Strategy == "auto" || r.Strategy == FloorRow || (r.Strategy == "device" && pat != Fixed)
 				if !r.OutputsMatchEager || (r.Note != "") != explained {
 					t.Errorf("%s/%s/%s: match %v, note %q", name, pat, r.Strategy, r.OutputsMatchEager, r.Note)
 				}
@@ -134,6 +136,9 @@ func TestBenchStrategiesMatchEager(t *testing.T) {
 					t.Errorf("%s/%s: patch patched nothing", name, pat)
 				case r.Strategy == "update" && pat != Fixed && r.GraphUpdates == 0:
 					t.Errorf("%s/%s: update updated nothing", name, pat)
+				case r.Strategy == "device" && pat != Fixed && (!strings.Contains(r.Note, "pointers moved on the device") ||
+					!strings.Contains(r.Note, " 0 uploads") || r.PatchedNodes != 0):
+					t.Errorf("%s/%s: device: note %q, %d patched nodes", name, pat, r.Note, r.PatchedNodes)
 				}
 			}
 		}
@@ -171,4 +176,38 @@ func sha(b []byte) [32]byte {
 	h.Write(b)
 	h.Sum(d[:0])
 	return d
+}
+
+// noDeviceUpdates is the sim on a driver without device-updatable graph
+// nodes.
+type noDeviceUpdates struct{ *sim.Backend }
+
+func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
+	return gpu.Errorf("DeviceUpdatesSupported", gpu.ErrNotSupported, "no device-side graph updates on this driver")
+}
+
+// TestBenchSkipsUnsupported: a strategy Compile refuses with
+// gpu.ErrNotSupported gets a row saying so, unchecked, and the others run.
+func TestBenchSkipsUnsupported(t *testing.T) {
+	raw, err := sim.New(gpu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	w := small(t, "chain-moving")
+	rep, err := Bench(context.Background(), noDeviceUpdates{raw}, w, []sg.Strategy{sg.StrategyDevice, sg.StrategyPatch},
+		RunOptions{Steps: 3, Warmup: 1, Pattern: Random})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, ok := rep.Result("device")
+	if !ok || !dev.Unchecked || !strings.HasPrefix(dev.Note, NotSupportedNote) || !strings.Contains(dev.Note, "no device-side graph updates") {
+		t.Errorf("device row %+v", dev)
+	}
+	if patch, ok := rep.Result("patch"); !ok || !patch.OutputsMatchEager {
+		t.Errorf("patch row %+v", patch)
+	}
+	if live := raw.LiveHandles(); !live.IsZero() {
+		t.Errorf("live handles %s", live)
+	}
 }

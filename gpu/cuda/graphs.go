@@ -694,6 +694,12 @@ func (b *Backend) StreamIsCapturing(s gpu.Stream) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// Only this backend holds its streams' CUstreams, so only it can begin
+	// a capture on one: while none it began is in progress, the answer is
+	// no, without a driver call (an executable asks before every step).
+	if b.captures.Load() == 0 {
+		return false, nil
+	}
 	return b.capturing(dev, cs)
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"reflect"
 	"sync"
 
@@ -380,6 +381,11 @@ func (b *Backend) deviceSetParam(a actor, lc launchCtx, n gpu.DevNode, off uint6
 	args := make([]gpu.Arg, len(k.args))
 	for i, kind := range k.fn.spec.Params {
 		raw := buf[layout[i].Offset : layout[i].Offset+layout[i].Size]
+		if kind == gpu.ArgBytes {
+			// A library kernel's opaque parameter (the sim's cuBLAS).
+			args[i] = gpu.Arg{Kind: kind, Raw: bytes.Clone(raw)}
+			continue
+		}
 		args[i] = gpu.Arg{Kind: kind, Bits: decodeBits(raw)}
 	}
 	k.args = args

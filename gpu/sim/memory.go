@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/binary"
 	"math"
 	"unsafe"
 
@@ -132,9 +133,16 @@ func (b *Backend) access(a actor, p gpu.DevicePtr, buf []byte, write bool) error
 	if f != nil {
 		return b.fault(a, p, uint64(len(buf)), write, f)
 	}
-	if write {
+	switch {
+	case write && len(buf) == 8 && p%8 == 0:
+		// An aligned 8-byte store is one store on a GPU: a host polling
+		// with HostMem.Load64 (the patcher's mirror in mapped host memory)
+		// sees the old or the new value, never a torn one. An aligned
+		// range never crosses a page or a mapping.
+		ps[0].mem.store64(ps[0].off, binary.LittleEndian.Uint64(buf))
+	case write:
 		writePieces(ps, buf)
-	} else {
+	default:
 		readPieces(ps, buf)
 	}
 	return nil

@@ -66,6 +66,7 @@ var (
 	_ gpu.Collectives    = (*Backend)(nil)
 	_ gpu.HandleCounter  = (*Backend)(nil)
 	_ gpu.DeviceResetter = (*Backend)(nil)
+	_ gpu.DeviceUpdates  = (*Backend)(nil)
 )
 
 // New wraps b, a sim, whose collectives then go through ex.
@@ -82,6 +83,62 @@ func (b *Backend) ResetDevice(dev int) error {
 		return r.ResetDevice(dev)
 	}
 	return gpu.Errorf("ResetDevice", gpu.ErrNotSupported, "backend %s cannot reset a device", b.Name())
+}
+
+// The sim's device-side graph updates (gpu.DeviceUpdates), so that every
+// rank can run the device strategy: the wrapper would hide them otherwise.
+
+// devUpdates returns the wrapped backend's, or why there are none.
+func (b *Backend) devUpdates(op string) (gpu.DeviceUpdates, error) {
+	if du, ok := b.Backend.(gpu.DeviceUpdates); ok {
+		return du, nil
+	}
+	return nil, gpu.Errorf(op, gpu.ErrNotSupported, "backend %s has no device-side graph updates", b.Name())
+}
+
+// DeviceUpdatesSupported is the sim's.
+func (b *Backend) DeviceUpdatesSupported(dev int) error {
+	du, err := b.devUpdates("DeviceUpdatesSupported")
+	if err != nil {
+		return err
+	}
+	return du.DeviceUpdatesSupported(dev)
+}
+
+// GraphKernelNodeSetDeviceUpdatable is the sim's.
+func (b *Backend) GraphKernelNodeSetDeviceUpdatable(n gpu.GraphNode, updatable bool) (gpu.DevNode, error) {
+	du, err := b.devUpdates("GraphKernelNodeSetDeviceUpdatable")
+	if err != nil {
+		return 0, err
+	}
+	return du.GraphKernelNodeSetDeviceUpdatable(n, updatable)
+}
+
+// GraphKernelNodeDevNode is the sim's.
+func (b *Backend) GraphKernelNodeDevNode(n gpu.GraphNode) (gpu.DevNode, error) {
+	du, err := b.devUpdates("GraphKernelNodeDevNode")
+	if err != nil {
+		return 0, err
+	}
+	return du.GraphKernelNodeDevNode(n)
+}
+
+// GraphAddRootKernelNode is the sim's.
+func (b *Backend) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
+	du, err := b.devUpdates("GraphAddRootKernelNode")
+	if err != nil {
+		return 0, err
+	}
+	return du.GraphAddRootKernelNode(g, p)
+}
+
+// GraphUpload is the sim's.
+func (b *Backend) GraphUpload(x gpu.GraphExec, s gpu.Stream) error {
+	du, err := b.devUpdates("GraphUpload")
+	if err != nil {
+		return err
+	}
+	return du.GraphUpload(x, s)
 }
 
 // comm is one communicator: this process's rank.

@@ -1,0 +1,196 @@
+package graph_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/trace"
+)
+
+// devStep is a step over buffers x (0), y (1), z (2, all movable) and t (3,
+// fixed): a kernel y = 2x+1, a copy of x into z (a copy kernel), a
+// 6-byte memset of t... and of z (host path: no whole 4-byte elements),
+// and a traced command on the host path (a collective's place) that
+// copies y into t.
+func devStep(t *testing.T, m *mlp) (*graph.CommandBuffer, []gpu.DevicePtr, gpu.Function, gpu.Function) {
+	t.Helper()
+	fn := func(name string) gpu.Function {
+		f, err := m.b.ModuleFunction(m.mod, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	axpb, cp, fill := fn(kernels.Axpb), fn(kernels.Copy), fn(kernels.Fill)
+	const n = 16
+	tc := m.tr.NewCommand("collective's place", func(env *trace.Env) error {
+		f, err := env.Kernel(kernels.Copy)
+		if err != nil {
+			return err
+		}
+		return env.Backend.LaunchKernel(f, kernels.Elementwise(n), []gpu.Arg{gpu.Ptr(env.Ptrs[0]), gpu.Ptr(env.Ptrs[1]), gpu.I32(n)}, env.Stream)
+	}, []trace.Use{{Operand: 0}, {Operand: 1}}, []uint64{4 * n, 4 * n})
+	cmds := []graph.Command{
+		{Name: "axpb", Kind: graph.KindKernel, Func: axpb, Config: kernels.Elementwise(n),
+			Args: []graph.Arg{ptr(1), ptr(0), {Value: gpu.F32(2)}, {Value: gpu.F32(1)}, {Value: gpu.I32(n)}}},
+		{Name: "copy", Kind: graph.KindMemcpy, Dst: graph.Ref{Buf: 2}, Src: graph.Ref{Buf: 0}, Size: 4 * n},
+		{Name: "memset", Kind: graph.KindMemset, Dst: graph.Ref{Buf: 2, Off: 4 * n}, Value: 0x5a, ElemSize: 1, Count: 6},
+		{Name: "traced", Kind: graph.KindTraced, Trace: tc, Operands: []int{3, 1}, HostPath: true},
+	}
+	cb, err := graph.New(0, 4, cmds, m.tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := []gpu.DevicePtr{m.alloc(4*n, 0), m.alloc(4*n, 0), m.alloc(4*n+8, 0), m.alloc(4*n, 0)}
+	return cb, addrs, cp, fill
+}
+
+// TestRecordDevice: RecordDevice opts in the kernel nodes with a pointer
+// into a movable buffer, at the offsets of their parameter layouts, the
+// copy as a copy kernel among them; the memset it cannot make a kernel and
+// the host-path traced command are not opted in, and PatchDevice moves
+// them from the host, touching no opted-in node.
+func TestRecordDevice(t *testing.T) {
+	m := newMLP(t, 2, 4, 1, trace.Options{})
+	cb, addrs, cp, fill := devStep(t, m)
+	du, err := gpu.DeviceUpdatesOf(m.b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := graph.DeviceOptions{Movable: []bool{true, true, true, false}, Copy: cp, Fill: fill}
+	if _, err := cb.RecordDevice(m.b, du, addrs[:2], opts); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("RecordDevice with 2 addresses for 4 buffers: %v", err)
+	}
+	rec, err := cb.RecordDevice(m.b, du, addrs, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// axpb: y at 0, x at 8; the copy kernel: z at 0, x at 8.
+	type slot struct {
+		buf    int
+		offset uint32
+	}
+	var got []slot
+	for _, s := range rec.Slots {
+		got = append(got, slot{s.Buf, s.Offset})
+		if d, err := du.GraphKernelNodeDevNode(s.Node); err != nil || d != s.Dev || d == 0 {
+			t.Errorf("slot %+v: node opted in as %#x, %v", s, uint64(d), err)
+		}
+	}
+	if want := []slot{{0, 8}, {0, 8}, {1, 0}, {2, 0}}; !slices.Equal(got, want) {
+		t.Errorf("slots %+v, want %+v", got, want)
+	}
+	if want := []graph.SlotRange{{Buf: 0, First: 0, N: 2}, {Buf: 1, First: 2, N: 1}, {Buf: 2, First: 3, N: 1}}; !slices.Equal(rec.Ranges, want) {
+		t.Errorf("ranges %+v, want %+v", rec.Ranges, want)
+	}
+	nodes, err := m.b.GraphNodes(rec.Graph())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opted := 0
+	for _, n := range nodes {
+		if typ, _ := m.b.GraphNodeType(n); typ == gpu.NodeKernel {
+			if d, _ := du.GraphKernelNodeDevNode(n); d != 0 {
+				opted++
+			}
+		}
+	}
+	if opted != 2 || len(nodes) != 4 {
+		t.Errorf("%d nodes, %d opted in; want 4 and 2 (not the memset, not the traced command's kernel)", len(nodes), opted)
+	}
+	x, err := rec.Instantiate(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Destroy(m.b)
+	s := m.s
+	if err := du.GraphUpload(x.X, s); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing moved: nothing to do. x, y and z moved: the memset and the
+	// traced command from the host; the opted-in nodes stay as recorded,
+	// so the exec needs no upload to launch.
+	if n, err := cb.PatchDevice(m.b, x, addrs); err != nil || n != 0 {
+		t.Errorf("PatchDevice with nothing moved: %d, %v", n, err)
+	}
+	moved := []gpu.DevicePtr{m.alloc(64, 0), m.alloc(64, 0), m.alloc(72, 0), addrs[3]}
+	n, err := cb.PatchDevice(m.b, x, moved)
+	if err != nil || n != 2 {
+		t.Fatalf("PatchDevice: %d nodes from the host, %v; want the memset and the traced command's kernel", n, err)
+	}
+	if !slices.Equal(x.Addrs(), moved) {
+		t.Errorf("Addrs after PatchDevice %v, want %v", x.Addrs(), moved)
+	}
+	if err := x.Launch(m.b, s); err != nil {
+		t.Errorf("launch after moving only nodes that are not device-updatable: %v", err)
+	}
+	if err := m.b.StreamSynchronize(s); err != nil {
+		t.Fatal(err)
+	}
+	// The copy kernel off 4-byte alignment: refused, to record again.
+	odd := []gpu.DevicePtr{moved[0].Add(2), moved[1], moved[2], moved[3]}
+	if _, err := cb.PatchDevice(m.b, x, odd); !errors.Is(err, gpu.ErrGraphUpdate) {
+		t.Errorf("PatchDevice with the copy kernel's source unaligned: %v, want ErrGraphUpdate", err)
+	}
+	// Not a device exec.
+	plain, err := cb.Instantiate(m.b, addrs, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Destroy(m.b)
+	if _, err := cb.PatchDevice(m.b, plain, moved); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("PatchDevice of an exec not recorded for it: %v", err)
+	}
+	// What the host path moves, counted.
+	if mv := x.Moves(cb, []int{0, 1, 2}); mv != (graph.Moves{Nodes: 3, Copies: 2, Kernelizable: 1, Traced: 1}) {
+		t.Errorf("Exec.Moves %+v", mv)
+	}
+	if mv := cb.Moves([]int{0, 1, 2}); mv != (graph.Moves{Nodes: 3, Copies: 2, Kernelizable: 1, Traced: 1}) {
+		t.Errorf("CommandBuffer.Moves %+v", mv)
+	}
+}
+
+// TestRecordDeviceFlattenedGEMM: a flattened GEMM's kernel nodes are opted
+// in at its template's slots (the split-K GEMM: its split kernel reads x);
+// the estimate counts it as LibraryNodes node, the exec as the nodes that
+// point into the buffers moved.
+func TestRecordDeviceFlattenedGEMM(t *testing.T) {
+	m := newMLP(t, 8, 128, 2, trace.Options{})
+	a := m.fresh(0)
+	du, err := gpu.DeviceUpdatesOf(m.b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	movable := make([]bool, m.nbufs)
+	movable[0], movable[1] = true, true
+	rec, err := m.cb.RecordDevice(m.b, du, a, graph.DeviceOptions{Movable: movable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := rec.Instantiate(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Destroy(m.b)
+	// x is the GEMM of layer 0's A: one slot in its split kernel; y is the
+	// last tanh's output.
+	if len(rec.Ranges) != 2 || rec.Ranges[0].N != 1 || rec.Ranges[1].N != 1 {
+		t.Fatalf("ranges %+v", rec.Ranges)
+	}
+	if mv := x.Moves(m.cb, []int{0}); mv != (graph.Moves{Nodes: 1}) {
+		t.Errorf("Exec.Moves(x) %+v", mv)
+	}
+	if mv := m.cb.Moves([]int{0, 1}); mv != (graph.Moves{Nodes: graph.LibraryNodes + 1}) {
+		t.Errorf("CommandBuffer.Moves(x, y) %+v", mv)
+	}
+	if n, err := m.cb.PatchDevice(m.b, x, m.fresh(0)); err != nil || n != 0 {
+		t.Errorf("PatchDevice in the class: %d, %v", n, err)
+	}
+	if _, err := m.cb.PatchDevice(m.b, x, m.fresh(4)); !errors.Is(err, gpu.ErrGraphUpdate) {
+		t.Errorf("PatchDevice at another alignment class: %v, want ErrGraphUpdate", err)
+	}
+}

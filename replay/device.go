@@ -1,0 +1,529 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/vmm"
+)
+
+// device moves the step's pointers on the device: the graph is recorded
+// once, every kernel node with a pointer into a buffer that can move
+// (params, outputs, states) is opted in to device-side updates
+// (gpu.DeviceUpdates), and the patcher (package kernels) is the graph's
+// root node. Per step the host compares the addresses with the ones the
+// device holds, writes one update per moved buffer into the next table of a
+// ring in mapped pinned host memory, and launches: the patcher rewrites
+// every pointer into those buffers before any other node runs, in the same
+// launch. In steady state a step is one graph launch, no other driver call,
+// and no allocation.
+//
+// # What moves where
+//
+// graph.RecordDevice says it in full. Kernels of the program, and the
+// kernel nodes of library calls flattened from a template (a cuBLAS GEMM's,
+// whose pointer slots differential tracing found), move on the device.
+//
+// Copies and memsets cannot be updated from the device. One over a buffer
+// that moves is recorded as a copy or fill kernel of package kernels
+// (4-byte elements) when its size and addresses allow, and moves on the
+// device with the rest: kept a copy node, it would have to be moved from
+// the host, and CUDA then wants the graph uploaded again (cuGraphUpload),
+// which also puts every opted-in node back at its recorded addresses, so
+// that every pointer would have to be moved again, by a full table, on
+// every step the copy moves. A copy kernel costs the GPU what a copy node
+// costs (both are latency-bound at these sizes) and the host nothing. The
+// kernels are bit-exact copies, so eager's bits are kept. A copy whose size
+// or addresses are not whole 4-byte elements keeps the host path.
+//
+// Collectives keep the host path: NCCL's kernels cannot be read back, so
+// their traces are never flattened on CUDA, and a child graph's nodes
+// cannot opt in. In data-parallel steps their buffers are the gradients,
+// temps of the executable that never move, so they cost nothing per step.
+//
+// Whatever moved from the host, the graph is uploaded again before the
+// launch and the device holds the recorded addresses once more: the table
+// then moves every pointer whose buffer is not at its recorded address.
+//
+// # The ring and the mirror
+//
+// The patcher reads table k % deviceTables at launch k. The host may
+// rewrite a table only once the launch that read it last has passed its
+// patcher: the patcher's mirror of its control block, in the same mapped
+// host memory, says how many launches have, with no driver call (the role
+// the timeline plays for pool, written by the patcher itself instead of a
+// stream write per step). Acquire makes the executable wait, without its
+// lock, while the host is deviceTables launches ahead of the device,
+// polling as Options.SlotPoll says. The mirror also counts the pointer
+// updates the device runtime refused; a step that finds the count grown
+// fails (the steps before it ran on stale pointers) and the graph is
+// recorded afresh.
+//
+// # When it records again
+//
+// At its first step; when a copy kernel's buffers move off 4-byte
+// alignment or a flattened library call's operands move to another
+// alignment class (graph.PatchDevice refuses both: the library may choose
+// other kernels there); and after a failure. A graph with device-updatable
+// nodes cannot take a whole-graph update, so recording again means a new
+// graph: the old one's patcher memory is freed once the stream has
+// finished with it.
+//
+// # Requirements
+//
+// gpu.DeviceUpdates on the device (CUDA 12.4 or newer) and the patcher
+// built for its architecture (kernels/cuda/gen-patcher.sh); New fails
+// with an error wrapping gpu.ErrNotSupported that says which is missing,
+// and auto skips the strategy.
+type device struct {
+	base
+	dev     int
+	du      gpu.DeviceUpdates
+	module  gpu.Module
+	patcher gpu.Function
+	opts    graph.DeviceOptions
+	bound   []bool // per buffer: bound by the caller every step
+	policy  vmm.WaitPolicy
+
+	x   *graph.Exec // nil before the first step and after a failure
+	rig *patchRig   // x's patcher memory
+	// rec is the addresses x was recorded at, what an upload restores in
+	// its opted-in nodes; held is what the device holds in them once every
+	// launch enqueued has run its patcher.
+	rec, held []gpu.DevicePtr
+	// retired are the rigs of execs dropped while their launches may still
+	// run: freed once a stream synchronization covers them, or at Close.
+	retired []*patchRig
+}
+
+// deviceTables is the number of tables in the ring: how many launches the
+// host may enqueue ahead of the device's patcher before it waits. A table
+// holds one update per buffer, so the ring is small.
+const deviceTables = 16
+
+// rigCtlBytes and rigMirrorBytes are where the slots and the tables start
+// in the rig's device and host memory.
+const (
+	rigCtlBytes    = 256
+	rigMirrorBytes = 64
+)
+
+func newDevice(spec Spec) (_ Strategy, err error) {
+	b, dev := spec.Backend, spec.Device
+	du, err := gpu.DeviceUpdatesOf(b, dev)
+	if err != nil {
+		return nil, fmt.Errorf("device: pointers moved on the device need device-updatable graph nodes: %w", err)
+	}
+	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Options.SlotPoll}
+	m, err := b.ModuleLoad(dev, kernels.PatcherModule())
+	if err != nil {
+		return nil, fmt.Errorf("device: load the patcher: %w", err)
+	}
+	st.module = m
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, st.Close())
+		}
+	}()
+	if st.patcher, err = b.ModuleFunction(m, kernels.Patcher); err != nil {
+		return nil, fmt.Errorf("device: the patcher kernel: %w", err)
+	}
+	st.opts.Movable = make([]bool, len(spec.Buffers))
+	st.bound = make([]bool, len(spec.Buffers))
+	for i, buf := range spec.Buffers {
+		st.bound[i] = buf.Class.Bound()
+		st.opts.Movable[i] = st.bound[i] || buf.Class == State
+	}
+	if spec.Kernels != nil {
+		// Without them, copies and memsets that move take the host path.
+		if f, err := spec.Kernels(kernels.Copy); err == nil {
+			st.opts.Copy = f
+		}
+		if f, err := spec.Kernels(kernels.Fill); err == nil {
+			st.opts.Fill = f
+		}
+	}
+	st.rec = make([]gpu.DevicePtr, len(spec.Buffers))
+	st.held = make([]gpu.DevicePtr, len(spec.Buffers))
+	return st, nil
+}
+
+// WarmUp: the graph is recorded at the first step, and the templates of
+// library calls are proved then too; the second step moves on the device.
+func (st *device) WarmUp() int { return 2 }
+
+// AliasSafe: like patch, the graph works in the caller's memory (its
+// copies and memsets, made kernels, too), so overlapping bindings get
+// eager's semantics.
+func (st *device) AliasSafe() bool { return true }
+
+// Acquire waits, when the next launch's table may still be read by the
+// patcher of the launch deviceTables before it.
+func (st *device) Acquire() func(context.Context) error {
+	r := st.rig
+	if r == nil || r.launches < deviceTables {
+		return nil
+	}
+	need := r.launches - deviceTables + 1
+	if r.mirror().Seq >= need {
+		return nil
+	}
+	policy := st.policy
+	return func(ctx context.Context) error {
+		if _, err := policy.Poll(ctx, time.Time{}, func() bool { return r.passed(need) }, nil); err != nil {
+			return fmt.Errorf("device: the patcher of launch %d has not run, and its table is the next launch's: %w", need-1, err)
+		}
+		return nil
+	}
+}
+
+func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	if err := st.checkPatcher(); err != nil {
+		return Result{}, err
+	}
+	switch {
+	case st.x == nil:
+		if err := st.record(s, addrs); err != nil {
+			return Result{}, err
+		}
+	case st.cb.Moved(st.x.Addrs(), addrs):
+		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
+		if err != nil {
+			// Some nodes may be moved and others not.
+			derr := st.dropExec()
+			if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
+				return Result{}, errors.Join(err, derr)
+			}
+			st.c.UpdateFallbacks++
+			st.log.Debug("device: cannot move on the device; recording again", "reason", err)
+			if err := st.record(s, addrs); err != nil {
+				return Result{}, err
+			}
+			break
+		}
+		if n > 0 {
+			st.c.PatchedNodes += int64(n)
+			if err := st.du.GraphUpload(st.x.X, s); err != nil {
+				return Result{}, errors.Join(fmt.Errorf("device: upload after moving %d nodes from the host: %w", n, err), st.dropExec())
+			}
+			st.c.GraphUploads++
+			copy(st.held, st.rec)
+		}
+	}
+	writes, err := st.writeTable(addrs)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := st.x.Launch(st.b, s); err != nil {
+		// Nothing ran. The table must not move anything at the next
+		// launch, which takes this one's number: it writes its own, or
+		// none when its buffers are where the device holds them.
+		if writes > 0 {
+			w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
+			w.Seal(math.MaxUint64)
+		}
+		return Result{}, err
+	}
+	st.rig.launches++
+	st.c.GraphLaunches++
+	if writes > 0 {
+		for _, r := range st.rig.ranges {
+			st.held[r.Buf] = addrs[r.Buf]
+		}
+		st.c.DeviceUpdates += int64(writes)
+	}
+	return Result{}, nil
+}
+
+// writeTable writes the next launch's table when a buffer with pointers on
+// the device is not where the device holds it, and returns how many
+// pointers it moves.
+func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
+	r := st.rig
+	moved := false
+	for _, rg := range r.ranges {
+		if st.held[rg.Buf] != addrs[rg.Buf] {
+			moved = true
+			break
+		}
+	}
+	if !moved {
+		return 0, nil
+	}
+	k := r.launches
+	if k >= deviceTables && !r.passed(k-deviceTables+1) {
+		// Acquire waits for this; a caller that did not ask is a bug.
+		return 0, fmt.Errorf("device: the table of launch %d is still in use by launch %d: %w", k, k-deviceTables, gpu.ErrIllegalState)
+	}
+	w := kernels.NewPatchTableWriter(r.table(k))
+	for _, rg := range r.ranges {
+		if st.held[rg.Buf] == addrs[rg.Buf] {
+			continue
+		}
+		if err := w.Add(uint32(rg.First), uint32(rg.N), uint64(addrs[rg.Buf])); err != nil {
+			return 0, fmt.Errorf("device: %w", err)
+		}
+	}
+	w.Seal(k)
+	return w.Writes(), nil
+}
+
+// checkPatcher fails when the patcher's mirror shows pointer updates the
+// device runtime refused since the last check: the steps since ran on
+// stale pointers. The graph is dropped, so the next step records afresh.
+func (st *device) checkPatcher() error {
+	r := st.rig
+	if r == nil {
+		return nil
+	}
+	m := r.mirror()
+	if m.Failed == r.failed {
+		return nil
+	}
+	n := m.Failed - r.failed
+	r.failed = m.Failed
+	err := fmt.Errorf("device: the patcher could not apply %d pointer updates in the %d launches run; steps ran on stale addresses: %w",
+		n, m.Seq, gpu.ErrIllegalState)
+	return errors.Join(err, st.dropExec())
+}
+
+// record records, instantiates and uploads the step at addrs with the
+// patcher as its root node, and then frees what earlier graphs left, once
+// the stream has finished with it. On error the current graph, if any, is
+// kept.
+func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
+	b := st.b
+	dr, err := st.cb.RecordDevice(b, st.du, addrs, st.opts)
+	if err != nil {
+		return fmt.Errorf("device: %w", err)
+	}
+	for _, why := range dr.HostPath {
+		st.log.Debug("device: a library call's kernels cannot opt in; it moves from the host", "reason", why)
+	}
+	var rig *patchRig
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, dr.Destroy(b))
+			if rig != nil {
+				err = errors.Join(err, rig.free(b))
+			}
+		}
+	}()
+	if rig, err = newPatchRig(b, st.dev, dr.Slots, dr.Ranges); err != nil {
+		return err
+	}
+	// A thread per pointer into the buffers bound every step: the states'
+	// pointers move only when a state is rebound, and then the threads
+	// take several each (grid-stride) rather than idle every step.
+	threads := 0
+	for _, r := range dr.Ranges {
+		if st.bound[r.Buf] {
+			threads += r.N
+		}
+	}
+	if _, err = st.du.GraphAddRootKernelNode(dr.Graph(), gpu.KernelParams{Func: st.patcher,
+		Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}); err != nil {
+		return fmt.Errorf("device: add the patcher: %w", err)
+	}
+	x, err := dr.Instantiate(b) // the recording is spent, on error too
+	if err != nil {
+		return fmt.Errorf("device: %w", err)
+	}
+	if err = st.du.GraphUpload(x.X, s); err != nil {
+		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
+	}
+	if st.c.Records > 0 {
+		st.c.Rerecords++
+		st.log.Debug("device: recorded the step graph again")
+	}
+	st.c.Records++
+	derr := st.dropExec()
+	st.x, st.rig = x, rig
+	copy(st.rec, addrs)
+	copy(st.held, addrs)
+	return errors.Join(derr, st.freeRetired(s))
+}
+
+// dropExec destroys the exec graph (launches in flight complete) and
+// retires its patcher memory, which they may still read.
+func (st *device) dropExec() error {
+	if st.x == nil {
+		return nil
+	}
+	err := st.x.Destroy(st.b)
+	st.x = nil
+	st.retired = append(st.retired, st.rig)
+	st.rig = nil
+	return err
+}
+
+// freeRetired frees the retired patcher memory once s, which every earlier
+// step is ordered before, has finished.
+func (st *device) freeRetired(s gpu.Stream) error {
+	if len(st.retired) == 0 {
+		return nil
+	}
+	if err := st.b.StreamSynchronize(s); err != nil {
+		// Kept for Close, when the executable has waited for its steps.
+		return fmt.Errorf("device: wait for the launches of the graph recorded before: %w", err)
+	}
+	return st.freeAllRetired()
+}
+
+func (st *device) freeAllRetired() error {
+	var errs []error
+	for _, r := range st.retired {
+		errs = append(errs, r.free(st.b))
+	}
+	st.retired = nil
+	return errors.Join(errs...)
+}
+
+// Close destroys the graph and frees the patcher memory and module. The
+// executable has waited for its last step.
+func (st *device) Close() error {
+	errs := []error{st.dropExec(), st.freeAllRetired()}
+	if st.module != 0 {
+		if err := st.b.ModuleUnload(st.module); err != nil {
+			errs = append(errs, fmt.Errorf("device: unload the patcher: %w", err))
+		}
+		st.module = 0
+	}
+	return errors.Join(errs...)
+}
+
+// patchRig is one graph's patcher memory: the control block and the slots
+// in device memory, the mirror and the ring of tables in one allocation of
+// mapped pinned host memory.
+type patchRig struct {
+	dmem     gpu.DevicePtr
+	mem      kernels.PatcherMemory
+	ranges   []graph.SlotRange
+	launches uint64 // launches of its graph enqueued
+	failed   uint32 // the mirror's failed count last seen
+
+	// host's lifetime: a wait reads the mirror without the executable's
+	// lock, while Close may free it (see pool's timeline).
+	life   sync.RWMutex
+	host   gpu.HostMem
+	closed bool
+}
+
+// newPatchRig allocates and fills a patcher's memory for slots (one
+// update per range at most, per launch). On error nothing is left.
+func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []graph.SlotRange) (_ *patchRig, err error) {
+	r := &patchRig{ranges: ranges}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.free(b))
+		}
+	}()
+	raw := make([]byte, kernels.PatchSlotSize*len(slots))
+	for i, s := range slots {
+		kernels.PutPatchSlot(raw[kernels.PatchSlotSize*i:], kernels.PatchSlot{Node: s.Dev, Offset: s.Offset, Add: s.Off})
+	}
+	if r.dmem, err = b.MemAlloc(dev, uint64(rigCtlBytes+max(len(raw), kernels.PatchSlotSize))); err != nil {
+		return nil, fmt.Errorf("device: patcher memory: %w", err)
+	}
+	if err = b.Memset(gpu.Memset{Dst: r.dmem, ElemSize: 4, Count: kernels.PatchCtlSize / 4}); err != nil {
+		return nil, fmt.Errorf("device: zero the patcher's control block: %w", err)
+	}
+	if len(raw) > 0 {
+		if err = b.MemcpyHtoD(r.dmem.Add(rigCtlBytes), raw); err != nil {
+			return nil, fmt.Errorf("device: write the patcher's slots: %w", err)
+		}
+	}
+	capacity := max(len(ranges), 1)
+	stride := kernels.PatchTableStride(capacity)
+	if r.host, err = b.HostAlloc(rigMirrorBytes + deviceTables*stride); err != nil {
+		return nil, fmt.Errorf("device: patch tables: %w", err)
+	}
+	if uint64(len(r.host.Bytes)) < rigMirrorBytes+deviceTables*stride {
+		return nil, fmt.Errorf("device: patch tables: a host view of %d bytes: %w", len(r.host.Bytes), gpu.ErrInvalidValue)
+	}
+	// Pinned memory comes uninitialised: no table may look like a launch's
+	// before the host writes it.
+	clear(r.host.Bytes)
+	for k := range uint64(deviceTables) {
+		w := kernels.NewPatchTableWriter(r.host.Bytes[rigMirrorBytes+k*stride:])
+		w.Seal(math.MaxUint64)
+	}
+	r.mem = kernels.PatcherMemory{Ctl: r.dmem, Slots: r.dmem.Add(rigCtlBytes), NSlots: len(slots),
+		Tables: r.host.Ptr.Add(rigMirrorBytes), Stride: stride, NTables: deviceTables, Capacity: capacity, Mirror: r.host.Ptr}
+	return r, nil
+}
+
+// table is the memory of launch k's table.
+func (r *patchRig) table(k uint64) []byte {
+	off := rigMirrorBytes + (k%deviceTables)*r.mem.Stride
+	return r.host.Bytes[off : off+r.mem.Stride]
+}
+
+// mirror reads the patcher's mirror; under the executable's lock, which
+// Close takes too.
+func (r *patchRig) mirror() kernels.PatchMirror { return kernels.ReadPatchMirror(r.host, 0) }
+
+// passed reports whether the patchers of the first n launches have run;
+// without the executable's lock. A freed rig has nothing left to wait for.
+func (r *patchRig) passed(n uint64) bool {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	return r.closed || kernels.ReadPatchMirror(r.host, 0).Seq >= n
+}
+
+// free frees the rig's memory, reporting every failure; it is idempotent.
+func (r *patchRig) free(b gpu.Backend) error {
+	var errs []error
+	if r.dmem != 0 {
+		if err := b.MemFree(r.dmem); err != nil {
+			errs = append(errs, fmt.Errorf("device: free the patcher memory: %w", err))
+		}
+		r.dmem = 0
+	}
+	r.life.Lock()
+	defer r.life.Unlock()
+	if r.host.Handle != 0 {
+		if err := b.HostFree(r.host.Handle); err != nil {
+			errs = append(errs, fmt.Errorf("device: free the patch tables: %w", err))
+		}
+		r.host = gpu.HostMem{}
+	}
+	r.closed = true
+	return errors.Join(errs...)
+}
+
+// modelDevice prices a step in which every param and output moves: the
+// patcher node and its per-pointer cost, plus what moves from the host
+// (copies it cannot make kernels, traced commands that do not flatten,
+// collectives) and the upload that follows. It says why not when the
+// device has no device-side graph updates; whether the patcher is built
+// for it shows when auto builds it.
+func modelDevice(spec Spec) Candidate {
+	cand := Candidate{Strategy: Device}
+	if _, err := gpu.DeviceUpdatesOf(spec.Backend, spec.Device); err != nil {
+		cand.Note = err.Error()
+		return cand
+	}
+	c := spec.Options.Costs
+	m := spec.Commands.Moves(spec.bound())
+	kern := 0
+	if spec.Kernels != nil {
+		kern = m.Kernelizable
+	}
+	onDevice, copies := m.Nodes-m.Copies+kern, m.Copies-kern
+	us := c.PatcherUS + float64(onDevice)*c.PatcherNodeUS
+	cand.Note = fmt.Sprintf("the patcher node, %d nodes moved on the device", onDevice)
+	if copies+m.Traced > 0 {
+		us += float64(copies)*c.NodeUpdateUS + float64(m.Traced)*c.TracedUpdateUS + c.GraphUploadUS
+		cand.Note += fmt.Sprintf(", %d nodes and %d traced commands from the host, then an upload", copies, m.Traced)
+	}
+	cand.Usable, cand.StepUS = true, us
+	return cand
+}
