@@ -102,6 +102,50 @@ type gemmState struct {
 	module  cu.Module
 	biasFn  cu.Function
 	choices map[gemmKey]*gemmChoice
+	scalars scalarPool
+}
+
+// scalarPool holds the alpha and beta that GEMM calls pass the library by
+// pointer, interned in pinned host memory for the life of the backend.
+// cuBLAS keeps the pointer in the parameters of some kernels it launches
+// (gemmSN's, chosen at the launch-bound shapes, measured on the H100): a
+// pointer to a fresh Go variable made every capture of the same GEMM
+// differ in a word that points into no operand, so differential tracing
+// could not prove a template and patch captured the GEMM again at every
+// move. Interned, the word is the same in every trace, and the memory it
+// names stays valid for as long as a graph may replay it.
+type scalarPool struct {
+	pages []unsafe.Pointer // pinned pages of scalarPage bytes
+	used  int              // pairs used in the last page
+	at    map[[2]float32]*[2]float32
+}
+
+const scalarPage = 4096
+
+// scalarsLocked returns interned copies of alpha and beta; d.gemm.mu is
+// held and d's context is current.
+func (b *Backend) scalarsLocked(d *device, alpha, beta float32) (*float32, *float32, error) {
+	sp := &d.gemm.scalars
+	key := [2]float32{alpha, beta}
+	if v, ok := sp.at[key]; ok {
+		return &v[0], &v[1], nil
+	}
+	const perPage = scalarPage / 8
+	if len(sp.pages) == 0 || sp.used == perPage {
+		var page unsafe.Pointer
+		if r := b.d.MemHostAlloc(&page, scalarPage, 0); r != cu.Success {
+			return nil, nil, b.check("cuMemHostAlloc", r)
+		}
+		sp.pages, sp.used = append(sp.pages, page), 0
+	}
+	if sp.at == nil {
+		sp.at = map[[2]float32]*[2]float32{}
+	}
+	v := (*[2]float32)(unsafe.Add(sp.pages[len(sp.pages)-1], 8*sp.used))
+	sp.used++
+	*v = key
+	sp.at[key] = v
+	return &v[0], &v[1], nil
 }
 
 // workspaceSize is the workspace GEMMs should be given on a device of
@@ -370,9 +414,12 @@ func (b *Backend) sgemm(d *device, cs cu.Stream, p gpu.GemmParams) error {
 	if p.TransA {
 		opB, ldb = cu.BLASOpT, p.M
 	}
-	al, be := p.Alpha, p.Beta
+	al, be, err := b.scalarsLocked(d, p.Alpha, p.Beta)
+	if err != nil {
+		return err
+	}
 	st := lib.Sgemm(d.gemm.handle, opA, opB, int32(p.N), int32(p.M), int32(p.K),
-		&al, cu.DevicePtr(p.B), int32(max(lda, 1)), cu.DevicePtr(p.A), int32(max(ldb, 1)), &be, cu.DevicePtr(p.C), int32(max(p.N, 1)))
+		al, cu.DevicePtr(p.B), int32(max(lda, 1)), cu.DevicePtr(p.A), int32(max(ldb, 1)), be, cu.DevicePtr(p.C), int32(max(p.N, 1)))
 	if st != cu.BLASSuccess {
 		return blasError("cublasSgemm_v2", st)
 	}
@@ -389,8 +436,11 @@ func (b *Backend) ltMatmul(d *device, c *gemmChoice, cs cu.Stream, p gpu.GemmPar
 			return blasError("cublasLtMatmulDescSetAttribute(BIAS_POINTER)", st)
 		}
 	}
-	al, be := p.Alpha, p.Beta
-	st := lt.Matmul(d.gemm.lt, c.desc, &al, cu.DevicePtr(p.B), c.la, cu.DevicePtr(p.A), c.lb, &be,
+	al, be, err := b.scalarsLocked(d, p.Alpha, p.Beta)
+	if err != nil {
+		return err
+	}
+	st := lt.Matmul(d.gemm.lt, c.desc, al, cu.DevicePtr(p.B), c.la, cu.DevicePtr(p.A), c.lb, be,
 		cu.DevicePtr(p.C), c.lc, cu.DevicePtr(p.C), c.lc, &c.algo, cu.DevicePtr(p.Workspace), p.WorkspaceSize, cs)
 	if st != cu.BLASSuccess {
 		return blasError("cublasLtMatmul", st)
@@ -810,6 +860,12 @@ func (b *Backend) closeGemm(dev int) error {
 				err = b.check("cuModuleUnload", r)
 			}
 		}
+		for _, page := range d.gemm.scalars.pages {
+			if r := b.d.MemFreeHost(page); r != cu.Success && err == nil {
+				err = b.check("cuMemFreeHost", r)
+			}
+		}
+		d.gemm.scalars = scalarPool{}
 		d.gemm.handle, d.gemm.lt, d.gemm.module, d.gemm.biasFn = 0, 0, 0, 0
 		return err
 	})
