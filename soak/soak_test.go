@@ -245,3 +245,31 @@ func TestSoakSkipsUnsupported(t *testing.T) {
 		t.Errorf("handles live after the soaks: %s", live)
 	}
 }
+
+// TestJudgedBaselines: the baseline trend leaves out the baseline before
+// the first step and, once three baselines follow the first cycle of
+// strategies, that whole cycle (a strategy's first use may set up driver
+// state for good, as the device runtime does on CUDA).
+func TestJudgedBaselines(t *testing.T) {
+	seq := func(n int) []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = i
+		}
+		return s
+	}
+	for _, c := range []struct {
+		baselines, strategies, first, n int
+	}{
+		{2, 9, 0, 2},   // too few to drop anything
+		{3, 9, 1, 2},   // a short soak: from the end of the first segment
+		{12, 9, 1, 11}, // the first cycle ends at baseline 9: only 2 after it
+		{13, 9, 10, 3}, // three after the first cycle: judged from there
+		{19, 9, 10, 9}, // two whole cycles: the second is judged
+	} {
+		got := judgedBaselines(seq(c.baselines), c.strategies)
+		if len(got) != c.n || (len(got) > 0 && got[0] != c.first) {
+			t.Errorf("%d baselines, %d strategies: judged %v, want %d from %d", c.baselines, c.strategies, got, c.n, c.first)
+		}
+	}
+}
