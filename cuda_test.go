@@ -230,3 +230,66 @@ func TestCUDAAliasedBindingsMatchEager(t *testing.T) {
 		}
 	}
 }
+
+// TestCUDAGemmAtAnotherAlignment: issue 14's alignment rule on the GPU. A
+// GEMM (cuBLAS chooses its kernels by the alignment of its operands) runs
+// under patch with its input at 256-byte-aligned addresses, then 64 bytes
+// further (another alignment class), then back: every step equals eager's
+// bits at the same addresses; the first step at the new class traces the
+// GEMM again (the template of the other class is not reused), and the
+// return to a class already seen traces nothing. CUDA-ALIGN lines give the
+// captures per step.
+func TestCUDAGemmAtAnotherAlignment(t *testing.T) {
+	ctx := context.Background()
+	b := openCUDA(t)
+	s := cudaStream(t, b)
+	const m, n, k = 8, 256, 256
+	w := make([]float32, k*n)
+	for i := range w {
+		w[i] = float32(i%13) / 16
+	}
+	p := stablegraph.NewProgram("gemm-align")
+	x := p.Param("x", 4*m*k)
+	wc := p.Constant("w", gpu.F32ToBytes(w))
+	y := p.Output("y", 4*m*n)
+	p.Gemm(y.All(), x.All(), wc.All(), stablegraph.GEMM{M: m, N: n, K: k, Alpha: 1})
+	xmem, ymem := cudaAlloc(t, b, 4*m*k+512), cudaAlloc(t, b, 4*m*n+512)
+	offsets := []uint64{0, 0, 64, 64, 0, 64, 0}
+	run := func(st stablegraph.Strategy) (outs [][]byte, captured []int64) {
+		exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: st})
+		for i, off := range offsets {
+			in := make([]float32, m*k)
+			for j := range in {
+				in[j] = float32((i+j)%7) - 3
+			}
+			xp, yp := xmem.Add(off), ymem.Add(off)
+			if err := b.MemcpyHtoD(xp, gpu.F32ToBytes(in)); err != nil {
+				t.Fatal(err)
+			}
+			o, err := exe.Run(ctx, s, stablegraph.Bindings{x: xp, y: yp})
+			if err != nil {
+				t.Fatalf("%s step %d: %v", st, i, err)
+			}
+			got, err := exe.ReadOutput(ctx, o, y)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs, captured = append(outs, got), append(captured, exe.Stats().Last.TracesCaptured)
+		}
+		return outs, captured
+	}
+	want, _ := run(stablegraph.StrategyEager)
+	got, captured := run(stablegraph.StrategyPatch)
+	for i := range offsets {
+		t.Logf("CUDA-ALIGN step %d, operands %d bytes past 256-byte alignment: %d traces captured", i, offsets[i], captured[i])
+		if string(got[i]) != string(want[i]) {
+			t.Errorf("step %d (offset %d): patch differs from eager", i, offsets[i])
+		}
+	}
+	if captured[2] == 0 {
+		t.Errorf("the first step at another alignment class captured nothing: a trace of the 256-byte class was reused at 64")
+	}
+	if captured[4] != 0 || captured[5] != 0 || captured[6] != 0 {
+		t.Errorf("returning to classes already seen captured %v; want none", captured[4:])
+	}
+}
