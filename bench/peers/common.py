@@ -268,6 +268,28 @@ def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
     return m
 
 
+class TorchEvents:
+    """CUDA events around each measured step, on the current stream: the
+    gpu argument of measure for the PyTorch peers (torch passed in, so that
+    this module imports without it)."""
+
+    def __init__(self, torch, n):
+        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+
+    def begin(self, j):
+        self.s[j].record()
+
+    def end(self, j):
+        self.e[j].record()
+
+    def wait(self, j):
+        self.e[j].synchronize()
+
+    def elapsed_us(self, n):
+        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
+
+
 # ---------------------------------------------------------------- results
 
 

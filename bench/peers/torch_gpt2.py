@@ -295,24 +295,6 @@ def capture(torch, fn, stream, warm=3):
     return g
 
 
-class Events:
-    def __init__(self, torch, n):
-        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-
-    def begin(self, j):
-        self.s[j].record()
-
-    def end(self, j):
-        self.e[j].record()
-
-    def wait(self, j):
-        self.e[j].synchronize()
-
-    def elapsed_us(self, n):
-        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
-
-
 def cudagraph_skips(torch):
     """How many times inductor skipped CUDA graphs, when PyTorch says."""
     try:
@@ -335,7 +317,7 @@ def run_strategy(name, torch, model, args, check):
         setup_s = time.perf_counter() - t0
         common.log(tag, f"set up in {setup_s:.2f} s; {args.warmup} warm-up + 2 x {args.steps} steps")
         m = common.measure(runner.step, torch.cuda.synchronize, steps=args.steps, warmup=args.warmup,
-                           batch=args.throughput_batch, gpu=Events(torch, args.steps),
+                           batch=args.throughput_batch, gpu=common.TorchEvents(torch, args.steps),
                            max_seconds=args.max_strategy_s, tag=tag)
         torch.cuda.synchronize()
         res = {"strategy": name, "floor": FLOORS[name], "dtype": "float32"}

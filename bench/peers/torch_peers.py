@@ -330,26 +330,6 @@ class Runner:
         self.step = None
 
 
-class Events:
-    """CUDA events around each measured step, on the current stream."""
-
-    def __init__(self, torch, n):
-        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-
-    def begin(self, j):
-        self.s[j].record()
-
-    def end(self, j):
-        self.e[j].record()
-
-    def wait(self, j):
-        self.e[j].synchronize()
-
-    def elapsed_us(self, n):
-        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
-
-
 def release(torch):
     gc.collect()
     torch.cuda.synchronize()
@@ -367,7 +347,7 @@ def run_strategy(name, torch, spec, data, dtype, args, ref):
     try:
         setup_s = time.perf_counter() - t0
         common.log(tag, f"set up in {setup_s:.2f} s; {args.warmup} warm-up + 2 x {args.steps} steps")
-        ev = Events(torch, args.steps)
+        ev = common.TorchEvents(torch, args.steps)
         m = common.measure(runner.step, torch.cuda.synchronize, steps=args.steps, warmup=args.warmup,
                            batch=args.batch, gpu=ev, max_seconds=args.max_strategy_s, tag=tag)
         torch.cuda.synchronize()
