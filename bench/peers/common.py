@@ -293,10 +293,36 @@ class TorchEvents:
 # ---------------------------------------------------------------- results
 
 
-def failed_result(strategy: str, floor: str, exc: BaseException, **extra) -> dict:
-    """The result entry of a strategy that failed: the error instead of
-    numbers, so that the rest of the run survives."""
-    r = {
+def finish_result(res: dict, notes: list, err: float | None, dtype: str) -> None:
+    """Record in res the output check, err being the largest difference
+    from the numpy reference (None: no reference, nothing checked), and the
+    notes, the check's own among them."""
+    if err is None:
+        res["max_abs_err"] = None
+        res["output_ok"] = None
+    else:
+        res["max_abs_err"] = err
+        res["output_ok"] = err <= TOLERANCE[dtype]
+        if not res["output_ok"]:
+            notes.append(f"output differs from the numpy reference by {err:.3g}")
+    if notes:
+        res["note"] = "; ".join(notes)
+
+
+def cannot_run(tag: str, path: str, doc: dict, exc: BaseException) -> int:
+    """Record in doc, log and write to path why the system cannot run at
+    all (exc, raised setting it up), and return the exit status that says
+    so."""
+    doc["error"] = describe_exception(exc)
+    doc["traceback"] = traceback_tail(exc)
+    log(tag, f"cannot run: {doc['error']}")
+    write_json(path, doc)
+    return 2
+
+
+def _no_numbers(strategy: str, floor: str, error: str) -> dict:
+    """A result entry without measurements: strategy, floor and why."""
+    return {
         "strategy": strategy,
         "floor": floor,
         "step_us": None,
@@ -304,24 +330,21 @@ def failed_result(strategy: str, floor: str, exc: BaseException, **extra) -> dic
         "host_us": None,
         "gpu_us": None,
         "peak_device_bytes": None,
-        "error": describe_exception(exc),
-        "traceback": traceback_tail(exc),
+        "error": error,
     }
+
+
+def failed_result(strategy: str, floor: str, exc: BaseException, **extra) -> dict:
+    """The result entry of a strategy that failed: the error instead of
+    numbers, so that the rest of the run survives."""
+    r = _no_numbers(strategy, floor, describe_exception(exc))
+    r["traceback"] = traceback_tail(exc)
     r.update(extra)
     return r
 
 
 def skipped_result(strategy: str, floor: str, why: str, **extra) -> dict:
-    r = {
-        "strategy": strategy,
-        "floor": floor,
-        "step_us": None,
-        "batch_us": None,
-        "host_us": None,
-        "gpu_us": None,
-        "peak_device_bytes": None,
-        "error": f"skipped: {why}",
-    }
+    r = _no_numbers(strategy, floor, f"skipped: {why}")
     r.update(extra)
     return r
 

@@ -420,11 +420,7 @@ def main(argv=None) -> int:
         model = Model(torch, cfg, weights)
         common.log(TAG, f"{doc['device']}: {cfg.describe()}")
     except Exception as e:
-        doc["error"] = common.describe_exception(e)
-        doc["traceback"] = common.traceback_tail(e)
-        common.log(TAG, f"cannot run: {doc['error']}")
-        common.write_json(args.json, doc)
-        return 2
+        return common.cannot_run(TAG, args.json, doc, e)
 
     failures = 0
     for name in names:

@@ -368,15 +368,9 @@ def run_strategy(name, torch, spec, data, dtype, args, ref):
             torch.cuda.synchronize()
             got = runner.out_for(i).double().cpu()
             err = float((got - torch.from_numpy(ref[slot])).abs().max().item())
-            res["max_abs_err"] = err
-            res["output_ok"] = err <= common.TOLERANCE[args.dtype]
-            if not res["output_ok"]:
-                notes.append(f"output differs from the numpy reference by {err:.3g}")
         else:
-            res["max_abs_err"] = None
-            res["output_ok"] = None
-        if notes:
-            res["note"] = "; ".join(notes)
+            err = None
+        common.finish_result(res, notes, err, args.dtype)
         return res
     finally:
         runner.close()
@@ -433,11 +427,7 @@ def main(argv=None) -> int:
                     return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).float().numpy()
             ref = {s: common.reference_output(spec, data, data["xs"][s], rnd) for s in {0, args.ring - 1}}
     except Exception as e:
-        doc["error"] = common.describe_exception(e)
-        doc["traceback"] = common.traceback_tail(e)
-        common.log(TAG, f"cannot run: {doc['error']}")
-        common.write_json(args.json, doc)
-        return 2
+        return common.cannot_run(TAG, args.json, doc, e)
 
     failures = 0
     for name in names:
