@@ -225,16 +225,7 @@ func (b *Backend) GraphKernelNodeSetDeviceUpdatable(nh gpu.GraphNode, updatable 
 // GraphKernelNodeDevNode implements gpu.DeviceUpdates.
 func (b *Backend) GraphKernelNodeDevNode(nh gpu.GraphNode) (gpu.DevNode, error) {
 	const op = "GraphKernelNodeDevNode"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, nh, gpu.NodeKernel)
-	if err != nil {
-		return 0, err
-	}
-	return n.devNode, nil
+	return readNode(b, op, nh, gpu.NodeKernel, func(n *node) gpu.DevNode { return n.devNode })
 }
 
 // GraphAddRootKernelNode implements gpu.DeviceUpdates. The node is inserted

@@ -265,6 +265,24 @@ func (b *Backend) GraphNodes(gh gpu.Graph) ([]gpu.GraphNode, error) {
 	return handles(g.nodes), nil
 }
 
+// readNode is the frame of the calls that read a node: it counts op (fault
+// injection) and returns what read finds in node h, of type typ (0: any),
+// under the read lock.
+func readNode[T any](b *Backend, op string, h gpu.GraphNode, typ gpu.NodeType, read func(n *node) T) (T, error) {
+	if err := b.enter(op); err != nil {
+		var zero T
+		return zero, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, typ)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return read(n), nil
+}
+
 // nodeOf looks up a node, and checks its type when want is not 0.
 func (b *Backend) nodeLocked(op string, h gpu.GraphNode, want gpu.NodeType) (*node, error) {
 	n, err := getLocked(b, op, "graph node", b.mu.nodes, h)
@@ -279,59 +297,23 @@ func (b *Backend) nodeLocked(op string, h gpu.GraphNode, want gpu.NodeType) (*no
 
 func (b *Backend) GraphNodeType(h gpu.GraphNode) (gpu.NodeType, error) {
 	const op = "GraphNodeType"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, 0)
-	if err != nil {
-		return 0, err
-	}
-	return n.typ, nil
+	return readNode(b, op, h, 0, func(n *node) gpu.NodeType { return n.typ })
 }
 
 func (b *Backend) GraphNodeDeps(h gpu.GraphNode) ([]gpu.GraphNode, error) {
 	const op = "GraphNodeDeps"
-	if err := b.enter(op); err != nil {
-		return nil, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, 0)
-	if err != nil {
-		return nil, err
-	}
-	return handles(n.deps), nil
+	return readNode(b, op, h, 0, func(n *node) []gpu.GraphNode { return handles(n.deps) })
 }
 
 // GraphKernelNodeParams returns a copy of a kernel node's typed parameters.
 func (b *Backend) GraphKernelNodeParams(h gpu.GraphNode) (gpu.KernelParams, error) {
 	const op = "GraphKernelNodeParams"
-	if err := b.enter(op); err != nil {
-		return gpu.KernelParams{}, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeKernel)
-	if err != nil {
-		return gpu.KernelParams{}, err
-	}
-	return n.p.kern.public(), nil
+	return readNode(b, op, h, gpu.NodeKernel, func(n *node) gpu.KernelParams { return n.p.kern.public() })
 }
 
 // GraphChildGraph returns the graph a child-graph node owns. Changes to it
 // change the node, as in CUDA; it cannot be destroyed on its own.
 func (b *Backend) GraphChildGraph(h gpu.GraphNode) (gpu.Graph, error) {
 	const op = "GraphChildGraph"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeChildGraph)
-	if err != nil {
-		return 0, err
-	}
-	return n.child.handle, nil
+	return readNode(b, op, h, gpu.NodeChildGraph, func(n *node) gpu.Graph { return n.child.handle })
 }
