@@ -3,7 +3,6 @@ package retire_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/retire"
-	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // The deferred-free Allocator's tests (moved from package vmm with it).
@@ -25,24 +23,9 @@ const gran = sim.Granularity
 func TestAllocatorNeverFreesEarly(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +73,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	}
 	simtest.WantLive(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
 
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := da.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -109,29 +92,14 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Free polls (Queue.Retire), so the stream is held by a gate kernel
 	// until every free is queued: none is released before the Poll below.
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +121,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if s := da.Stats(); s.Pending != 3 || s.Released != 0 {
 		t.Fatalf("stats while the gate holds the stream: %+v", s)
 	}
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := tl.Wait(context.Background(), points[2], 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -208,11 +176,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -246,18 +210,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +221,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err := da.Free(a, p); err != nil {
 		t.Fatal(err)
 	}
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,8 @@
 // tests drive the sim backend directly (the root package, replay, client,
 // vmm, retire, streamcache): a backend that checks at cleanup that the
 // test released every handle, streams and memory freed at cleanup, a
-// kernel that holds its stream until released, a device with a stream and
+// kernel that holds its stream until released, a vmm timeline closed at
+// cleanup, a device with a stream and
 // the built-in kernels, and float32 transfers. It is imported by tests
 // only.
 package simtest
@@ -11,11 +12,13 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // DeviceMemory is the memory of each device New opens.
@@ -125,6 +128,33 @@ func Gate(t testing.TB, b gpu.Backend, dev int, gate <-chan struct{}) gpu.Functi
 		t.Fatal(err)
 	}
 	return f
+}
+
+// HeldGate loads a gate (Gate) on device dev and returns its kernel and
+// open, which opens the gate (again is a no-op). The gate is opened at
+// cleanup, before the module is unloaded and the backend closed, so that
+// a test that fails while the gate holds its stream still ends.
+func HeldGate(t testing.TB, b gpu.Backend, dev int) (gate gpu.Function, open func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(ch) }) }
+	gate = Gate(t, b, dev, ch)
+	t.Cleanup(open)
+	return gate, open
+}
+
+// Timeline makes a vmm.Timeline on device dev, closed at cleanup unless
+// the test closed it (the cleanup's Close error is then ignored, as is
+// any other: tests that care close it themselves and check).
+func Timeline(t testing.TB, b gpu.Backend, dev int) *vmm.Timeline {
+	t.Helper()
+	tl, err := vmm.NewTimeline(b, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tl.Close() })
+	return tl
 }
 
 // Dev is a device of a sim backend with a stream and the built-in kernels.
