@@ -3,9 +3,8 @@
 // vmm, retire, streamcache): a backend that checks at cleanup that the
 // test released every handle, streams and memory freed at cleanup, a
 // kernel that holds its stream until released, a vmm timeline closed at
-// cleanup, a device with a stream and
-// the built-in kernels, and float32 transfers. It is imported by tests
-// only.
+// cleanup, a device with a stream and the built-in kernels, and float32
+// transfers. It is imported by tests only.
 package simtest
 
 import (
