@@ -10,6 +10,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/retire"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // The deferred-free Allocator's tests (moved from package vmm with it).
@@ -46,10 +47,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	d0.CopyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := da.Free(x, p); err != nil {
 		t.Fatal(err)
 	}
@@ -109,10 +107,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := tl.Signal(d0.Stream)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := signal(t, tl, d0.Stream)
 		points = append(points, p)
 		if err := da.Free(a, p); err != nil {
 			t.Fatal(err)
@@ -139,10 +134,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := da.Free(a, p); err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +177,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -214,10 +203,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
-	p, err = tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p = signal(t, tl, d0.Stream)
 	if err := da.Free(a, p); err != nil {
 		t.Fatal(err)
 	}
@@ -235,4 +221,14 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if n, err := da.Poll(); n != 1 || err != nil {
 		t.Fatalf("retried Poll: released %d, %v", n, err)
 	}
+}
+
+// signal enqueues tl's next point on s and returns it.
+func signal(t *testing.T, tl *vmm.Timeline, s gpu.Stream) uint64 {
+	t.Helper()
+	p, err := tl.Signal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
