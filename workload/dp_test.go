@@ -203,23 +203,7 @@ func TestDPBenchEveryStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for r, rep := range reps {
-		seen := map[string]bool{}
-		for _, res := range rep.Results {
-			seen[res.Strategy] = true
-			if !res.OutputsMatchEager {
-				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
-			}
-			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
-				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
-			}
-		}
-		for _, s := range sg.Strategies() {
-			if !seen[string(s)] {
-				t.Errorf("rank %d: no row for %s", r, s)
-			}
-		}
-	}
+	wantRankReports(t, reps)
 }
 
 // TestDPRankDies checks that when a rank stops after its first step and
@@ -376,23 +360,7 @@ func TestDPAcrossProcesses(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for r, rep := range reps {
-		seen := map[string]bool{}
-		for _, res := range rep.Results {
-			seen[res.Strategy] = true
-			if !res.OutputsMatchEager {
-				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
-			}
-			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
-				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
-			}
-		}
-		for _, s := range sg.Strategies() {
-			if !seen[string(s)] {
-				t.Errorf("rank %d: no row for %s", r, s)
-			}
-		}
-	}
+	wantRankReports(t, reps)
 }
 
 // TestJoinRankFailures: a rank that cannot make its communicator aborts the
@@ -505,5 +473,29 @@ func TestDPDevice(t *testing.T) {
 	}
 	if !found || !strings.Contains(ch.Reason, "device: ") || !strings.Contains(ch.Reason, "not probed: the program holds collectives") {
 		t.Errorf("auto on dp: %+v", ch)
+	}
+}
+
+// wantRankReports fails the test unless every rank's report has a row for
+// every strategy, each matching eager, and the library's strategies
+// captured no collective in steady state.
+func wantRankReports(t *testing.T, reps []*report.Report) {
+	t.Helper()
+	for r, rep := range reps {
+		seen := map[string]bool{}
+		for _, res := range rep.Results {
+			seen[res.Strategy] = true
+			if !res.OutputsMatchEager {
+				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
+			}
+			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
+				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
+			}
+		}
+		for _, s := range sg.Strategies() {
+			if !seen[string(s)] {
+				t.Errorf("rank %d: no row for %s", r, s)
+			}
+		}
 	}
 }
