@@ -350,19 +350,10 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
-		if err == nil {
-			exe.Close()
-			t.Fatal("three slots fit a 5 MiB device")
-		}
-		if !errors.Is(err, gpu.ErrOutOfMemory) {
-			t.Fatalf("err = %v", err)
-		}
-		if live := b.LiveHandles(); !live.IsZero() {
-			t.Fatalf("live after the failure: %s", live)
-		}
+		// Three slots do not fit.
+		steptest.WantCompileRefused(t, b, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, gpu.ErrOutOfMemory, "")
 		// Two fit.
-		exe, err = stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 2})
+		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -418,20 +409,10 @@ func TestPoolNeedsVMM(t *testing.T) {
 			sb := simtest.New(t, 1)
 			hide.Backend = sb
 			pp := newPoolProgram()
-			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool})
-			if err == nil {
-				exe.Close()
-				t.Fatal("pool compiled on a device without the capability")
-			}
-			if !errors.Is(err, gpu.ErrNotSupported) {
-				t.Fatalf("err = %v", err)
-			}
-			if live := sb.LiveHandles(); !live.IsZero() {
-				t.Fatalf("live: %s", live)
-			}
+			steptest.WantCompileRefused(t, hide, sb, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool}, gpu.ErrNotSupported, "")
 			// Zero-copy outputs and cheap node updates would make pool
 			// the cheapest; auto must still not choose it.
-			exe, err = stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true,
+			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true,
 				Costs: stablegraph.Costs{NodeUpdateUS: 100, TracedUpdateUS: 100}})
 			if err != nil {
 				t.Fatal(err)

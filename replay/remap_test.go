@@ -240,15 +240,7 @@ func TestRemapNeedsItsMemory(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sb := simtest.New(t, 1)
-			exe, err := stablegraph.Compile(ctx, c.b(sb), pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap})
-			if err == nil {
-				exe.Close()
-				t.Fatal("remap compiled")
-			}
-			if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), c.text) {
-				t.Fatalf("Compile = %v, want gpu.ErrNotSupported naming %s", err, c.text)
-			}
-			simtest.WantZero(t, sb, "after the refused Compile")
+			steptest.WantCompileRefused(t, c.b(sb), sb, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap}, gpu.ErrNotSupported, c.text)
 		})
 	}
 	t.Run("another device", func(t *testing.T) {
