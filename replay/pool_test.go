@@ -369,33 +369,8 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 func TestPoolCompileFaults(t *testing.T) {
 	b := simtest.New(t, 1)
 	pp := newPoolProgram()
-	for _, op := range []string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"} {
-		for nth := 0; ; nth++ {
-			before := b.Calls(op)
-			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
-			fired := b.Calls(op)-before > nth
-			b.ClearFaults()
-			if err == nil {
-				if fired {
-					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
-				}
-				if err := exe.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if nth == 0 {
-					t.Errorf("Compile never calls %s", op)
-				}
-				break
-			}
-			if !errors.Is(err, gpu.ErrInjected) {
-				t.Fatalf("%s call %d: %v", op, nth, err)
-			}
-			if live := b.LiveHandles(); !live.IsZero() {
-				t.Fatalf("%s call %d failed: handles left live: %s", op, nth, live)
-			}
-		}
-	}
+	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3},
+		[]string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"}, false)
 }
 
 // TestPoolNeedsVMM: on a device without VMM or stream memory operations,
