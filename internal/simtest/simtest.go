@@ -96,6 +96,21 @@ func Alloc(t testing.TB, b gpu.Backend, dev int, size uint64) gpu.DevicePtr {
 	return p
 }
 
+// Freed returns the address of an allocation of size bytes on device dev
+// that is already freed: memory no binding may name. Call it after what
+// else the test allocates, so that nothing reuses the range.
+func Freed(t testing.TB, b gpu.Backend, dev int, size uint64) gpu.DevicePtr {
+	t.Helper()
+	p, err := b.MemAlloc(dev, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MemFree(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // GateModule is a one-kernel module ("gate", no arguments) whose kernel
 // blocks its stream until gate is closed: a deterministic way to keep work
 // queued behind it.
