@@ -309,6 +309,17 @@ def finish_result(res: dict, notes: list, err: float | None, dtype: str) -> None
         res["note"] = "; ".join(notes)
 
 
+def finish_run(tag: str, path: str, doc: dict, failures: int, msg: str) -> int:
+    """End a run: log msg, print doc on stdout where no path was given (it
+    is written there already otherwise), and return the exit status (1
+    when any strategy failed)."""
+    log(tag, msg)
+    if not path:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    return 1 if failures else 0
+
+
 def cannot_run(tag: str, path: str, doc: dict, exc: BaseException) -> int:
     """Record in doc, log and write to path why the system cannot run at
     all (exc, raised setting it up), and return the exit status that says

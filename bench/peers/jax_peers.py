@@ -190,12 +190,9 @@ def parent_main(args, argv: list, spec: dict, names: list) -> int:
         if child.get("error") and not got:
             common.log(TAG, f"mode {mode} failed: {child['error']}")
         common.write_json(args.json, doc)
-    common.log(TAG, f"done: {len(names) - failures} of {len(names)} strategies measured"
-               + (f"; wrote {args.json}" if args.json else ""))
-    if not args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    return 1 if failures else 0
+    return common.finish_run(TAG, args.json, doc, failures,
+                             f"done: {len(names) - failures} of {len(names)} strategies measured"
+                             + (f"; wrote {args.json}" if args.json else ""))
 
 
 # ---------------------------------------------------------------- child

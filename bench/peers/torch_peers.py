@@ -448,13 +448,9 @@ def main(argv=None) -> int:
             failures += 1
         doc["results"].append(res)
         common.write_json(args.json, doc)
-    common.log(TAG, f"done: {len(names) - failures} of {len(names)} strategies measured"
-               + (f"; wrote {args.json}" if args.json else ""))
-    if not args.json:
-        import json
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    return 1 if failures else 0
+    return common.finish_run(TAG, args.json, doc, failures,
+                             f"done: {len(names) - failures} of {len(names)} strategies measured"
+                             + (f"; wrote {args.json}" if args.json else ""))
 
 
 if __name__ == "__main__":
