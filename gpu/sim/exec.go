@@ -107,47 +107,33 @@ func (b *Backend) graphFromPlanLocked(p *plan) *graph {
 // GraphInstantiate snapshots g into an exec graph.
 func (b *Backend) GraphInstantiate(gh gpu.Graph) (gpu.GraphExec, error) {
 	const op = "GraphInstantiate"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return 0, err
-	}
-	if err := instantiateCheckLocked(op, g); err != nil {
-		return 0, err
-	}
-	p, err := b.planLocked(op, g, 0)
-	if err != nil {
-		return 0, err
-	}
-	x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, g: g, plan: p, index: map[gpu.GraphNode][]int32{},
-		dev: newDevStateLocked(g, p)}
-	indexNodes(g, nil, x.index)
-	b.mu.execs[x.handle] = x
-	g.execs++
-	if x.dev != nil {
-		g.devExec = x
-	}
-	return x.handle, nil
+	return onGraph(b, op, gh, func(g *graph) (gpu.GraphExec, error) {
+		if err := instantiateCheckLocked(op, g); err != nil {
+			return 0, err
+		}
+		p, err := b.planLocked(op, g, 0)
+		if err != nil {
+			return 0, err
+		}
+		x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, g: g, plan: p, index: map[gpu.GraphNode][]int32{},
+			dev: newDevStateLocked(g, p)}
+		indexNodes(g, nil, x.index)
+		b.mu.execs[x.handle] = x
+		g.execs++
+		if x.dev != nil {
+			g.devExec = x
+		}
+		return x.handle, nil
+	})
 }
 
 func (b *Backend) GraphExecDestroy(xh gpu.GraphExec) error {
 	const op = "GraphExecDestroy"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
-	if err != nil {
-		return err
-	}
-	delete(b.mu.execs, xh)
-	b.execDestroyedLocked(x)
-	return nil
+	return b.onExec(op, xh, func(x *exec) error {
+		delete(b.mu.execs, xh)
+		b.execDestroyedLocked(x)
+		return nil
+	})
 }
 
 // GraphLaunch queues x's current plan on s: its parameters are fixed now,
@@ -287,6 +273,31 @@ func (b *Backend) matchLocked(op string, p *plan, g *graph) error {
 // naming nodes by their handles in x's source graph.
 func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	const op = "GraphExecUpdate"
+	return b.onExec(op, xh, func(x *exec) error {
+		g, err := b.graphLocked(op, gh)
+		if err != nil {
+			return err
+		}
+		if err := updateCheck(op, x, g); err != nil {
+			return err
+		}
+		if err := b.matchLocked(op, x.plan, g); err != nil {
+			return err
+		}
+		p, err := b.planLocked(op, g, x.epoch)
+		if err != nil {
+			return err
+		}
+		x.plan = p
+		return nil
+	})
+}
+
+// ---- per-node updates ----
+
+// onExec is the frame of the calls that change exec graph xh: it counts op
+// (fault injection) and runs f on the exec under the write lock.
+func (b *Backend) onExec(op string, xh gpu.GraphExec, f func(x *exec) error) error {
 	if err := b.enter(op); err != nil {
 		return err
 	}
@@ -296,25 +307,8 @@ func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	if err != nil {
 		return err
 	}
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return err
-	}
-	if err := updateCheck(op, x, g); err != nil {
-		return err
-	}
-	if err := b.matchLocked(op, x.plan, g); err != nil {
-		return err
-	}
-	p, err := b.planLocked(op, g, x.epoch)
-	if err != nil {
-		return err
-	}
-	x.plan = p
-	return nil
+	return f(x)
 }
-
-// ---- per-node updates ----
 
 // execNodeLocked finds source node nh in x, checking its type.
 func (b *Backend) execNodeLocked(op string, xh gpu.GraphExec, nh gpu.GraphNode, want gpu.NodeType) (*exec, []int32, *enode, error) {

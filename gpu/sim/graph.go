@@ -133,35 +133,28 @@ func (b *Backend) depsLocked(op string, g *graph, deps []gpu.GraphNode) ([]*node
 // addNode is the common part of the GraphAdd*Node entry points: it builds
 // the node with fill (which validates) under the write lock.
 func (b *Backend) addNode(op string, gh gpu.Graph, deps []gpu.GraphNode, typ gpu.NodeType, fill func(n *node) error) (gpu.GraphNode, error) {
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return 0, err
-	}
-	ds, err := b.depsLocked(op, g, deps)
-	if err != nil {
-		return 0, err
-	}
-	// Validate into a scratch node first so a refused node leaves g as it
-	// was and issues no handle.
-	var tmp node
-	if err := fill(&tmp); err != nil {
-		return 0, err
-	}
-	var child *graph
-	if tmp.child != nil {
-		child = b.copyGraphLocked(tmp.child) // before adding n: g may be its own child
-	}
-	n := b.addNodeLocked(g, typ, ds)
-	n.p = tmp.p
-	if child != nil {
-		b.adoptLocked(n, child)
-	}
-	return n.handle, nil
+	return onGraph(b, op, gh, func(g *graph) (gpu.GraphNode, error) {
+		ds, err := b.depsLocked(op, g, deps)
+		if err != nil {
+			return 0, err
+		}
+		// Validate into a scratch node first so a refused node leaves g as it
+		// was and issues no handle.
+		var tmp node
+		if err := fill(&tmp); err != nil {
+			return 0, err
+		}
+		var child *graph
+		if tmp.child != nil {
+			child = b.copyGraphLocked(tmp.child) // before adding n: g may be its own child
+		}
+		n := b.addNodeLocked(g, typ, ds)
+		n.p = tmp.p
+		if child != nil {
+			b.adoptLocked(n, child)
+		}
+		return n.handle, nil
+	})
 }
 
 func (b *Backend) GraphCreate(dev int) (gpu.Graph, error) {
@@ -263,6 +256,22 @@ func (b *Backend) GraphNodes(gh gpu.Graph) ([]gpu.GraphNode, error) {
 		return nil, err
 	}
 	return handles(g.nodes), nil
+}
+
+// onGraph is the frame of the calls that change graph gh: it counts op
+// (fault injection) and runs f on the graph under the write lock.
+func onGraph[T any](b *Backend, op string, gh gpu.Graph, f func(g *graph) (T, error)) (T, error) {
+	var zero T
+	if err := b.enter(op); err != nil {
+		return zero, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return zero, err
+	}
+	return f(g)
 }
 
 // readNode is the frame of the calls that read a node: it counts op (fault
