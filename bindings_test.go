@@ -11,10 +11,23 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
+
+// skipRemapOnSim skips strategy remap, which binds whole granules of its
+// own allocator (its refusals are in replay/remap_test.go), and opens a sim
+// device with a stream for the others.
+func skipRemapOnSim(t *testing.T, st stablegraph.Strategy) (*sim.Backend, gpu.Stream) {
+	t.Helper()
+	if st == stablegraph.StrategyRemap {
+		t.Skip("remap binds whole granules of its own allocator; its refusals are in replay/remap_test.go")
+	}
+	b := simtest.New(t, 1)
+	return b, simtest.Stream(t, b, 0)
+}
 
 // smallProgram is y = 2·x + 1 over 16 floats (64 bytes each), with a state
 // acc += y: the program of the binding tests.
@@ -37,22 +50,12 @@ func TestBindingSmallerThanItsBuffer(t *testing.T) {
 	ctx := context.Background()
 	for _, st := range stablegraph.Strategies() {
 		t.Run(string(st), func(t *testing.T) {
-			if st == stablegraph.StrategyRemap {
-				t.Skip("remap binds whole granules of its own allocator; its refusals are in replay/remap_test.go")
-			}
-			b := simtest.New(t, 1)
-			s := simtest.Stream(t, b, 0)
+			b, s := skipRemapOnSim(t, st)
 			p, x, y, acc := smallProgram()
 			good := stablegraph.Bindings{x: simtest.Alloc(t, b, 0, 64), y: simtest.Alloc(t, b, 0, 64)}
 			big, small := simtest.Alloc(t, b, 0, 128), simtest.Alloc(t, b, 0, 8)
 			exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: st})
-			freed, err := b.MemAlloc(0, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.MemFree(freed); err != nil {
-				t.Fatal(err)
-			}
+			freed := simtest.Freed(t, b, 0, 64)
 			for _, c := range []struct {
 				name string
 				buf  stablegraph.Buffer
@@ -96,11 +99,7 @@ func TestBindingOverlapsReboundState(t *testing.T) {
 	ctx := context.Background()
 	for _, st := range stablegraph.Strategies() {
 		t.Run(string(st), func(t *testing.T) {
-			if st == stablegraph.StrategyRemap {
-				t.Skip("remap binds whole granules of its own allocator; its refusals are in replay/remap_test.go")
-			}
-			b := simtest.New(t, 1)
-			s := simtest.Stream(t, b, 0)
+			b, s := skipRemapOnSim(t, st)
 			p, x, y, acc := smallProgram()
 			exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: st})
 			mine := simtest.Alloc(t, b, 0, 64)

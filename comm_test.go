@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,8 @@ import (
 	"github.com/stablegraph/stablegraph/bfc"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/commtest"
+	"github.com/stablegraph/stablegraph/internal/perrank"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/remappable"
@@ -38,41 +39,6 @@ func newSimN(t testing.TB, n int) *sim.Backend {
 		}
 	})
 	return b
-}
-
-func newComms(t testing.TB, b gpu.Backend, n int) []*stablegraph.Comm {
-	t.Helper()
-	devs := make([]int, n)
-	for i := range devs {
-		devs[i] = i
-	}
-	comms, err := stablegraph.NewComms(b, devs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if err := c.Close(); err != nil {
-				t.Error(err)
-			}
-		}
-	})
-	return comms
-}
-
-// eachRank runs f for every rank in its own goroutine and joins the errors.
-func eachRank(n int, f func(r int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			if err := f(r); err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // collProg is one rank's program using every collective: over a moving
@@ -261,10 +227,10 @@ func TestCollectiveCommandsEveryStrategy(t *testing.T) {
 	for _, world := range []int{2, 4} {
 		t.Run(fmt.Sprintf("ranks=%d", world), func(t *testing.T) {
 			b := newSimN(t, world)
-			comms := newComms(t, b, world)
+			comms := commtest.Comms(t, b, world)
 			for _, strat := range stablegraph.Strategies() {
 				t.Run(string(strat), func(t *testing.T) {
-					err := eachRank(world, func(r int) error {
+					err := perrank.Each(world, func(r int) error {
 						return runColl(ctx, b, newCollProg(comms[r], 8), strat, 6)
 					})
 					if err != nil {
@@ -284,10 +250,10 @@ func TestCollectiveCapturedOnceInSteadyState(t *testing.T) {
 	ctx := context.Background()
 	const world, n, steps = 2, 64, 8
 	b := newSimN(t, world)
-	comms := newComms(t, b, world)
+	comms := commtest.Comms(t, b, world)
 	for _, strat := range stablegraph.Strategies() {
 		t.Run(string(strat), func(t *testing.T) {
-			err := eachRank(world, func(r int) error {
+			err := perrank.Each(world, func(r int) error {
 				c := comms[r]
 				p := stablegraph.NewProgram("steady")
 				x := p.Param("x", 4*n)
@@ -383,7 +349,7 @@ func TestCollectiveCapturedOnceInSteadyState(t *testing.T) {
 
 func TestCollectiveCompileErrors(t *testing.T) {
 	b := newSimN(t, 2)
-	comms := newComms(t, b, 2)
+	comms := commtest.Comms(t, b, 2)
 	c := comms[0]
 	cases := []struct {
 		name  string
@@ -474,9 +440,9 @@ func TestCollectiveRankNeverRuns(t *testing.T) {
 	const world, n = 3, 16
 	b := newSimN(t, world)
 	b.SetCommTimeout(100 * time.Millisecond)
-	comms := newComms(t, b, world)
+	comms := commtest.Comms(t, b, world)
 	start := time.Now()
-	err := eachRank(world-1, func(r int) error { // the last rank never runs
+	err := perrank.Each(world-1, func(r int) error { // the last rank never runs
 		err := runColl(ctx, b, newCollProg(comms[r], n), stablegraph.StrategyPatch, 2)
 		if err == nil {
 			return errors.New("a step completed without the missing rank")

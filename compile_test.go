@@ -150,31 +150,5 @@ func TestCompileFaults(t *testing.T) {
 func compileFaults(t *testing.T, opts stablegraph.Options) {
 	b := simtest.New(t, 1)
 	w := steptest.NewMLP(2, 8, 2, 10, 2)
-	for _, op := range []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"} {
-		for nth := 0; ; nth++ {
-			before := b.Calls(op)
-			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, w.P, opts)
-			fired := b.Calls(op)-before > nth
-			if err == nil {
-				if fired {
-					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
-				}
-				b.ClearFaults()
-				if err := exe.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if nth == 0 {
-					t.Errorf("Compile never calls %s", op)
-				}
-				break
-			}
-			if !errors.Is(err, gpu.ErrInjected) {
-				t.Fatalf("%s call %d: error does not wrap the injected fault: %v", op, nth, err)
-			}
-			if live := b.LiveHandles(); !live.IsZero() {
-				t.Fatalf("%s call %d failed: handles left live: %s", op, nth, live)
-			}
-		}
-	}
+	steptest.CompileFaults(t, b, w.P, opts, []string{"ModuleLoad", "ModuleFunction", "MemAlloc", "Memset", "MemcpyHtoD", "StreamCreate", "EventCreate"}, false)
 }

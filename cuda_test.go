@@ -17,6 +17,7 @@ import (
 
 	"github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 )
 
@@ -90,13 +91,7 @@ func TestCUDABindingSmallerThanItsBuffer(t *testing.T) {
 			small, big := cudaAlloc(t, b, 8), cudaAlloc(t, b, 128)
 			exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: st})
 			// Freed after Compile allocated, so that nothing reuses it.
-			freed, err := b.MemAlloc(0, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.MemFree(freed); err != nil {
-				t.Fatal(err)
-			}
+			freed := simtest.Freed(t, b, 0, 64)
 			for _, c := range []struct {
 				name string
 				buf  stablegraph.Buffer

@@ -639,15 +639,21 @@ func (e *Executable) owner(buf Buffer) (*bufDecl, error) {
 	return &e.bufs[buf.id], nil
 }
 
+// liveOwnerLocked is owner for the calls on one buffer of a live
+// executable: ErrClosed once it is closed. e.mu is held.
+func (e *Executable) liveOwnerLocked(buf Buffer) (*bufDecl, error) {
+	if e.mu.closed {
+		return nil, ErrClosed
+	}
+	return e.owner(buf)
+}
+
 // ReadBuffer waits for the last step to complete and returns the contents
 // of a state or constant buffer.
 func (e *Executable) ReadBuffer(ctx context.Context, buf Buffer) ([]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.mu.closed {
-		return nil, ErrClosed
-	}
-	d, err := e.owner(buf)
+	d, err := e.liveOwnerLocked(buf)
 	if err != nil {
 		return nil, err
 	}
@@ -663,10 +669,7 @@ func (e *Executable) ReadBuffer(ctx context.Context, buf Buffer) ([]byte, error)
 func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) ([]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.mu.closed {
-		return nil, ErrClosed
-	}
-	d, err := e.owner(buf)
+	d, err := e.liveOwnerLocked(buf)
 	if err != nil {
 		return nil, err
 	}
@@ -696,10 +699,7 @@ func (e *Executable) readLocked(ctx context.Context, d *bufDecl, p gpu.DevicePtr
 func (e *Executable) WriteBuffer(ctx context.Context, buf Buffer, data []byte) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.mu.closed {
-		return ErrClosed
-	}
-	d, err := e.owner(buf)
+	d, err := e.liveOwnerLocked(buf)
 	if err != nil {
 		return err
 	}
@@ -728,10 +728,7 @@ func (e *Executable) WriteBuffer(ctx context.Context, buf Buffer, data []byte) e
 func (e *Executable) BindState(ctx context.Context, buf Buffer, p gpu.DevicePtr) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.mu.closed {
-		return ErrClosed
-	}
-	d, err := e.owner(buf)
+	d, err := e.liveOwnerLocked(buf)
 	if err != nil {
 		return err
 	}

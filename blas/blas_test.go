@@ -9,6 +9,7 @@ import (
 	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/trace"
 )
@@ -40,25 +41,9 @@ type setup struct {
 
 func newSetup(t *testing.T) *setup {
 	t.Helper()
-	b, err := sim.New(gpu.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	x := &setup{t: t, b: b}
-	if x.mod, err = b.ModuleLoad(0, kernels.Module()); err != nil {
-		t.Fatal(err)
-	}
-	if x.s, err = b.StreamCreate(0, gpu.StreamNonBlocking, 0); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.StreamDestroy(x.s)
-		b.ModuleUnload(x.mod)
-		if err := b.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return x
+	b := simtest.New(t, 1)
+	d := simtest.OpenDev(t, b, 0)
+	return &setup{t: t, b: b, mod: d.Mod, s: d.Stream}
 }
 
 func (x *setup) upload(v []float32) gpu.DevicePtr {

@@ -240,6 +240,36 @@ func (c *Client) leave() {
 	c.life.RUnlock()
 }
 
+// enterDevice is enter for a call on device dev, which it looks up; on
+// error the call has ended.
+func (c *Client) enterDevice(dev int) (*clientDevice, func(), error) {
+	done, err := c.enter()
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := c.device(dev)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return d, done, nil
+}
+
+// enterStream is enter for a call on stream i of device dev, which it
+// looks up; on error the call has ended.
+func (c *Client) enterStream(dev, i int) (*clientDevice, *clientStream, func(), error) {
+	done, err := c.enter()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	d, st, err := c.stream(dev, i)
+	if err != nil {
+		done()
+		return nil, nil, nil, err
+	}
+	return d, st, done, nil
+}
+
 func (c *Client) device(dev int) (*clientDevice, error) {
 	d := c.devs[dev]
 	if d == nil {
@@ -262,15 +292,11 @@ func (c *Client) stream(dev, i int) (*clientDevice, *clientStream, error) {
 // Stream returns stream i of device dev. The stream stays the client's: do
 // not destroy it. Report errors seen on it with ReportStreamError.
 func (c *Client) Stream(dev, i int) (gpu.Stream, error) {
-	done, err := c.enter()
+	_, st, done, err := c.enterStream(dev, i)
 	if err != nil {
 		return 0, err
 	}
 	defer done()
-	_, st, err := c.stream(dev, i)
-	if err != nil {
-		return 0, err
-	}
 	return st.s, nil
 }
 
@@ -278,15 +304,11 @@ func (c *Client) Stream(dev, i int) (gpu.Stream, error) {
 // err, so that Close destroys the stream instead of caching it. The client
 // records the errors of its own calls by itself.
 func (c *Client) ReportStreamError(dev, i int, err error) error {
-	done, eerr := c.enter()
-	if eerr != nil {
-		return eerr
-	}
-	defer done()
-	_, st, serr := c.stream(dev, i)
+	_, st, done, serr := c.enterStream(dev, i)
 	if serr != nil {
 		return serr
 	}
+	defer done()
 	st.fail(err)
 	return nil
 }
@@ -328,15 +350,11 @@ func (c *Client) queue(d *clientDevice) (*retire.Queue, *vmm.Timeline, error) {
 // submission (or earlier ones) used. A nonzero point with an error means
 // the signal succeeded and only releases failed.
 func (c *Client) Submitted(dev, i int) (uint64, error) {
-	done, err := c.enter()
+	d, st, done, err := c.enterStream(dev, i)
 	if err != nil {
 		return 0, err
 	}
 	defer done()
-	d, st, err := c.stream(dev, i)
-	if err != nil {
-		return 0, err
-	}
 	s0 := d.streams[0]
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -384,15 +402,11 @@ func (c *Client) Submitted(dev, i int) (uint64, error) {
 // closed client does not free b itself: a Retire racing with Close may come
 // before the streams were synchronized.
 func (c *Client) Retire(ctx context.Context, dev int, b retire.Batch, point uint64) error {
-	done, err := c.enter()
+	d, done, err := c.enterDevice(dev)
 	if err != nil {
 		return err
 	}
 	defer done()
-	d, err := c.device(dev)
-	if err != nil {
-		return err
-	}
 	q, tl, err := c.queue(d)
 	if err != nil {
 		return fmt.Errorf("client: retire %d bytes on device %d: %w", b.Bytes(), dev, err)
@@ -433,15 +447,11 @@ func (c *Client) Poll() error {
 // RetireStats returns the statistics of device dev's retirement queue (zero
 // before its first Submitted or Retire).
 func (c *Client) RetireStats(dev int) (retire.Stats, error) {
-	done, err := c.enter()
+	d, done, err := c.enterDevice(dev)
 	if err != nil {
 		return retire.Stats{}, err
 	}
 	defer done()
-	d, err := c.device(dev)
-	if err != nil {
-		return retire.Stats{}, err
-	}
 	d.mu.Lock()
 	q := d.q
 	d.mu.Unlock()
@@ -546,15 +556,11 @@ func (c *Client) drainAfterSync(ctx context.Context, d *clientDevice, upTo uint6
 // pending retired batch of the device. It sees all work submitted to
 // stream 0 and all work joined into it by Submitted.
 func (c *Client) Readback(ctx context.Context, dev int, dst []byte, src gpu.DevicePtr) error {
-	done, err := c.enter()
+	d, done, err := c.enterDevice(dev)
 	if err != nil {
 		return err
 	}
 	defer done()
-	d, err := c.device(dev)
-	if err != nil {
-		return err
-	}
 	s0 := d.streams[0]
 	upTo := d.signalled()
 	if err := c.b.MemcpyDtoHAsync(dst, src, s0.s); err != nil {

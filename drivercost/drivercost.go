@@ -340,6 +340,21 @@ func (m *bench) event(st *stack) (gpu.Event, error) {
 	return e, nil
 }
 
+// timedStream makes a stream and two events to time work on it between,
+// all released by st; errors name the call that failed.
+func (m *bench) timedStream(st *stack) (s gpu.Stream, start, end gpu.Event, err error) {
+	if s, err = m.stream(st); err != nil {
+		return 0, 0, 0, fmt.Errorf("StreamCreate: %w", err)
+	}
+	if start, err = m.event(st); err != nil {
+		return 0, 0, 0, fmt.Errorf("EventCreate: %w", err)
+	}
+	if end, err = m.event(st); err != nil {
+		return 0, 0, 0, fmt.Errorf("EventCreate: %w", err)
+	}
+	return s, start, end, nil
+}
+
 func (m *bench) alloc(st *stack, size uint64) (gpu.DevicePtr, error) {
 	p, err := m.b.MemAlloc(m.dev, size)
 	if err != nil {
@@ -613,17 +628,9 @@ func (m *bench) waitValue(hm gpu.HostMem, s gpu.Stream, v uint64) error {
 func (m *bench) copies() (err error) {
 	var st stack
 	defer st.release(&err)
-	s, err := m.stream(&st)
+	s, start, end, err := m.timedStream(&st)
 	if err != nil {
-		return fmt.Errorf("StreamCreate: %w", err)
-	}
-	start, err := m.event(&st)
-	if err != nil {
-		return fmt.Errorf("EventCreate: %w", err)
-	}
-	end, err := m.event(&st)
-	if err != nil {
-		return fmt.Errorf("EventCreate: %w", err)
+		return err
 	}
 	for _, c := range []struct {
 		size uint64

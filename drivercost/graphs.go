@@ -21,17 +21,9 @@ func (m *bench) graphs() (err error) {
 	if err != nil {
 		return err
 	}
-	s, err := m.stream(&st)
+	s, start, end, err := m.timedStream(&st)
 	if err != nil {
-		return fmt.Errorf("StreamCreate: %w", err)
-	}
-	start, err := m.event(&st)
-	if err != nil {
-		return fmt.Errorf("EventCreate: %w", err)
-	}
-	end, err := m.event(&st)
-	if err != nil {
-		return fmt.Errorf("EventCreate: %w", err)
+		return err
 	}
 	// Two buffers: the graph is captured over one and updated to the other.
 	var bufs [2]gpu.DevicePtr

@@ -389,24 +389,7 @@ func (cb *CommandBuffer) PatchDevice(b ExecPatcher, x *Exec, addrs []gpu.DeviceP
 	if dp == nil {
 		return 0, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "the exec was not recorded for device-side patching")
 	}
-	x.gen++
-	if x.gen == 0 {
-		clear(x.mark)
-		x.gen = 1
-	}
-	dirty := x.dirty[:0]
-	for _, buf := range cb.used {
-		if x.addrs[buf] == addrs[buf] {
-			continue
-		}
-		for _, c := range dp.watch[buf] {
-			if x.mark[c] != x.gen {
-				x.mark[c] = x.gen
-				dirty = append(dirty, c)
-			}
-		}
-	}
-	x.dirty = dirty
+	dirty := x.markDirty(cb.used, dp.watch, addrs)
 	updated := 0
 	for _, i := range dirty {
 		c := &cb.cmds[i]

@@ -503,6 +503,32 @@ type ExecPatcher interface {
 	GraphExecChildGraphNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error
 }
 
+// markDirty returns, each once, the commands that watch[buf] lists for
+// every buffer of used whose address in addrs is not x's (x.dirty, reused
+// from call to call).
+func (x *Exec) markDirty(used []int, watch [][]int32, addrs []gpu.DevicePtr) []int32 {
+	x.gen++
+	if x.gen == 0 {
+		// The generation wrapped: stale marks could equal it again.
+		clear(x.mark)
+		x.gen = 1
+	}
+	dirty := x.dirty[:0]
+	for _, buf := range used {
+		if x.addrs[buf] == addrs[buf] {
+			continue
+		}
+		for _, c := range watch[buf] {
+			if x.mark[c] != x.gen {
+				x.mark[c] = x.gen
+				dirty = append(dirty, c)
+			}
+		}
+	}
+	x.dirty = dirty
+	return dirty
+}
+
 // Patch brings x to addrs by updating, in place, only the nodes of
 // commands that reference a buffer whose address changed, and returns how
 // many nodes it updated. x must have been instantiated with patch set.
@@ -519,25 +545,7 @@ type ExecPatcher interface {
 // must be destroyed; an error wrapping gpu.ErrGraphUpdate means the driver
 // refused a node update and re-recording will succeed where this did not.
 func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (int, error) {
-	x.gen++
-	if x.gen == 0 {
-		// The generation wrapped: stale marks could equal it again.
-		clear(x.mark)
-		x.gen = 1
-	}
-	dirty := x.dirty[:0]
-	for _, buf := range cb.used {
-		if x.addrs[buf] == addrs[buf] {
-			continue
-		}
-		for _, c := range cb.byBuf[buf] {
-			if x.mark[c] != x.gen {
-				x.mark[c] = x.gen
-				dirty = append(dirty, c)
-			}
-		}
-	}
-	x.dirty = dirty
+	dirty := x.markDirty(cb.used, cb.byBuf, addrs)
 	updated := 0
 	for _, i := range dirty {
 		c := &cb.cmds[i]

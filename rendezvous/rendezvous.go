@@ -390,6 +390,22 @@ func (g *Group) Abort(reason string) {
 	g.fail(&AbortError{Rank: g.cfg.Rank, Reason: reason})
 }
 
+// beginOp starts a collective operation: it takes the operations lock,
+// checks that the group is usable and bounds ctx as opContext does. end
+// cancels that context and releases the lock.
+func (g *Group) beginOp(ctx context.Context) (_ context.Context, end func(), _ error) {
+	g.ops.Lock()
+	if err := g.check(); err != nil {
+		g.ops.Unlock()
+		return nil, nil, err
+	}
+	ctx, cancel := g.opContext(ctx)
+	return ctx, func() {
+		cancel()
+		g.ops.Unlock()
+	}, nil
+}
+
 // opContext bounds a call by cfg.Timeout when ctx has no deadline.
 func (g *Group) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
@@ -434,13 +450,11 @@ func (g *Group) check() error {
 // rank (the argument is ignored on the others). At most Config.MaxMessage
 // bytes.
 func (g *Group) Broadcast(ctx context.Context, data []byte) ([]byte, error) {
-	g.ops.Lock()
-	defer g.ops.Unlock()
-	if err := g.check(); err != nil {
+	ctx, end, err := g.beginOp(ctx)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := g.opContext(ctx)
-	defer cancel()
+	defer end()
 	if g.cfg.Rank != 0 {
 		f, err := g.next(ctx, g.conns[0], frameData, "broadcast data")
 		if err != nil {
@@ -465,13 +479,11 @@ func (g *Group) Broadcast(ctx context.Context, data []byte) ([]byte, error) {
 // rank's data, by rank, on every rank. The parts together, with 4 bytes per
 // rank besides, must fit in Config.MaxMessage.
 func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
-	g.ops.Lock()
-	defer g.ops.Unlock()
-	if err := g.check(); err != nil {
+	ctx, end, err := g.beginOp(ctx)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := g.opContext(ctx)
-	defer cancel()
+	defer end()
 	world := g.cfg.World
 	if partsLen(len(data)) > g.cfg.MaxMessage {
 		err := fmt.Errorf("rendezvous: rank %d: all-gather of %d bytes exceeds the %d-byte maximum", g.cfg.Rank, len(data), g.cfg.MaxMessage)
@@ -525,13 +537,11 @@ func (g *Group) AllGather(ctx context.Context, data []byte) ([][]byte, error) {
 
 // Barrier returns once every rank has called it.
 func (g *Group) Barrier(ctx context.Context) error {
-	g.ops.Lock()
-	defer g.ops.Unlock()
-	if err := g.check(); err != nil {
+	ctx, end, err := g.beginOp(ctx)
+	if err != nil {
 		return err
 	}
-	ctx, cancel := g.opContext(ctx)
-	defer cancel()
+	defer end()
 	if g.cfg.Rank != 0 {
 		p := g.conns[0]
 		if err := p.send(frameBarrier, nil); err != nil {

@@ -350,18 +350,8 @@ func TestDeviceNotSupported(t *testing.T) {
 				says = "not built"
 			}
 			w := steptest.NewMLP(2, 8, 2, 10, 3)
-			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
-			if err == nil {
-				exe.Close()
-				t.Fatal("Compile accepted the device strategy")
-			}
-			if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), says) {
-				t.Errorf("Compile: %v; want ErrNotSupported saying %q", err, says)
-			}
-			if live := raw.LiveHandles(); !live.IsZero() {
-				t.Errorf("the refused Compile left %s", live)
-			}
-			exe, err = stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1,
+			steptest.WantCompileRefused(t, b, raw, w.P, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, gpu.ErrNotSupported, says)
+			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1,
 				Costs: stablegraph.Costs{PatcherUS: 1e-9}}) // the cheapest, were it usable
 			if err != nil {
 				t.Fatal(err)

@@ -350,19 +350,10 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
-		if err == nil {
-			exe.Close()
-			t.Fatal("three slots fit a 5 MiB device")
-		}
-		if !errors.Is(err, gpu.ErrOutOfMemory) {
-			t.Fatalf("err = %v", err)
-		}
-		if live := b.LiveHandles(); !live.IsZero() {
-			t.Fatalf("live after the failure: %s", live)
-		}
+		// Three slots do not fit.
+		steptest.WantCompileRefused(t, b, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, gpu.ErrOutOfMemory, "")
 		// Two fit.
-		exe, err = stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 2})
+		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -378,33 +369,8 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 func TestPoolCompileFaults(t *testing.T) {
 	b := simtest.New(t, 1)
 	pp := newPoolProgram()
-	for _, op := range []string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"} {
-		for nth := 0; ; nth++ {
-			before := b.Calls(op)
-			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
-			fired := b.Calls(op)-before > nth
-			b.ClearFaults()
-			if err == nil {
-				if fired {
-					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
-				}
-				if err := exe.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if nth == 0 {
-					t.Errorf("Compile never calls %s", op)
-				}
-				break
-			}
-			if !errors.Is(err, gpu.ErrInjected) {
-				t.Fatalf("%s call %d: %v", op, nth, err)
-			}
-			if live := b.LiveHandles(); !live.IsZero() {
-				t.Fatalf("%s call %d failed: handles left live: %s", op, nth, live)
-			}
-		}
-	}
+	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3},
+		[]string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"}, false)
 }
 
 // TestPoolNeedsVMM: on a device without VMM or stream memory operations,
@@ -418,20 +384,10 @@ func TestPoolNeedsVMM(t *testing.T) {
 			sb := simtest.New(t, 1)
 			hide.Backend = sb
 			pp := newPoolProgram()
-			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool})
-			if err == nil {
-				exe.Close()
-				t.Fatal("pool compiled on a device without the capability")
-			}
-			if !errors.Is(err, gpu.ErrNotSupported) {
-				t.Fatalf("err = %v", err)
-			}
-			if live := sb.LiveHandles(); !live.IsZero() {
-				t.Fatalf("live: %s", live)
-			}
+			steptest.WantCompileRefused(t, hide, sb, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool}, gpu.ErrNotSupported, "")
 			// Zero-copy outputs and cheap node updates would make pool
 			// the cheapest; auto must still not choose it.
-			exe, err = stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true,
+			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true,
 				Costs: stablegraph.Costs{NodeUpdateUS: 100, TracedUpdateUS: 100}})
 			if err != nil {
 				t.Fatal(err)

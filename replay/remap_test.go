@@ -240,15 +240,7 @@ func TestRemapNeedsItsMemory(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			sb := simtest.New(t, 1)
-			exe, err := stablegraph.Compile(ctx, c.b(sb), pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap})
-			if err == nil {
-				exe.Close()
-				t.Fatal("remap compiled")
-			}
-			if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), c.text) {
-				t.Fatalf("Compile = %v, want gpu.ErrNotSupported naming %s", err, c.text)
-			}
-			simtest.WantZero(t, sb, "after the refused Compile")
+			steptest.WantCompileRefused(t, c.b(sb), sb, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap}, gpu.ErrNotSupported, c.text)
 		})
 	}
 	t.Run("another device", func(t *testing.T) {
@@ -347,31 +339,8 @@ func TestRemapCompileFaults(t *testing.T) {
 	b := simtest.New(t, 1)
 	pp := newPoolProgram()
 	a := steptest.NewRemappable(t, b, 0)
-	for _, op := range []string{"DeviceProps", "EventCreate", "MemAddressReserve", "MemAlloc"} {
-		for nth := 0; ; nth++ {
-			before := b.Calls(op)
-			b.InjectFault(op, nth, nil)
-			exe, err := stablegraph.Compile(context.Background(), b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: a})
-			fired := b.Calls(op)-before > nth
-			b.ClearFaults()
-			if err == nil {
-				if fired {
-					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
-				}
-				if err := exe.Close(); err != nil {
-					t.Fatal(err)
-				}
-				if nth == 0 {
-					t.Errorf("Compile never calls %s", op)
-				}
-				break
-			}
-			if !errors.Is(err, gpu.ErrInjected) || !strings.Contains(err.Error(), op) {
-				t.Fatalf("%s call %d: %v", op, nth, err)
-			}
-			simtest.WantZero(t, b, fmt.Sprintf("%s call %d failed", op, nth))
-		}
-	}
+	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: a},
+		[]string{"DeviceProps", "EventCreate", "MemAddressReserve", "MemAlloc"}, true)
 }
 
 // TestRemapCloseReportsFailedRelease: a range whose unmap or free fails at

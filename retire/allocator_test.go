@@ -3,7 +3,6 @@ package retire_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,24 +24,9 @@ const gran = sim.Granularity
 func TestAllocatorNeverFreesEarly(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -63,10 +47,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 		t.Fatal(err)
 	}
 	d0.CopyF32(t, y.Ptr(), x.Ptr(), n) // the last use of x
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := da.Free(x, p); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +71,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	}
 	simtest.WantLive(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
 
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := da.Drain(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -109,29 +90,14 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{WaitDeadline: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Free polls (Queue.Retire), so the stream is held by a gate kernel
 	// until every free is queued: none is released before the Poll below.
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) }) // before the backend closes
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
@@ -141,10 +107,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := tl.Signal(d0.Stream)
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := signal(t, tl, d0.Stream)
 		points = append(points, p)
 		if err := da.Free(a, p); err != nil {
 			t.Fatal(err)
@@ -153,7 +116,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if s := da.Stats(); s.Pending != 3 || s.Released != 0 {
 		t.Fatalf("stats while the gate holds the stream: %+v", s)
 	}
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := tl.Wait(context.Background(), points[2], 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -171,10 +134,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := da.Free(a, p); err != nil {
 		t.Fatal(err)
 	}
@@ -208,11 +168,7 @@ func TestAllocatorPollOrderAndDrainTimeout(t *testing.T) {
 func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	da, err := retire.NewAllocator(b, tl, retire.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -221,10 +177,7 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := signal(t, tl, d0.Stream)
 	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -246,29 +199,15 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := make(chan struct{})
-	var openGate sync.Once
-	t.Cleanup(func() { openGate.Do(func() { close(gate) }) })
-	gm, err := b.ModuleLoad(0, simtest.GateModule(gate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.ModuleUnload(gm)
-	gf, err := b.ModuleFunction(gm, "gate")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gf, openGate := simtest.HeldGate(t, b, 0)
 	if err := b.LaunchKernel(gf, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
-	p, err = tl.Signal(d0.Stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p = signal(t, tl, d0.Stream)
 	if err := da.Free(a, p); err != nil {
 		t.Fatal(err)
 	}
-	openGate.Do(func() { close(gate) })
+	openGate()
 	if err := tl.Wait(context.Background(), p, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -282,4 +221,14 @@ func TestAllocatorReleaseFailureRetried(t *testing.T) {
 	if n, err := da.Poll(); n != 1 || err != nil {
 		t.Fatalf("retried Poll: released %d, %v", n, err)
 	}
+}
+
+// signal enqueues tl's next point on s and returns it.
+func signal(t *testing.T, tl *vmm.Timeline, s gpu.Stream) uint64 {
+	t.Helper()
+	p, err := tl.Signal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -283,10 +283,7 @@ func TestQueueConcurrent(t *testing.T) {
 func TestQueueOverTimeline(t *testing.T) {
 	b := simtest.New(t, 1)
 	s := simtest.Stream(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tl := simtest.Timeline(t, b, 0)
 	if err := tl.Bind(s); err != nil {
 		t.Fatal(err)
 	}

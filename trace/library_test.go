@@ -9,6 +9,7 @@ import (
 	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/trace"
 )
@@ -25,34 +26,14 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	b, err := sim.New(gpu.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{t: t, b: b}
-	if r.mod, err = b.ModuleLoad(0, kernels.Module()); err != nil {
-		t.Fatal(err)
-	}
-	if r.s, err = b.StreamCreate(0, gpu.StreamNonBlocking, 0); err != nil {
-		t.Fatal(err)
-	}
+	b := simtest.New(t, 1) // checks at cleanup that nothing is left live
+	d := simtest.OpenDev(t, b, 0)
+	r := &rig{t: t, b: b, mod: d.Mod, s: d.Stream}
 	t.Cleanup(func() {
 		for _, p := range r.allocs {
 			if err := b.MemFree(p); err != nil {
 				t.Error(err)
 			}
-		}
-		if err := b.StreamDestroy(r.s); err != nil {
-			t.Error(err)
-		}
-		if err := b.ModuleUnload(r.mod); err != nil {
-			t.Error(err)
-		}
-		if live := b.LiveHandles(); !live.IsZero() {
-			t.Errorf("live at the end: %s", live)
-		}
-		if err := b.Close(); err != nil {
-			t.Error(err)
 		}
 	})
 	return r

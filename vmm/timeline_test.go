@@ -3,24 +3,18 @@ package vmm_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/vmm"
 )
 
 func TestTimelineSignalAndWait(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	if tl.Completed() != 0 || tl.Signalled() != 0 {
 		t.Fatalf("fresh timeline at %d/%d", tl.Completed(), tl.Signalled())
 	}
@@ -78,11 +72,7 @@ func TestTimelineSignalAndWait(t *testing.T) {
 func TestTimelineDeadline(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	b.StallTimeline(true)
 	defer b.StallTimeline(false)
 	p, err := tl.Signal(d0.Stream)
@@ -139,10 +129,7 @@ func TestTimelineBind(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
 	other := simtest.Stream(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tl := simtest.Timeline(t, b, 0)
 	if err := tl.Bind(0); !errors.Is(err, gpu.ErrInvalidHandle) {
 		t.Fatalf("Bind to stream 0 = %v, want ErrInvalidHandle", err)
 	}
@@ -176,10 +163,7 @@ func TestTimelineBind(t *testing.T) {
 func TestTimelineBoundFaultEndsWait(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tl := simtest.Timeline(t, b, 0)
 	if err := tl.Bind(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
@@ -193,10 +177,8 @@ func TestTimelineBoundFaultEndsWait(t *testing.T) {
 	// A kernel writing freed memory faults; the signal after it is skipped.
 	// A gate holds the stream until both are enqueued: a fault reached
 	// before the Signal call would make the Signal itself fail.
-	gate := make(chan struct{})
-	var openGate sync.Once
-	defer openGate.Do(func() { close(gate) })
-	if err := b.LaunchKernel(simtest.Gate(t, b, 0, gate), gpu.Linear(1, 1), nil, d0.Stream); err != nil {
+	gate, openGate := simtest.HeldGate(t, b, 0)
+	if err := b.LaunchKernel(gate, gpu.Linear(1, 1), nil, d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	fill := d0.Kernel(t, kernels.Fill)
@@ -207,7 +189,7 @@ func TestTimelineBoundFaultEndsWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	openGate.Do(func() { close(gate) })
+	openGate()
 	start := time.Now()
 	err = tl.Wait(context.Background(), p, 10*time.Second)
 	if !errors.Is(err, gpu.ErrIllegalAddress) {
@@ -231,10 +213,7 @@ func TestTimelineBoundFaultEndsWait(t *testing.T) {
 func TestTimelineBoundCloseRefusesWhileBusy(t *testing.T) {
 	b := simtest.New(t, 1)
 	d0 := simtest.OpenDev(t, b, 0)
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tl := simtest.Timeline(t, b, 0)
 	if err := tl.Bind(d0.Stream); err != nil {
 		t.Fatal(err)
 	}

@@ -80,11 +80,7 @@ func TestTimelineShortWaitYields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tl, err := vmm.NewTimeline(b, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tl.Close()
+	tl := simtest.Timeline(t, b, 0)
 	if err := tl.SetWaitPolicy(vmm.WaitPolicy{Yield: time.Minute}); err != nil {
 		t.Fatal(err)
 	}

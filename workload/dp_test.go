@@ -14,6 +14,8 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/commtest"
+	"github.com/stablegraph/stablegraph/internal/perrank"
 	"github.com/stablegraph/stablegraph/rendezvous"
 	"github.com/stablegraph/stablegraph/report"
 )
@@ -38,26 +40,6 @@ func openSimN(t *testing.T, n int, timeout time.Duration) *sim.Backend {
 		}
 	})
 	return b
-}
-
-func openComms(t *testing.T, b gpu.Backend, n int) []*sg.Comm {
-	t.Helper()
-	devs := make([]int, n)
-	for i := range devs {
-		devs[i] = i
-	}
-	comms, err := sg.NewComms(b, devs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, c := range comms {
-			if err := c.Close(); err != nil {
-				t.Error(err)
-			}
-		}
-	})
-	return comms
 }
 
 // stepStates runs steps of w on dev with strat and returns, after every
@@ -148,13 +130,13 @@ func TestDPEqualsSingleRank(t *testing.T) {
 		for _, strat := range []sg.Strategy{sg.StrategyPatch, sg.StrategyPool} {
 			t.Run(fmt.Sprintf("ranks=%d/%s", world, strat), func(t *testing.T) {
 				b := openSimN(t, world, 30*time.Second)
-				comms := openComms(t, b, world)
+				comms := commtest.Comms(t, b, world)
 				ws, err := ForRanks("dp", dpShape, comms)
 				if err != nil {
 					t.Fatal(err)
 				}
 				states := make([][][]float32, world)
-				err = eachRank(world, func(r int) error {
+				err = perrank.Each(world, func(r int) error {
 					var err error
 					states[r], err = stepStates(ctx, b, ws[r], r, strat, steps, nil)
 					return err
@@ -194,7 +176,7 @@ func TestDPEqualsSingleRank(t *testing.T) {
 func TestDPBenchEveryStrategy(t *testing.T) {
 	const world = 2
 	b := openSimN(t, world, 30*time.Second)
-	comms := openComms(t, b, world)
+	comms := commtest.Comms(t, b, world)
 	ws, err := ForRanks("dp", dpShape, comms)
 	if err != nil {
 		t.Fatal(err)
@@ -203,23 +185,7 @@ func TestDPBenchEveryStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for r, rep := range reps {
-		seen := map[string]bool{}
-		for _, res := range rep.Results {
-			seen[res.Strategy] = true
-			if !res.OutputsMatchEager {
-				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
-			}
-			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
-				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
-			}
-		}
-		for _, s := range sg.Strategies() {
-			if !seen[string(s)] {
-				t.Errorf("rank %d: no row for %s", r, s)
-			}
-		}
-	}
+	wantRankReports(t, reps)
 }
 
 // TestDPRankDies checks that when a rank stops after its first step and
@@ -231,7 +197,7 @@ func TestDPRankDies(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			const world = 3
 			b := openSimN(t, world, 200*time.Millisecond)
-			comms := openComms(t, b, world)
+			comms := commtest.Comms(t, b, world)
 			shape := dpShape
 			shape.Batch = 6 // 3 shards
 			ws, err := ForRanks("dp", shape, comms)
@@ -240,7 +206,7 @@ func TestDPRankDies(t *testing.T) {
 			}
 			start := time.Now()
 			errs := make([]error, world)
-			_ = eachRank(world, func(r int) error {
+			_ = perrank.Each(world, func(r int) error {
 				if r == world-1 {
 					if how == "dies" {
 						_, errs[r] = stepStates(ctx, b, ws[r], r, sg.StrategyPatch, 1, nil)
@@ -303,7 +269,7 @@ func joinProcesses(t *testing.T, world int) []*Rank {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = eachRank(world, func(r int) error {
+		_ = perrank.Each(world, func(r int) error {
 			if err := ranks[r].Close(context.Background()); err != nil {
 				t.Errorf("rank %d: %v", r, err)
 			}
@@ -323,13 +289,13 @@ func TestDPAcrossProcesses(t *testing.T) {
 	const world, steps = 2, 3
 	// The reference: the ranks as devices of one sim.
 	one := openSimN(t, world, 30*time.Second)
-	ws, err := ForRanks("dp", dpShape, openComms(t, one, world))
+	ws, err := ForRanks("dp", dpShape, commtest.Comms(t, one, world))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, strat := range []sg.Strategy{sg.StrategyPatch, sg.StrategyPool, sg.StrategyDevice} {
 		ref := make([][][]float32, world)
-		if err := eachRank(world, func(r int) error {
+		if err := perrank.Each(world, func(r int) error {
 			var err error
 			ref[r], err = stepStates(ctx, one, ws[r], r, strat, steps, nil)
 			return err
@@ -338,7 +304,7 @@ func TestDPAcrossProcesses(t *testing.T) {
 		}
 		ranks := joinProcesses(t, world)
 		got := make([][][]float32, world)
-		if err := eachRank(world, func(r int) error {
+		if err := perrank.Each(world, func(r int) error {
 			w, err := New("dp", Config{Layers: dpShape.Layers, Width: dpShape.Width, Batch: dpShape.Batch, Comm: ranks[r].Comm})
 			if err != nil {
 				return err
@@ -361,7 +327,7 @@ func TestDPAcrossProcesses(t *testing.T) {
 
 	ranks := joinProcesses(t, world)
 	reps := make([]*report.Report, world)
-	if err := eachRank(world, func(r int) error {
+	if err := perrank.Each(world, func(r int) error {
 		w, err := New("dp", Config{Layers: dpShape.Layers, Width: dpShape.Width, Batch: dpShape.Batch, Comm: ranks[r].Comm})
 		if err != nil {
 			return err
@@ -376,23 +342,7 @@ func TestDPAcrossProcesses(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for r, rep := range reps {
-		seen := map[string]bool{}
-		for _, res := range rep.Results {
-			seen[res.Strategy] = true
-			if !res.OutputsMatchEager {
-				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
-			}
-			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
-				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
-			}
-		}
-		for _, s := range sg.Strategies() {
-			if !seen[string(s)] {
-				t.Errorf("rank %d: no row for %s", r, s)
-			}
-		}
-	}
+	wantRankReports(t, reps)
 }
 
 // TestJoinRankFailures: a rank that cannot make its communicator aborts the
@@ -455,13 +405,13 @@ func TestDPDevice(t *testing.T) {
 	ctx := context.Background()
 	const world, steps = 2, 4
 	b := openSimN(t, world, 30*time.Second)
-	ws, err := ForRanks("dp", dpShape, openComms(t, b, world))
+	ws, err := ForRanks("dp", dpShape, commtest.Comms(t, b, world))
 	if err != nil {
 		t.Fatal(err)
 	}
 	states := func(strat sg.Strategy) [][][]float32 {
 		out := make([][][]float32, world)
-		if err := eachRank(world, func(r int) error {
+		if err := perrank.Each(world, func(r int) error {
 			var err error
 			out[r], err = stepStates(ctx, b, ws[r], r, strat, steps, nil)
 			return err
@@ -505,5 +455,29 @@ func TestDPDevice(t *testing.T) {
 	}
 	if !found || !strings.Contains(ch.Reason, "device: ") || !strings.Contains(ch.Reason, "not probed: the program holds collectives") {
 		t.Errorf("auto on dp: %+v", ch)
+	}
+}
+
+// wantRankReports fails the test unless every rank's report has a row for
+// every strategy, each matching eager, and the library's strategies
+// captured no collective in steady state.
+func wantRankReports(t *testing.T, reps []*report.Report) {
+	t.Helper()
+	for r, rep := range reps {
+		seen := map[string]bool{}
+		for _, res := range rep.Results {
+			seen[res.Strategy] = true
+			if !res.OutputsMatchEager {
+				t.Errorf("rank %d: %s does not match eager: %s", r, res.Strategy, res.Note)
+			}
+			if _, err := sg.ParseStrategy(res.Strategy); err == nil && !strings.Contains(res.Note, "collectives captured in steady state: 0") {
+				t.Errorf("rank %d: %s: note %q", r, res.Strategy, res.Note)
+			}
+		}
+		for _, s := range sg.Strategies() {
+			if !seen[string(s)] {
+				t.Errorf("rank %d: no row for %s", r, s)
+			}
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/netsim"
+	"github.com/stablegraph/stablegraph/internal/perrank"
 	"github.com/stablegraph/stablegraph/rendezvous"
 	"github.com/stablegraph/stablegraph/report"
 )
@@ -135,22 +136,6 @@ func ForRanks(name string, cfg Config, comms []*sg.Comm) ([]*Workload, error) {
 	return ws, nil
 }
 
-// eachRank runs f for every rank in its own goroutine, and returns the
-// ranks' errors joined, each naming its rank.
-func eachRank(n int, f func(r int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Go(func() {
-			if err := f(r); err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // rankOptions are opts for rank w: its communicator's device, and the
 // collective watch.
 func rankOptions(w *Workload, opts RunOptions) (RunOptions, *CollectiveWatch) {
@@ -167,7 +152,7 @@ func rankOptions(w *Workload, opts RunOptions) (RunOptions, *CollectiveWatch) {
 // Note says how many collectives the measured steps captured.
 func RunRanks(ctx context.Context, b gpu.Backend, ws []*Workload, opts RunOptions) ([]*RunResult, error) {
 	out := make([]*RunResult, len(ws))
-	err := eachRank(len(ws), func(r int) error {
+	err := perrank.Each(len(ws), func(r int) error {
 		o, watch := rankOptions(ws[r], opts)
 		res, err := Run(ctx, b, ws[r], o)
 		if err != nil {
@@ -188,7 +173,7 @@ func RunRanks(ctx context.Context, b gpu.Backend, ws []*Workload, opts RunOption
 // CollectiveWatch.Annotate.
 func BenchRanks(ctx context.Context, b gpu.Backend, ws []*Workload, strategies []sg.Strategy, opts RunOptions) ([]*report.Report, error) {
 	out := make([]*report.Report, len(ws))
-	err := eachRank(len(ws), func(r int) error {
+	err := perrank.Each(len(ws), func(r int) error {
 		o, watch := rankOptions(ws[r], opts)
 		rep, err := Bench(ctx, b, ws[r], strategies, o)
 		if err != nil {

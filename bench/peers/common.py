@@ -268,38 +268,94 @@ def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
     return m
 
 
+class TorchEvents:
+    """CUDA events around each measured step, on the current stream: the
+    gpu argument of measure for the PyTorch peers (torch passed in, so that
+    this module imports without it)."""
+
+    def __init__(self, torch, n):
+        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+
+    def begin(self, j):
+        self.s[j].record()
+
+    def end(self, j):
+        self.e[j].record()
+
+    def wait(self, j):
+        self.e[j].synchronize()
+
+    def elapsed_us(self, n):
+        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
+
+
 # ---------------------------------------------------------------- results
+
+
+def finish_result(res: dict, notes: list, err: float | None, dtype: str) -> None:
+    """Record in res the output check, err being the largest difference
+    from the numpy reference (None: no reference, nothing checked), and the
+    notes, the check's own among them."""
+    if err is None:
+        res["max_abs_err"] = None
+        res["output_ok"] = None
+    else:
+        res["max_abs_err"] = err
+        res["output_ok"] = err <= TOLERANCE[dtype]
+        if not res["output_ok"]:
+            notes.append(f"output differs from the numpy reference by {err:.3g}")
+    if notes:
+        res["note"] = "; ".join(notes)
+
+
+def finish_run(tag: str, path: str, doc: dict, failures: int, msg: str) -> int:
+    """End a run: log msg, print doc on stdout where no path was given (it
+    is written there already otherwise), and return the exit status (1
+    when any strategy failed)."""
+    log(tag, msg)
+    if not path:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    return 1 if failures else 0
+
+
+def cannot_run(tag: str, path: str, doc: dict, exc: BaseException) -> int:
+    """Record in doc, log and write to path why the system cannot run at
+    all (exc, raised setting it up), and return the exit status that says
+    so."""
+    doc["error"] = describe_exception(exc)
+    doc["traceback"] = traceback_tail(exc)
+    log(tag, f"cannot run: {doc['error']}")
+    write_json(path, doc)
+    return 2
+
+
+def _no_numbers(strategy: str, floor: str, error: str) -> dict:
+    """A result entry without measurements: strategy, floor and why."""
+    return {
+        "strategy": strategy,
+        "floor": floor,
+        "step_us": None,
+        "batch_us": None,
+        "host_us": None,
+        "gpu_us": None,
+        "peak_device_bytes": None,
+        "error": error,
+    }
 
 
 def failed_result(strategy: str, floor: str, exc: BaseException, **extra) -> dict:
     """The result entry of a strategy that failed: the error instead of
     numbers, so that the rest of the run survives."""
-    r = {
-        "strategy": strategy,
-        "floor": floor,
-        "step_us": None,
-        "batch_us": None,
-        "host_us": None,
-        "gpu_us": None,
-        "peak_device_bytes": None,
-        "error": describe_exception(exc),
-        "traceback": traceback_tail(exc),
-    }
+    r = _no_numbers(strategy, floor, describe_exception(exc))
+    r["traceback"] = traceback_tail(exc)
     r.update(extra)
     return r
 
 
 def skipped_result(strategy: str, floor: str, why: str, **extra) -> dict:
-    r = {
-        "strategy": strategy,
-        "floor": floor,
-        "step_us": None,
-        "batch_us": None,
-        "host_us": None,
-        "gpu_us": None,
-        "peak_device_bytes": None,
-        "error": f"skipped: {why}",
-    }
+    r = _no_numbers(strategy, floor, f"skipped: {why}")
     r.update(extra)
     return r
 

@@ -190,12 +190,9 @@ def parent_main(args, argv: list, spec: dict, names: list) -> int:
         if child.get("error") and not got:
             common.log(TAG, f"mode {mode} failed: {child['error']}")
         common.write_json(args.json, doc)
-    common.log(TAG, f"done: {len(names) - failures} of {len(names)} strategies measured"
-               + (f"; wrote {args.json}" if args.json else ""))
-    if not args.json:
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    return 1 if failures else 0
+    return common.finish_run(TAG, args.json, doc, failures,
+                             f"done: {len(names) - failures} of {len(names)} strategies measured"
+                             + (f"; wrote {args.json}" if args.json else ""))
 
 
 # ---------------------------------------------------------------- child
@@ -360,15 +357,9 @@ def run_jax_strategy(name, jax, jnp, np, spec, data, args, ref):
         sync()
         got = np.asarray(st["last"].astype(jnp.float32), dtype=np.float64)
         err = float(np.max(np.abs(got - ref[slot])))
-        res["max_abs_err"] = err
-        res["output_ok"] = err <= common.TOLERANCE[args.dtype]
-        if not res["output_ok"]:
-            notes.append(f"output differs from the numpy reference by {err:.3g}")
     else:
-        res["max_abs_err"] = None
-        res["output_ok"] = None
-    if notes:
-        res["note"] = "; ".join(notes)
+        err = None
+    common.finish_result(res, notes, err, args.dtype)
     return res
 
 
@@ -405,11 +396,7 @@ def child_main(args, spec: dict) -> int:
                     return np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32))
             ref = {s: common.reference_output(spec, data, data["xs"][s], rnd) for s in {0, args.ring - 1}}
     except Exception as e:
-        out["error"] = common.describe_exception(e)
-        out["traceback"] = common.traceback_tail(e)
-        common.log(tag, f"cannot run: {out['error']}")
-        common.write_json(path, out)
-        return 2
+        return common.cannot_run(tag, path, out, e)
     failures = 0
     for name in strategies:
         try:

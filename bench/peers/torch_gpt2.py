@@ -295,24 +295,6 @@ def capture(torch, fn, stream, warm=3):
     return g
 
 
-class Events:
-    def __init__(self, torch, n):
-        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-
-    def begin(self, j):
-        self.s[j].record()
-
-    def end(self, j):
-        self.e[j].record()
-
-    def wait(self, j):
-        self.e[j].synchronize()
-
-    def elapsed_us(self, n):
-        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
-
-
 def cudagraph_skips(torch):
     """How many times inductor skipped CUDA graphs, when PyTorch says."""
     try:
@@ -335,7 +317,7 @@ def run_strategy(name, torch, model, args, check):
         setup_s = time.perf_counter() - t0
         common.log(tag, f"set up in {setup_s:.2f} s; {args.warmup} warm-up + 2 x {args.steps} steps")
         m = common.measure(runner.step, torch.cuda.synchronize, steps=args.steps, warmup=args.warmup,
-                           batch=args.throughput_batch, gpu=Events(torch, args.steps),
+                           batch=args.throughput_batch, gpu=common.TorchEvents(torch, args.steps),
                            max_seconds=args.max_strategy_s, tag=tag)
         torch.cuda.synchronize()
         res = {"strategy": name, "floor": FLOORS[name], "dtype": "float32"}
@@ -438,11 +420,7 @@ def main(argv=None) -> int:
         model = Model(torch, cfg, weights)
         common.log(TAG, f"{doc['device']}: {cfg.describe()}")
     except Exception as e:
-        doc["error"] = common.describe_exception(e)
-        doc["traceback"] = common.traceback_tail(e)
-        common.log(TAG, f"cannot run: {doc['error']}")
-        common.write_json(args.json, doc)
-        return 2
+        return common.cannot_run(TAG, args.json, doc, e)
 
     failures = 0
     for name in names:
@@ -458,12 +436,8 @@ def main(argv=None) -> int:
             failures += 1
         doc["results"].append(res)
         common.write_json(args.json, doc)
-    common.log(TAG, f"done: {len(names) - failures} of {len(names)} strategies measured and matching")
-    if not args.json:
-        import json
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    return 1 if failures else 0
+    return common.finish_run(TAG, args.json, doc, failures,
+                             f"done: {len(names) - failures} of {len(names)} strategies measured and matching")
 
 
 if __name__ == "__main__":

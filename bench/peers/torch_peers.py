@@ -330,26 +330,6 @@ class Runner:
         self.step = None
 
 
-class Events:
-    """CUDA events around each measured step, on the current stream."""
-
-    def __init__(self, torch, n):
-        self.s = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        self.e = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-
-    def begin(self, j):
-        self.s[j].record()
-
-    def end(self, j):
-        self.e[j].record()
-
-    def wait(self, j):
-        self.e[j].synchronize()
-
-    def elapsed_us(self, n):
-        return [self.s[j].elapsed_time(self.e[j]) * 1000.0 for j in range(n)]
-
-
 def release(torch):
     gc.collect()
     torch.cuda.synchronize()
@@ -367,7 +347,7 @@ def run_strategy(name, torch, spec, data, dtype, args, ref):
     try:
         setup_s = time.perf_counter() - t0
         common.log(tag, f"set up in {setup_s:.2f} s; {args.warmup} warm-up + 2 x {args.steps} steps")
-        ev = Events(torch, args.steps)
+        ev = common.TorchEvents(torch, args.steps)
         m = common.measure(runner.step, torch.cuda.synchronize, steps=args.steps, warmup=args.warmup,
                            batch=args.batch, gpu=ev, max_seconds=args.max_strategy_s, tag=tag)
         torch.cuda.synchronize()
@@ -388,15 +368,9 @@ def run_strategy(name, torch, spec, data, dtype, args, ref):
             torch.cuda.synchronize()
             got = runner.out_for(i).double().cpu()
             err = float((got - torch.from_numpy(ref[slot])).abs().max().item())
-            res["max_abs_err"] = err
-            res["output_ok"] = err <= common.TOLERANCE[args.dtype]
-            if not res["output_ok"]:
-                notes.append(f"output differs from the numpy reference by {err:.3g}")
         else:
-            res["max_abs_err"] = None
-            res["output_ok"] = None
-        if notes:
-            res["note"] = "; ".join(notes)
+            err = None
+        common.finish_result(res, notes, err, args.dtype)
         return res
     finally:
         runner.close()
@@ -453,11 +427,7 @@ def main(argv=None) -> int:
                     return torch.from_numpy(np.ascontiguousarray(a)).to(torch.bfloat16).float().numpy()
             ref = {s: common.reference_output(spec, data, data["xs"][s], rnd) for s in {0, args.ring - 1}}
     except Exception as e:
-        doc["error"] = common.describe_exception(e)
-        doc["traceback"] = common.traceback_tail(e)
-        common.log(TAG, f"cannot run: {doc['error']}")
-        common.write_json(args.json, doc)
-        return 2
+        return common.cannot_run(TAG, args.json, doc, e)
 
     failures = 0
     for name in names:
@@ -478,13 +448,9 @@ def main(argv=None) -> int:
             failures += 1
         doc["results"].append(res)
         common.write_json(args.json, doc)
-    common.log(TAG, f"done: {len(names) - failures} of {len(names)} strategies measured"
-               + (f"; wrote {args.json}" if args.json else ""))
-    if not args.json:
-        import json
-        json.dump(doc, sys.stdout, indent=2)
-        print()
-    return 1 if failures else 0
+    return common.finish_run(TAG, args.json, doc, failures,
+                             f"done: {len(names) - failures} of {len(names)} strategies measured"
+                             + (f"; wrote {args.json}" if args.json else ""))
 
 
 if __name__ == "__main__":

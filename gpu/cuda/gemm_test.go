@@ -246,23 +246,7 @@ func TestGemmResults(t *testing.T) {
 				if counts[gpu.NodeMemAlloc]+counts[gpu.NodeMemFree] != 0 {
 					t.Errorf("captured with a workspace, the GEMM still has memory nodes: %v", counts)
 				}
-				x, err := b.GraphInstantiate(graph)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer b.GraphExecDestroy(x)
-				for i := range 2 {
-					g.reset(t, b)
-					if err := b.GraphLaunch(x, s); err != nil {
-						t.Fatal(err)
-					}
-					if err := b.StreamSynchronize(s); err != nil {
-						t.Fatal(err)
-					}
-					if got := g.read(t, b, c); string(got) != string(eager) {
-						t.Errorf("graph replay %d differs in bits from the eager call", i)
-					}
-				}
+				g.replayTwice(t, b, s, graph, c, eager, "graph")
 				logParams(t, b, c, g, graph)
 			})
 		}
@@ -283,6 +267,30 @@ func captureGemm(t *testing.T, b *Backend, s gpu.Stream, p gpu.GemmParams) gpu.G
 		t.Fatal(err)
 	}
 	return g
+}
+
+// replayTwice instantiates graph and replays it twice on s, each time
+// from reset buffers, failing the test where a replay's output differs in
+// bits from want (the eager call's).
+func (g *gemmBufs) replayTwice(t *testing.T, b *Backend, s gpu.Stream, graph gpu.Graph, c gemmCase, want []byte, name string) {
+	t.Helper()
+	x, err := b.GraphInstantiate(graph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.GraphExecDestroy(x)
+	for i := range 2 {
+		g.reset(t, b)
+		if err := b.GraphLaunch(x, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.StreamSynchronize(s); err != nil {
+			t.Fatal(err)
+		}
+		if got := g.read(t, b, c); string(got) != string(want) {
+			t.Errorf("%s replay %d differs in bits from the eager call", name, i)
+		}
+	}
 }
 
 func nodeCounts(t *testing.T, b *Backend, g gpu.Graph) map[gpu.NodeType]int {
@@ -452,23 +460,7 @@ func TestGemmPathsBitStable(t *testing.T) {
 			}
 			defer b.GraphDestroy(graph)
 			t.Logf("%s captured: %v", name, nodeCounts(t, b, graph))
-			x, err := b.GraphInstantiate(graph)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer b.GraphExecDestroy(x)
-			for i := range 2 {
-				g.reset(t, b)
-				if err := b.GraphLaunch(x, s); err != nil {
-					t.Fatal(err)
-				}
-				if err := b.StreamSynchronize(s); err != nil {
-					t.Fatal(err)
-				}
-				if out := g.read(t, b, c); string(out) != string(first) {
-					t.Errorf("%s replay %d differs in bits from eager", name, i)
-				}
-			}
+			g.replayTwice(t, b, s, graph, c, first, name)
 		})
 	}
 }

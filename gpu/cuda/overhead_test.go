@@ -84,6 +84,28 @@ type rawKernelParams struct {
 	ptrs  [3]unsafe.Pointer
 }
 
+// event makes an event of device 0 with flags, destroyed at cleanup.
+func (e *overheadEnv) event(tb testing.TB, flags gpu.EventFlags) gpu.Event {
+	tb.Helper()
+	ev, err := e.b.EventCreate(0, flags)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { e.b.EventDestroy(ev) })
+	return ev
+}
+
+// hostMem allocates 64 bytes of pinned host memory, freed at cleanup.
+func (e *overheadEnv) hostMem(tb testing.TB) gpu.HostMem {
+	tb.Helper()
+	hm, err := e.b.HostAlloc(64)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { e.b.HostFree(hm.Handle) })
+	return hm
+}
+
 func (e *overheadEnv) raw() *rawKernelParams {
 	r := &rawKernelParams{}
 	for i, a := range e.fill.Args {
@@ -254,11 +276,7 @@ func BenchmarkGraphLaunchOverhead(bm *testing.B) {
 
 func BenchmarkStreamWriteValue64Overhead(bm *testing.B) {
 	e := newOverheadEnv(bm)
-	hm, err := e.b.HostAlloc(64)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	bm.Cleanup(func() { e.b.HostFree(hm.Handle) })
+	hm := e.hostMem(bm)
 	bm.Run("safe", func(bm *testing.B) {
 		bm.ReportAllocs()
 		for i := 0; bm.Loop(); i++ {
@@ -279,11 +297,7 @@ func BenchmarkStreamWriteValue64Overhead(bm *testing.B) {
 
 func BenchmarkEventRecordOverhead(bm *testing.B) {
 	e := newOverheadEnv(bm)
-	ev, err := e.b.EventCreate(0, gpu.EventDisableTiming)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	bm.Cleanup(func() { e.b.EventDestroy(ev) })
+	ev := e.event(bm, gpu.EventDisableTiming)
 	bm.Run("safe", func(bm *testing.B) {
 		bm.ReportAllocs()
 		for bm.Loop() {

@@ -25,16 +25,8 @@ func TestStubHotPathsRefuseBadHandles(t *testing.T) {
 	e := newOverheadEnv(t)
 	b := e.b
 	_, x, kn, mn := e.graph(t)
-	ev, err := b.EventCreate(0, gpu.EventDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.EventDestroy(ev) })
-	hm, err := b.HostAlloc(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.HostFree(hm.Handle) })
+	ev := e.event(t, gpu.EventDefault)
+	hm := e.hostMem(t)
 	const bad = 0xdead_0000
 	badFill := e.fill
 	badFill.Func = bad
@@ -143,11 +135,7 @@ func TestStubDriverErrors(t *testing.T) {
 	e := newOverheadEnv(t)
 	b := e.b
 	_, x, kn, mn := e.graph(t)
-	ev, err := b.EventCreate(0, gpu.EventDefault)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.EventDestroy(ev) })
+	ev := e.event(t, gpu.EventDefault)
 	calls := []struct {
 		cname string
 		call  func() error
@@ -459,16 +447,8 @@ func TestHotPathAllocations(t *testing.T) {
 	e := newOverheadEnv(t)
 	b := e.b
 	_, x, kn, mn := e.graph(t)
-	ev, err := b.EventCreate(0, gpu.EventDisableTiming)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.EventDestroy(ev) })
-	hm, err := b.HostAlloc(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.HostFree(hm.Handle) })
+	ev := e.event(t, gpu.EventDisableTiming)
+	hm := e.hostMem(t)
 	for _, c := range []struct {
 		name string
 		f    func() error

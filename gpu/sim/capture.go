@@ -228,6 +228,32 @@ func (b *Backend) eventAndStreamLocked(op string, e gpu.Event, s gpu.Stream) (*e
 	return ev, st, nil
 }
 
+// eventAndStream runs plain, the call's work on event e and stream s
+// outside any capture, under the read lock when s is not capturing and
+// e's last record was not made in a capture: the common case, which thus
+// runs concurrently with other streams' work. Otherwise it looks e and s
+// up again under the write lock and runs capturing, which may change a
+// capture.
+func (b *Backend) eventAndStream(op string, e gpu.Event, s gpu.Stream, plain, capturing func(ev *event, st *stream) error) error {
+	b.mu.RLock()
+	ev, st, err := b.eventAndStreamLocked(op, e, s)
+	if err == nil && st.cap == nil && ev.captured.Load() == nil {
+		err = plain(ev, st)
+		b.mu.RUnlock()
+		return err
+	}
+	b.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ev, st, err = b.eventAndStreamLocked(op, e, s); err != nil {
+		return err
+	}
+	return capturing(ev, st)
+}
+
 // EventRecord records e on s; e completes when s reaches it. e and s must
 // be on the same device. On a capturing stream, e instead marks the
 // stream's point in the capture, for StreamWaitEvent to fork or join on.
@@ -250,34 +276,20 @@ func (b *Backend) EventRecord(e gpu.Event, s gpu.Stream) error {
 		st.enqueue(cmd{kind: cmdRecord, rec: rec})
 		return nil
 	}
-	b.mu.RLock()
-	ev, st, err := b.eventAndStreamLocked(op, e, s)
-	if err == nil && st.cap == nil && ev.captured.Load() == nil {
-		err = record(ev, st)
-		b.mu.RUnlock()
-		return err
-	}
-	b.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if ev, st, err = b.eventAndStreamLocked(op, e, s); err != nil {
-		return err
-	}
-	if st.cap == nil {
-		ev.captured.Store(nil)
-		return record(ev, st)
-	}
-	if ev.dev != st.dev {
-		return gpu.Errorf(op, gpu.ErrInvalidValue, "event %#x of device %d recorded on stream %#x of device %d", uint64(e), ev.dev, uint64(s), st.dev)
-	}
-	if st.cap.invalid != "" {
-		return st.cap.invalidErr(op)
-	}
-	ev.captured.Store(&capRecord{cap: st.cap, deps: slices.Clone(st.capDeps)})
-	return nil
+	return b.eventAndStream(op, e, s, record, func(ev *event, st *stream) error {
+		if st.cap == nil {
+			ev.captured.Store(nil)
+			return record(ev, st)
+		}
+		if ev.dev != st.dev {
+			return gpu.Errorf(op, gpu.ErrInvalidValue, "event %#x of device %d recorded on stream %#x of device %d", uint64(e), ev.dev, uint64(s), st.dev)
+		}
+		if st.cap.invalid != "" {
+			return st.cap.invalidErr(op)
+		}
+		ev.captured.Store(&capRecord{cap: st.cap, deps: slices.Clone(st.capDeps)})
+		return nil
+	})
 }
 
 // StreamWaitEvent makes later work on s wait for e's last record. When that
@@ -301,52 +313,38 @@ func (b *Backend) StreamWaitEvent(s gpu.Stream, e gpu.Event) error {
 		st.enqueue(cmd{kind: cmdWait, rec: rec})
 		return nil
 	}
-	b.mu.RLock()
-	ev, st, err := b.eventAndStreamLocked(op, e, s)
-	if err == nil && st.cap == nil && ev.captured.Load() == nil {
-		err = wait(ev, st)
-		b.mu.RUnlock()
-		return err
-	}
-	b.mu.RUnlock()
-	if err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if ev, st, err = b.eventAndStreamLocked(op, e, s); err != nil {
-		return err
-	}
-	if err := b.stickyErr(op, st.dev); err != nil {
-		return err
-	}
-	cr := ev.captured.Load()
-	switch {
-	case cr == nil && st.cap == nil:
-		return wait(ev, st)
-	case cr == nil:
+	return b.eventAndStream(op, e, s, wait, func(ev *event, st *stream) error {
+		if err := b.stickyErr(op, st.dev); err != nil {
+			return err
+		}
+		cr := ev.captured.Load()
+		switch {
+		case cr == nil && st.cap == nil:
+			return wait(ev, st)
+		case cr == nil:
+			if st.cap.invalid != "" {
+				return st.cap.invalidErr(op)
+			}
+			return st.cap.invalidate(op, fmt.Sprintf("stream %#x waited on event %#x, recorded outside the capture", uint64(s), uint64(e)))
+		case cr.cap.ended:
+			return gpu.Errorf(op, gpu.ErrIllegalState, "event %#x was recorded in a capture that has ended", uint64(e))
+		case st.cap == nil: // fork: s joins the capture
+			st.cap, st.capDeps = cr.cap, slices.Clone(cr.deps)
+			cr.cap.streams = append(cr.cap.streams, st)
+		case st.cap == cr.cap: // join
+			for _, n := range cr.deps {
+				if !slices.Contains(st.capDeps, n) {
+					st.capDeps = append(st.capDeps, n)
+				}
+			}
+		default:
+			why := fmt.Sprintf("stream %#x of one capture waited on event %#x of another", uint64(s), uint64(e))
+			_ = cr.cap.invalidate(op, why)
+			return st.cap.invalidate(op, why)
+		}
 		if st.cap.invalid != "" {
 			return st.cap.invalidErr(op)
 		}
-		return st.cap.invalidate(op, fmt.Sprintf("stream %#x waited on event %#x, recorded outside the capture", uint64(s), uint64(e)))
-	case cr.cap.ended:
-		return gpu.Errorf(op, gpu.ErrIllegalState, "event %#x was recorded in a capture that has ended", uint64(e))
-	case st.cap == nil: // fork: s joins the capture
-		st.cap, st.capDeps = cr.cap, slices.Clone(cr.deps)
-		cr.cap.streams = append(cr.cap.streams, st)
-	case st.cap == cr.cap: // join
-		for _, n := range cr.deps {
-			if !slices.Contains(st.capDeps, n) {
-				st.capDeps = append(st.capDeps, n)
-			}
-		}
-	default:
-		why := fmt.Sprintf("stream %#x of one capture waited on event %#x of another", uint64(s), uint64(e))
-		_ = cr.cap.invalidate(op, why)
-		return st.cap.invalidate(op, why)
-	}
-	if st.cap.invalid != "" {
-		return st.cap.invalidErr(op)
-	}
-	return nil
+		return nil
+	})
 }

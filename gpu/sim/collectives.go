@@ -2,9 +2,7 @@ package sim
 
 import (
 	"crypto/rand"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/collref"
 )
 
 // Collectives: the sim implements gpu.Collectives with its devices as the
@@ -645,12 +644,12 @@ func (b *Backend) perform(opName string, seq uint64, o *collOp) error {
 	var recvs [][]byte
 	switch a0.kind {
 	case collAllReduce:
-		red := reduce(sends, a0.dt, a0.op)
+		red := collref.Reduce(sends, a0.dt, a0.op)
 		for range nranks {
 			recvs = append(recvs, red)
 		}
 	case collReduceScatter:
-		red := reduce(sends, a0.dt, a0.op)
+		red := collref.Reduce(sends, a0.dt, a0.op)
 		for r := range nranks {
 			recvs = append(recvs, red[uint64(r)*recvN:uint64(r+1)*recvN])
 		}
@@ -685,43 +684,6 @@ func (a *collArgs) describe() string {
 		fmt.Fprintf(&b, " from root %d", a.root)
 	}
 	return b.String()
-}
-
-// reduce combines equal-length buffers element by element in rank order:
-// acc = s0; acc = acc ∘ s1; ... It returns a new buffer.
-func reduce(sends [][]byte, dt gpu.DataType, op gpu.ReduceOp) []byte {
-	out := slices.Clone(sends[0])
-	le := binary.LittleEndian
-	for _, s := range sends[1:] {
-		switch dt {
-		case gpu.Float32:
-			for i := 0; i+4 <= len(out); i += 4 {
-				x, y := math.Float32frombits(le.Uint32(out[i:])), math.Float32frombits(le.Uint32(s[i:]))
-				le.PutUint32(out[i:], math.Float32bits(combine(x, y, op)))
-			}
-		case gpu.Float64:
-			for i := 0; i+8 <= len(out); i += 8 {
-				x, y := math.Float64frombits(le.Uint64(out[i:])), math.Float64frombits(le.Uint64(s[i:]))
-				le.PutUint64(out[i:], math.Float64bits(combine(x, y, op)))
-			}
-		case gpu.Int32:
-			for i := 0; i+4 <= len(out); i += 4 {
-				le.PutUint32(out[i:], uint32(combine(int32(le.Uint32(out[i:])), int32(le.Uint32(s[i:])), op)))
-			}
-		case gpu.Int64:
-			for i := 0; i+8 <= len(out); i += 8 {
-				le.PutUint64(out[i:], uint64(combine(int64(le.Uint64(out[i:])), int64(le.Uint64(s[i:])), op)))
-			}
-		}
-	}
-	return out
-}
-
-func combine[T float32 | float64 | int32 | int64](x, y T, op gpu.ReduceOp) T {
-	if op == gpu.Max {
-		return max(x, y)
-	}
-	return x + y
 }
 
 // liveComms counts live handles; b.mu is held.

@@ -225,16 +225,7 @@ func (b *Backend) GraphKernelNodeSetDeviceUpdatable(nh gpu.GraphNode, updatable 
 // GraphKernelNodeDevNode implements gpu.DeviceUpdates.
 func (b *Backend) GraphKernelNodeDevNode(nh gpu.GraphNode) (gpu.DevNode, error) {
 	const op = "GraphKernelNodeDevNode"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, nh, gpu.NodeKernel)
-	if err != nil {
-		return 0, err
-	}
-	return n.devNode, nil
+	return readNode(b, op, nh, gpu.NodeKernel, func(n *node) gpu.DevNode { return n.devNode })
 }
 
 // GraphAddRootKernelNode implements gpu.DeviceUpdates. The node is inserted
@@ -242,37 +233,30 @@ func (b *Backend) GraphKernelNodeDevNode(nh gpu.GraphNode) (gpu.DevNode, error) 
 // CUDA it is listed last.
 func (b *Backend) GraphAddRootKernelNode(gh gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
 	const op = "GraphAddRootKernelNode"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return 0, err
-	}
-	k, err := b.kernelParamsLocked(op, p)
-	if err != nil {
-		return 0, err
-	}
-	if k.fn.dev != g.dev {
-		return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "kernel %s of device %d in a graph of device %d", k.fn.spec.Name, k.fn.dev, g.dev)
-	}
-	root := &node{handle: gpu.GraphNode(b.newHandleLocked()), g: g, typ: gpu.NodeKernel}
-	root.p.kern = k
-	for _, n := range g.nodes {
-		if len(n.deps) == 0 {
-			n.deps = []*node{root}
+	return onGraph(b, op, gh, func(g *graph) (gpu.GraphNode, error) {
+		k, err := b.kernelParamsLocked(op, p)
+		if err != nil {
+			return 0, err
 		}
-	}
-	g.nodes = append([]*node{root}, g.nodes...)
-	for i, n := range g.nodes {
-		n.index = i
-	}
-	if g.registered {
-		b.mu.nodes[root.handle] = root
-	}
-	return root.handle, nil
+		if k.fn.dev != g.dev {
+			return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "kernel %s of device %d in a graph of device %d", k.fn.spec.Name, k.fn.dev, g.dev)
+		}
+		root := &node{handle: gpu.GraphNode(b.newHandleLocked()), g: g, typ: gpu.NodeKernel}
+		root.p.kern = k
+		for _, n := range g.nodes {
+			if len(n.deps) == 0 {
+				n.deps = []*node{root}
+			}
+		}
+		g.nodes = append([]*node{root}, g.nodes...)
+		for i, n := range g.nodes {
+			n.index = i
+		}
+		if g.registered {
+			b.mu.nodes[root.handle] = root
+		}
+		return root.handle, nil
+	})
 }
 
 // GraphUpload implements gpu.DeviceUpdates: when s reaches it, the device

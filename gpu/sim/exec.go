@@ -107,47 +107,33 @@ func (b *Backend) graphFromPlanLocked(p *plan) *graph {
 // GraphInstantiate snapshots g into an exec graph.
 func (b *Backend) GraphInstantiate(gh gpu.Graph) (gpu.GraphExec, error) {
 	const op = "GraphInstantiate"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return 0, err
-	}
-	if err := instantiateCheckLocked(op, g); err != nil {
-		return 0, err
-	}
-	p, err := b.planLocked(op, g, 0)
-	if err != nil {
-		return 0, err
-	}
-	x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, g: g, plan: p, index: map[gpu.GraphNode][]int32{},
-		dev: newDevStateLocked(g, p)}
-	indexNodes(g, nil, x.index)
-	b.mu.execs[x.handle] = x
-	g.execs++
-	if x.dev != nil {
-		g.devExec = x
-	}
-	return x.handle, nil
+	return onGraph(b, op, gh, func(g *graph) (gpu.GraphExec, error) {
+		if err := instantiateCheckLocked(op, g); err != nil {
+			return 0, err
+		}
+		p, err := b.planLocked(op, g, 0)
+		if err != nil {
+			return 0, err
+		}
+		x := &exec{handle: gpu.GraphExec(b.newHandleLocked()), source: gh, g: g, plan: p, index: map[gpu.GraphNode][]int32{},
+			dev: newDevStateLocked(g, p)}
+		indexNodes(g, nil, x.index)
+		b.mu.execs[x.handle] = x
+		g.execs++
+		if x.dev != nil {
+			g.devExec = x
+		}
+		return x.handle, nil
+	})
 }
 
 func (b *Backend) GraphExecDestroy(xh gpu.GraphExec) error {
 	const op = "GraphExecDestroy"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, err := getLocked(b, op, "graph exec", b.mu.execs, xh)
-	if err != nil {
-		return err
-	}
-	delete(b.mu.execs, xh)
-	b.execDestroyedLocked(x)
-	return nil
+	return b.onExec(op, xh, func(x *exec) error {
+		delete(b.mu.execs, xh)
+		b.execDestroyedLocked(x)
+		return nil
+	})
 }
 
 // GraphLaunch queues x's current plan on s: its parameters are fixed now,
@@ -287,6 +273,31 @@ func (b *Backend) matchLocked(op string, p *plan, g *graph) error {
 // naming nodes by their handles in x's source graph.
 func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	const op = "GraphExecUpdate"
+	return b.onExec(op, xh, func(x *exec) error {
+		g, err := b.graphLocked(op, gh)
+		if err != nil {
+			return err
+		}
+		if err := updateCheck(op, x, g); err != nil {
+			return err
+		}
+		if err := b.matchLocked(op, x.plan, g); err != nil {
+			return err
+		}
+		p, err := b.planLocked(op, g, x.epoch)
+		if err != nil {
+			return err
+		}
+		x.plan = p
+		return nil
+	})
+}
+
+// ---- per-node updates ----
+
+// onExec is the frame of the calls that change exec graph xh: it counts op
+// (fault injection) and runs f on the exec under the write lock.
+func (b *Backend) onExec(op string, xh gpu.GraphExec, f func(x *exec) error) error {
 	if err := b.enter(op); err != nil {
 		return err
 	}
@@ -296,25 +307,8 @@ func (b *Backend) GraphExecUpdate(xh gpu.GraphExec, gh gpu.Graph) error {
 	if err != nil {
 		return err
 	}
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return err
-	}
-	if err := updateCheck(op, x, g); err != nil {
-		return err
-	}
-	if err := b.matchLocked(op, x.plan, g); err != nil {
-		return err
-	}
-	p, err := b.planLocked(op, g, x.epoch)
-	if err != nil {
-		return err
-	}
-	x.plan = p
-	return nil
+	return f(x)
 }
-
-// ---- per-node updates ----
 
 // execNodeLocked finds source node nh in x, checking its type.
 func (b *Backend) execNodeLocked(op string, xh gpu.GraphExec, nh gpu.GraphNode, want gpu.NodeType) (*exec, []int32, *enode, error) {
@@ -338,6 +332,33 @@ func (b *Backend) execNodeLocked(op string, xh gpu.GraphExec, nh gpu.GraphNode, 
 		return nil, nil, nil, gpu.Errorf(op, gpu.ErrInvalidValue, "node %#x is a %s node, not a %s node", uint64(nh), e.typ, want)
 	}
 	return x, path, e, nil
+}
+
+// setExecNode is the frame of the GraphExec*NodeSetParams calls: it counts
+// the call (fault injection), runs check (the parameters alone, when not
+// nil), finds source node n of exec xh and checks its type under b.mu, and
+// replaces the node with what update returns from the node as it is.
+func (b *Backend) setExecNode(op string, xh gpu.GraphExec, n gpu.GraphNode, want gpu.NodeType, check func() error, update func(x *exec, e *enode) (*enode, error)) error {
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	x, path, e, err := b.execNodeLocked(op, xh, n, want)
+	if err != nil {
+		return err
+	}
+	ne, err := update(x, e)
+	if err != nil {
+		return err
+	}
+	x.setLocked(path, ne)
+	return nil
 }
 
 // setLocked replaces the node at path with e, copying launched plans on
@@ -364,27 +385,19 @@ func (x *exec) setIn(p *plan, path []int32, e *enode) *plan {
 // its spec.
 func (b *Backend) GraphExecKernelNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
 	const op = "GraphExecKernelNodeSetParams"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeKernel)
-	if err != nil {
-		return err
-	}
-	k, err := b.kernelParamsLocked(op, p)
-	if err != nil {
-		return err
-	}
-	if k.fn.dev != e.p.kern.fn.dev {
-		return updateErr(op, gpu.UpdateFunctionChanged, n, "kernel %s is on device %d, the node's kernel on device %d", k.fn.spec.Name, k.fn.dev, e.p.kern.fn.dev)
-	}
-	ne := *e
-	ne.p.kern = k
-	x.setLocked(path, &ne)
-	hostChangedLocked(x, e)
-	return nil
+	return b.setExecNode(op, xh, n, gpu.NodeKernel, nil, func(x *exec, e *enode) (*enode, error) {
+		k, err := b.kernelParamsLocked(op, p)
+		if err != nil {
+			return nil, err
+		}
+		if k.fn.dev != e.p.kern.fn.dev {
+			return nil, updateErr(op, gpu.UpdateFunctionChanged, n, "kernel %s is on device %d, the node's kernel on device %d", k.fn.spec.Name, k.fn.dev, e.p.kern.fn.dev)
+		}
+		ne := *e
+		ne.p.kern = k
+		hostChangedLocked(x, e)
+		return &ne, nil
+	})
 }
 
 // GraphExecMemcpyNodeSetParams sets a memcpy node's parameters in x. New
@@ -392,22 +405,11 @@ func (b *Backend) GraphExecKernelNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 // (operandsLocked).
 func (b *Backend) GraphExecMemcpyNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error {
 	const op = "GraphExecMemcpyNodeSetParams"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeMemcpy)
-	if err != nil {
-		return err
-	}
-	ne := *e
-	ne.p.cp = p
-	if ne.homes, err = b.operandsLocked(op, n, e, ne.p); err != nil {
-		return err
-	}
-	x.setLocked(path, &ne)
-	return nil
+	return b.setExecNode(op, xh, n, gpu.NodeMemcpy, nil, func(_ *exec, e *enode) (*enode, error) {
+		np := e.p
+		np.cp = p
+		return b.withOperandsLocked(op, n, e, np)
+	})
 }
 
 // GraphExecMemsetNodeSetParams sets a memset node's parameters in x. A
@@ -416,28 +418,15 @@ func (b *Backend) GraphExecMemcpyNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 // another device or kind (operandsLocked).
 func (b *Backend) GraphExecMemsetNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, p gpu.Memset) error {
 	const op = "GraphExecMemsetNodeSetParams"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	if err := checkMemset(op, p); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeMemset)
-	if err != nil {
-		return err
-	}
-	if p.ElemSize != e.p.ms.ElemSize {
-		return updateErr(op, gpu.UpdateParametersChanged, n, "memset element size cannot change from %d to %d in an instantiated graph", e.p.ms.ElemSize, p.ElemSize)
-	}
-	ne := *e
-	ne.p.ms = p
-	if ne.homes, err = b.operandsLocked(op, n, e, ne.p); err != nil {
-		return err
-	}
-	x.setLocked(path, &ne)
-	return nil
+	check := func() error { return checkMemset(op, p) }
+	return b.setExecNode(op, xh, n, gpu.NodeMemset, check, func(_ *exec, e *enode) (*enode, error) {
+		if p.ElemSize != e.p.ms.ElemSize {
+			return nil, updateErr(op, gpu.UpdateParametersChanged, n, "memset element size cannot change from %d to %d in an instantiated graph", e.p.ms.ElemSize, p.ElemSize)
+		}
+		np := e.p
+		np.ms = p
+		return b.withOperandsLocked(op, n, e, np)
+	})
 }
 
 // GraphExecChildGraphNodeSetParams applies child's parameters to the child
@@ -446,42 +435,34 @@ func (b *Backend) GraphExecMemsetNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode
 // naming n, with the child's offending node in its detail).
 func (b *Backend) GraphExecChildGraphNodeSetParams(xh gpu.GraphExec, n gpu.GraphNode, child gpu.Graph) error {
 	const op = "GraphExecChildGraphNodeSetParams"
-	if err := b.enter(op); err != nil {
-		return err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	x, path, e, err := b.execNodeLocked(op, xh, n, gpu.NodeChildGraph)
-	if err != nil {
-		return err
-	}
-	g, err := b.graphLocked(op, child)
-	if err != nil {
-		return err
-	}
-	if err := childCheck(op, g); err != nil {
-		return err
-	}
-	if err := b.matchLocked(op, e.child, g); err != nil {
-		// The refusal names the node updated; the child's own node
-		// goes into the detail.
-		var ue *gpu.UpdateError
-		if errors.As(err, &ue) {
-			if ue.Node != 0 {
-				ue.Detail = fmt.Sprintf("in the child graph, node %#x: %s", uint64(ue.Node), ue.Detail)
-			}
-			ue.Node = n
+	return b.setExecNode(op, xh, n, gpu.NodeChildGraph, nil, func(x *exec, e *enode) (*enode, error) {
+		g, err := b.graphLocked(op, child)
+		if err != nil {
+			return nil, err
 		}
-		return err
-	}
-	cp, err := b.planLocked(op, g, x.epoch)
-	if err != nil {
-		return err
-	}
-	ne := *e
-	ne.child = cp
-	x.setLocked(path, &ne)
-	return nil
+		if err := childCheck(op, g); err != nil {
+			return nil, err
+		}
+		if err := b.matchLocked(op, e.child, g); err != nil {
+			// The refusal names the node updated; the child's own node
+			// goes into the detail.
+			var ue *gpu.UpdateError
+			if errors.As(err, &ue) {
+				if ue.Node != 0 {
+					ue.Detail = fmt.Sprintf("in the child graph, node %#x: %s", uint64(ue.Node), ue.Detail)
+				}
+				ue.Node = n
+			}
+			return nil, err
+		}
+		cp, err := b.planLocked(op, g, x.epoch)
+		if err != nil {
+			return nil, err
+		}
+		ne := *e
+		ne.child = cp
+		return &ne, nil
+	})
 }
 
 // ---- operand homes ----
@@ -540,6 +521,18 @@ func (as *addrSpace) operandHomes(typ gpu.NodeType, p params) homes {
 		hs[0] = as.homeOf(uint64(p.ms.Dst))
 	}
 	return hs
+}
+
+// withOperandsLocked returns memcpy or memset node e with parameters p, its
+// operands checked and their homes recorded by operandsLocked.
+func (b *Backend) withOperandsLocked(op string, n gpu.GraphNode, e *enode, p params) (*enode, error) {
+	ne := *e
+	ne.p = p
+	var err error
+	if ne.homes, err = b.operandsLocked(op, n, e, ne.p); err != nil {
+		return nil, err
+	}
+	return &ne, nil
 }
 
 // operandsLocked checks the new parameters p of memcpy or memset node n

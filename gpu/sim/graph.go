@@ -133,35 +133,28 @@ func (b *Backend) depsLocked(op string, g *graph, deps []gpu.GraphNode) ([]*node
 // addNode is the common part of the GraphAdd*Node entry points: it builds
 // the node with fill (which validates) under the write lock.
 func (b *Backend) addNode(op string, gh gpu.Graph, deps []gpu.GraphNode, typ gpu.NodeType, fill func(n *node) error) (gpu.GraphNode, error) {
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	g, err := b.graphLocked(op, gh)
-	if err != nil {
-		return 0, err
-	}
-	ds, err := b.depsLocked(op, g, deps)
-	if err != nil {
-		return 0, err
-	}
-	// Validate into a scratch node first so a refused node leaves g as it
-	// was and issues no handle.
-	var tmp node
-	if err := fill(&tmp); err != nil {
-		return 0, err
-	}
-	var child *graph
-	if tmp.child != nil {
-		child = b.copyGraphLocked(tmp.child) // before adding n: g may be its own child
-	}
-	n := b.addNodeLocked(g, typ, ds)
-	n.p = tmp.p
-	if child != nil {
-		b.adoptLocked(n, child)
-	}
-	return n.handle, nil
+	return onGraph(b, op, gh, func(g *graph) (gpu.GraphNode, error) {
+		ds, err := b.depsLocked(op, g, deps)
+		if err != nil {
+			return 0, err
+		}
+		// Validate into a scratch node first so a refused node leaves g as it
+		// was and issues no handle.
+		var tmp node
+		if err := fill(&tmp); err != nil {
+			return 0, err
+		}
+		var child *graph
+		if tmp.child != nil {
+			child = b.copyGraphLocked(tmp.child) // before adding n: g may be its own child
+		}
+		n := b.addNodeLocked(g, typ, ds)
+		n.p = tmp.p
+		if child != nil {
+			b.adoptLocked(n, child)
+		}
+		return n.handle, nil
+	})
 }
 
 func (b *Backend) GraphCreate(dev int) (gpu.Graph, error) {
@@ -265,6 +258,40 @@ func (b *Backend) GraphNodes(gh gpu.Graph) ([]gpu.GraphNode, error) {
 	return handles(g.nodes), nil
 }
 
+// onGraph is the frame of the calls that change graph gh: it counts op
+// (fault injection) and runs f on the graph under the write lock.
+func onGraph[T any](b *Backend, op string, gh gpu.Graph, f func(g *graph) (T, error)) (T, error) {
+	var zero T
+	if err := b.enter(op); err != nil {
+		return zero, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	g, err := b.graphLocked(op, gh)
+	if err != nil {
+		return zero, err
+	}
+	return f(g)
+}
+
+// readNode is the frame of the calls that read a node: it counts op (fault
+// injection) and returns what read finds in node h, of type typ (0: any),
+// under the read lock.
+func readNode[T any](b *Backend, op string, h gpu.GraphNode, typ gpu.NodeType, read func(n *node) T) (T, error) {
+	if err := b.enter(op); err != nil {
+		var zero T
+		return zero, err
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	n, err := b.nodeLocked(op, h, typ)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return read(n), nil
+}
+
 // nodeOf looks up a node, and checks its type when want is not 0.
 func (b *Backend) nodeLocked(op string, h gpu.GraphNode, want gpu.NodeType) (*node, error) {
 	n, err := getLocked(b, op, "graph node", b.mu.nodes, h)
@@ -279,59 +306,23 @@ func (b *Backend) nodeLocked(op string, h gpu.GraphNode, want gpu.NodeType) (*no
 
 func (b *Backend) GraphNodeType(h gpu.GraphNode) (gpu.NodeType, error) {
 	const op = "GraphNodeType"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, 0)
-	if err != nil {
-		return 0, err
-	}
-	return n.typ, nil
+	return readNode(b, op, h, 0, func(n *node) gpu.NodeType { return n.typ })
 }
 
 func (b *Backend) GraphNodeDeps(h gpu.GraphNode) ([]gpu.GraphNode, error) {
 	const op = "GraphNodeDeps"
-	if err := b.enter(op); err != nil {
-		return nil, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, 0)
-	if err != nil {
-		return nil, err
-	}
-	return handles(n.deps), nil
+	return readNode(b, op, h, 0, func(n *node) []gpu.GraphNode { return handles(n.deps) })
 }
 
 // GraphKernelNodeParams returns a copy of a kernel node's typed parameters.
 func (b *Backend) GraphKernelNodeParams(h gpu.GraphNode) (gpu.KernelParams, error) {
 	const op = "GraphKernelNodeParams"
-	if err := b.enter(op); err != nil {
-		return gpu.KernelParams{}, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeKernel)
-	if err != nil {
-		return gpu.KernelParams{}, err
-	}
-	return n.p.kern.public(), nil
+	return readNode(b, op, h, gpu.NodeKernel, func(n *node) gpu.KernelParams { return n.p.kern.public() })
 }
 
 // GraphChildGraph returns the graph a child-graph node owns. Changes to it
 // change the node, as in CUDA; it cannot be destroyed on its own.
 func (b *Backend) GraphChildGraph(h gpu.GraphNode) (gpu.Graph, error) {
 	const op = "GraphChildGraph"
-	if err := b.enter(op); err != nil {
-		return 0, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeChildGraph)
-	if err != nil {
-		return 0, err
-	}
-	return n.child.handle, nil
+	return readNode(b, op, h, gpu.NodeChildGraph, func(n *node) gpu.Graph { return n.child.handle })
 }

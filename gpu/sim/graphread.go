@@ -7,31 +7,13 @@ var _ gpu.GraphNodeReader = (*Backend)(nil)
 // GraphMemcpyNodeParams implements gpu.GraphNodeReader.
 func (b *Backend) GraphMemcpyNodeParams(h gpu.GraphNode) (gpu.MemcpyParams, error) {
 	const op = "GraphMemcpyNodeParams"
-	if err := b.enter(op); err != nil {
-		return gpu.MemcpyParams{}, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeMemcpy)
-	if err != nil {
-		return gpu.MemcpyParams{}, err
-	}
-	return n.p.cp, nil
+	return readNode(b, op, h, gpu.NodeMemcpy, func(n *node) gpu.MemcpyParams { return n.p.cp })
 }
 
 // GraphMemsetNodeParams implements gpu.GraphNodeReader.
 func (b *Backend) GraphMemsetNodeParams(h gpu.GraphNode) (gpu.Memset, error) {
 	const op = "GraphMemsetNodeParams"
-	if err := b.enter(op); err != nil {
-		return gpu.Memset{}, err
-	}
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	n, err := b.nodeLocked(op, h, gpu.NodeMemset)
-	if err != nil {
-		return gpu.Memset{}, err
-	}
-	return n.p.ms, nil
+	return readNode(b, op, h, gpu.NodeMemset, func(n *node) gpu.Memset { return n.p.ms })
 }
 
 // memoryNode returns a graph memory node of g or of its child graphs, or

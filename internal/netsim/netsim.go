@@ -31,11 +31,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/collref"
 	"github.com/stablegraph/stablegraph/rendezvous"
 )
 
@@ -412,9 +412,9 @@ func (b *Backend) kernel(mem gpu.Memory, _ gpu.LaunchConfig, kargs []gpu.Arg) er
 	var out []byte
 	switch a.kind {
 	case allReduce:
-		out = reduce(sends, a.dt, a.op)
+		out = collref.Reduce(sends, a.dt, a.op)
 	case reduceScatter:
-		out = reduce(sends, a.dt, a.op)[uint64(c.rank)*recvN : uint64(c.rank+1)*recvN]
+		out = collref.Reduce(sends, a.dt, a.op)[uint64(c.rank)*recvN : uint64(c.rank+1)*recvN]
 	case allGather:
 		out = slices.Concat(sends...)
 	case broadcast:
@@ -477,41 +477,4 @@ func exchangeErr(op string, err error) error {
 		sentinel = gpu.ErrTimeout
 	}
 	return fmt.Errorf("%w: %s across processes: %w", sentinel, op, err)
-}
-
-// reduce combines equal-length buffers element by element in rank order:
-// acc = s0; acc = acc ∘ s1; ... It returns a new buffer.
-func reduce(sends [][]byte, dt gpu.DataType, op gpu.ReduceOp) []byte {
-	out := slices.Clone(sends[0])
-	le := binary.LittleEndian
-	for _, s := range sends[1:] {
-		switch dt {
-		case gpu.Float32:
-			for i := 0; i+4 <= len(out); i += 4 {
-				x, y := math.Float32frombits(le.Uint32(out[i:])), math.Float32frombits(le.Uint32(s[i:]))
-				le.PutUint32(out[i:], math.Float32bits(combine(x, y, op)))
-			}
-		case gpu.Float64:
-			for i := 0; i+8 <= len(out); i += 8 {
-				x, y := math.Float64frombits(le.Uint64(out[i:])), math.Float64frombits(le.Uint64(s[i:]))
-				le.PutUint64(out[i:], math.Float64bits(combine(x, y, op)))
-			}
-		case gpu.Int32:
-			for i := 0; i+4 <= len(out); i += 4 {
-				le.PutUint32(out[i:], uint32(combine(int32(le.Uint32(out[i:])), int32(le.Uint32(s[i:])), op)))
-			}
-		case gpu.Int64:
-			for i := 0; i+8 <= len(out); i += 8 {
-				le.PutUint64(out[i:], uint64(combine(int64(le.Uint64(out[i:])), int64(le.Uint64(s[i:])), op)))
-			}
-		}
-	}
-	return out
-}
-
-func combine[T float32 | float64 | int32 | int64](x, y T, op gpu.ReduceOp) T {
-	if op == gpu.Max {
-		return max(x, y)
-	}
-	return x + y
 }

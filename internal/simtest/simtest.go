@@ -2,20 +2,22 @@
 // tests drive the sim backend directly (the root package, replay, client,
 // vmm, retire, streamcache): a backend that checks at cleanup that the
 // test released every handle, streams and memory freed at cleanup, a
-// kernel that holds its stream until released, a device with a stream and
-// the built-in kernels, and float32 transfers. It is imported by tests
-// only.
+// kernel that holds its stream until released, a vmm timeline closed at
+// cleanup, a device with a stream and the built-in kernels, and float32
+// transfers. It is imported by tests only.
 package simtest
 
 import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/kernels"
+	"github.com/stablegraph/stablegraph/vmm"
 )
 
 // DeviceMemory is the memory of each device New opens.
@@ -94,6 +96,21 @@ func Alloc(t testing.TB, b gpu.Backend, dev int, size uint64) gpu.DevicePtr {
 	return p
 }
 
+// Freed returns the address of an allocation of size bytes on device dev
+// that is already freed: memory no binding may name. Call it after what
+// else the test allocates, so that nothing reuses the range.
+func Freed(t testing.TB, b gpu.Backend, dev int, size uint64) gpu.DevicePtr {
+	t.Helper()
+	p, err := b.MemAlloc(dev, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MemFree(p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // GateModule is a one-kernel module ("gate", no arguments) whose kernel
 // blocks its stream until gate is closed: a deterministic way to keep work
 // queued behind it.
@@ -125,6 +142,33 @@ func Gate(t testing.TB, b gpu.Backend, dev int, gate <-chan struct{}) gpu.Functi
 		t.Fatal(err)
 	}
 	return f
+}
+
+// HeldGate loads a gate (Gate) on device dev and returns its kernel and
+// open, which opens the gate (again is a no-op). The gate is opened at
+// cleanup, before the module is unloaded and the backend closed, so that
+// a test that fails while the gate holds its stream still ends.
+func HeldGate(t testing.TB, b gpu.Backend, dev int) (gate gpu.Function, open func()) {
+	t.Helper()
+	ch := make(chan struct{})
+	var once sync.Once
+	open = func() { once.Do(func() { close(ch) }) }
+	gate = Gate(t, b, dev, ch)
+	t.Cleanup(open)
+	return gate, open
+}
+
+// Timeline makes a vmm.Timeline on device dev, closed at cleanup unless
+// the test closed it (the cleanup's Close error is then ignored, as is
+// any other: tests that care close it themselves and check).
+func Timeline(t testing.TB, b gpu.Backend, dev int) *vmm.Timeline {
+	t.Helper()
+	tl, err := vmm.NewTimeline(b, dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tl.Close() })
+	return tl
 }
 
 // Dev is a device of a sim backend with a stream and the built-in kernels.

@@ -3,7 +3,9 @@
 // the test program MLP, an Addresser that moves a program's buffers the way
 // a caching allocator does, the one loop that runs N steps and records what
 // each saw (Run), and the one harness that runs an executable from several
-// goroutines against eager (Workers). Backend-level helpers live in
+// goroutines against eager (Workers), the check that Compile refuses a
+// strategy cleanly (WantCompileRefused) and the one loop that fails each
+// of Compile's device calls in turn (CompileFaults). Backend-level helpers live in
 // internal/simtest. It is imported by tests only.
 package steptest
 
@@ -11,15 +13,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/bfc"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/remappable"
@@ -685,4 +690,53 @@ func (c Workers) Run(t testing.TB, b gpu.Backend) *sg.Executable {
 		t.Error(err)
 	}
 	return exe
+}
+
+// WantCompileRefused compiles p on b with opts and fails the test unless
+// Compile fails with an error wrapping want and, when says is not empty,
+// containing it, and leaves no handle of counted (the sim under b) live.
+func WantCompileRefused(t testing.TB, b gpu.Backend, counted *sim.Backend, p *sg.Program, opts sg.Options, want error, says string) {
+	t.Helper()
+	exe, err := sg.Compile(context.Background(), b, p, opts)
+	if err == nil {
+		exe.Close()
+		t.Fatalf("Compile with strategy %s succeeded; want it refused (%v)", opts.Strategy, want)
+	}
+	if !errors.Is(err, want) || !strings.Contains(err.Error(), says) {
+		t.Fatalf("Compile = %v, want %v saying %q", err, want, says)
+	}
+	simtest.WantZero(t, counted, "after the refused Compile")
+}
+
+// CompileFaults fails, one call at a time, every call of each op that
+// compiling p on b with opts makes, and fails the test unless each failure
+// is returned (wrapping gpu.ErrInjected, and naming the op when nameOp is
+// set) and leaves nothing live, and unless Compile calls every op.
+func CompileFaults(t testing.TB, b *sim.Backend, p *sg.Program, opts sg.Options, ops []string, nameOp bool) {
+	t.Helper()
+	for _, op := range ops {
+		for nth := 0; ; nth++ {
+			before := b.Calls(op)
+			b.InjectFault(op, nth, nil)
+			exe, err := sg.Compile(context.Background(), b, p, opts)
+			fired := b.Calls(op)-before > nth
+			b.ClearFaults()
+			if err == nil {
+				if fired {
+					t.Fatalf("%s call %d failed but Compile succeeded", op, nth)
+				}
+				if err := exe.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if nth == 0 {
+					t.Errorf("Compile never calls %s", op)
+				}
+				break
+			}
+			if !errors.Is(err, gpu.ErrInjected) || (nameOp && !strings.Contains(err.Error(), op)) {
+				t.Fatalf("%s call %d: error does not wrap the injected fault (or name the call): %v", op, nth, err)
+			}
+			simtest.WantZero(t, b, fmt.Sprintf("%s call %d failed", op, nth))
+		}
+	}
 }
