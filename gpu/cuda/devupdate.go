@@ -214,17 +214,9 @@ func (b *Backend) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.G
 // GraphUpload implements gpu.DeviceUpdates.
 func (b *Backend) GraphUpload(x gpu.GraphExec, s gpu.Stream) error {
 	const op = "GraphUpload"
-	b.mu.Lock()
-	xi, xok := b.mu.execs[x]
-	si, sok := b.mu.streams[s]
-	b.mu.Unlock()
-	switch {
-	case !xok:
-		return errNoExec(op, x)
-	case !sok:
-		return errNoStream(op, s)
-	case si.dev != xi.dev:
-		return errf(op, gpu.ErrInvalidValue, "graph of device %d uploaded on a stream of device %d", xi.dev, si.dev)
+	xi, si, err := b.execOnStream(op, x, s, "uploaded")
+	if err != nil {
+		return err
 	}
 	if err := b.call(xi.dev, "cuGraphUpload", func() cu.Result { return b.d.GraphUpload(xi.x, si.s) }); err != nil {
 		return err

@@ -808,20 +808,30 @@ func (b *Backend) GraphExecDestroy(x gpu.GraphExec) error {
 	return err
 }
 
-// GraphLaunch implements gpu.Graphs.
-func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
-	const op = "GraphLaunch"
+// execOnStream looks up exec x and stream s for op, which must be on one
+// device; what names the operation in the error ("launched", "uploaded").
+func (b *Backend) execOnStream(op string, x gpu.GraphExec, s gpu.Stream, what string) (execInfo, streamInfo, error) {
 	b.mu.Lock()
 	xi, xok := b.mu.execs[x]
 	si, sok := b.mu.streams[s]
 	b.mu.Unlock()
 	switch {
 	case !xok:
-		return errNoExec(op, x)
+		return xi, si, errNoExec(op, x)
 	case !sok:
-		return errNoStream(op, s)
+		return xi, si, errNoStream(op, s)
 	case si.dev != xi.dev:
-		return errf(op, gpu.ErrInvalidValue, "graph of device %d launched on a stream of device %d", xi.dev, si.dev)
+		return xi, si, errf(op, gpu.ErrInvalidValue, "graph of device %d %s on a stream of device %d", xi.dev, what, si.dev)
+	}
+	return xi, si, nil
+}
+
+// GraphLaunch implements gpu.Graphs.
+func (b *Backend) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
+	const op = "GraphLaunch"
+	xi, si, err := b.execOnStream(op, x, s, "launched")
+	if err != nil {
+		return err
 	}
 	if xi.upd != nil {
 		if err := b.launchCheck(op, x, xi, si); err != nil {
