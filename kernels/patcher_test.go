@@ -399,8 +399,16 @@ func TestPatcherModule(t *testing.T) {
 	if err := k.CheckArgs("test", PatcherArgs(1, 2, 3, 4, 5, 6, 7)); err != nil {
 		t.Errorf("PatcherArgs do not match the spec: %v", err)
 	}
-	if c := PatcherConfig(1000); c.Grid.X*c.Block.X < 1000 || c.Grid.Y != 1 {
-		t.Errorf("PatcherConfig(1000) = %+v", c)
+	for _, tc := range []struct{ writes, grid, block int }{
+		{0, 1, 32}, {1, 1, 32}, {33, 1, 64}, {1000, 1, 1024}, {2048, 1, 1024}, {2049, 3, 1024}, {5000, 5, 1024},
+	} {
+		c := PatcherConfig(tc.writes)
+		if int(c.Grid.X) != tc.grid || int(c.Block.X) != tc.block || c.Grid.Y != 1 || c.Grid.Z != 1 || c.Block.Y != 1 || c.Block.Z != 1 {
+			t.Errorf("PatcherConfig(%d) = %+v, want grid %d, block %d", tc.writes, c, tc.grid, tc.block)
+		}
+		if threads := int(c.Grid.X * c.Block.X); threads*2 < tc.writes {
+			t.Errorf("PatcherConfig(%d): %d threads, more than two writes each", tc.writes, threads)
+		}
 	}
 	if _, err := m.Binary(9, 0); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
 		t.Errorf("Binary(9, 0): %v", err)

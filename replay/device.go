@@ -223,12 +223,9 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	}
 	if err := st.x.Launch(st.b, s); err != nil {
 		// Nothing ran. The table must not move anything at the next
-		// launch, which takes this one's number: it writes its own, or
-		// none when its buffers are where the device holds them.
-		if writes > 0 {
-			w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
-			w.Seal(math.MaxUint64)
-		}
+		// launch, which takes this one's number and writes its own.
+		w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
+		w.Seal(math.MaxUint64)
 		return Result{}, err
 	}
 	st.rig.launches++
@@ -254,11 +251,19 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 			break
 		}
 	}
+	k := r.launches
+	free := k < deviceTables || r.passed(k-deviceTables+1)
 	if !moved {
+		if free {
+			// An empty table of its own: the patcher finds nothing to
+			// do, rather than a table that is not its launch's (which it
+			// counts as skipped, on a slower path).
+			w := kernels.NewPatchTableWriter(r.table(k))
+			w.Seal(k)
+		}
 		return 0, nil
 	}
-	k := r.launches
-	if k >= deviceTables && !r.passed(k-deviceTables+1) {
+	if !free {
 		// Acquire waits for this; a caller that did not ask is a bug.
 		return 0, fmt.Errorf("device: the table of launch %d is still in use by launch %d: %w", k, k-deviceTables, gpu.ErrIllegalState)
 	}

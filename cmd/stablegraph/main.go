@@ -28,6 +28,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,6 +68,7 @@ type globalFlags struct {
 	libcublas string
 	libnccl   string
 	progress  tristate
+	cpuprof   string
 }
 
 func (g *globalFlags) register(fs *flag.FlagSet) {
@@ -78,6 +80,7 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search); with auto it asks for cuda, and must load")
 	fs.StringVar(&g.libcublas, "libcublas", g.libcublas, "`path` of libcublas to load (cuda; default: the backend's search)")
 	fs.StringVar(&g.libnccl, "libnccl", g.libnccl, "`path` of libnccl to load for collectives (cuda; default: the backend's search)")
+	fs.StringVar(&g.cpuprof, "cpuprofile", g.cpuprof, "write a Go CPU profile of the command to `file` (go tool pprof reads it): where the host's time goes")
 	fs.Var(&g.progress, "progress", "progress bar with the time left on stderr (default: when stderr is a terminal; --progress=false: a line at every quarter)")
 }
 
@@ -276,7 +279,19 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		log:  slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})),
 		exit: exitProcess,
 	}
-	if err := exec(e); err != nil {
+	stopProfile, err := startCPUProfile(g.cpuprof)
+	if err != nil {
+		fmt.Fprintf(stderr, "stablegraph %s: --cpuprofile: %v\n", c.name, err)
+		return exitUsage
+	}
+	err = exec(e)
+	if perr := stopProfile(); perr != nil {
+		fmt.Fprintf(stderr, "stablegraph %s: --cpuprofile: %v\n", c.name, perr)
+		if err == nil {
+			return exitFailure
+		}
+	}
+	if err != nil {
 		var ue *usageError
 		if ctx.Err() != nil {
 			fmt.Fprintf(stderr, "stablegraph %s: interrupted\n", c.name)
@@ -291,6 +306,25 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitFailure
 	}
 	return exitOK
+}
+
+// startCPUProfile starts writing a CPU profile to path (none when path is
+// empty) and returns what stops it and closes the file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }
 
 func help(args []string, stdout, stderr io.Writer, g *globalFlags) int {

@@ -15,7 +15,7 @@ import (
 
 // openOrSkip opens the CUDA backend, skipping the test (with the reason)
 // where there is no driver or no device.
-func openOrSkip(t *testing.T, cfg gpu.Config) *Backend {
+func openOrSkip(t testing.TB, cfg gpu.Config) *Backend {
 	t.Helper()
 	b, err := Open(cfg)
 	if errors.Is(err, gpu.ErrUnavailable) {
@@ -28,7 +28,7 @@ func openOrSkip(t *testing.T, cfg gpu.Config) *Backend {
 }
 
 // closeClean closes b at the end of the test and fails on leaks.
-func closeClean(t *testing.T, b *Backend) {
+func closeClean(t testing.TB, b *Backend) {
 	t.Cleanup(func() {
 		if c := b.LiveHandles(); !c.IsZero() {
 			t.Errorf("leak: %v", c)

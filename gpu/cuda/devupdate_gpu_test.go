@@ -20,7 +20,7 @@ const devChainN = 1024
 
 // devChain is the probe's graph through this backend: a chain of k sg_axpb
 // nodes, y[i+1] = y[i] + 1 over devChainN values, so y[k] = y[0] + k; its
-// nodes device-updatable and the patcher its root node (unless plain), with
+// nodes device-updatable and the patcher its root node (as its devChainKind says), with
 // a ring of tables in mapped pinned memory.
 type devChain struct {
 	b        gpu.Backend
@@ -39,10 +39,18 @@ type devChain struct {
 	release  []func() error
 }
 
+// devChainKind is what a chain has besides its kernel nodes.
+type devChainKind int
+
+const (
+	chainPlain   devChainKind = iota // nodes not opted in, no patcher: the floor
+	chainOptedIn                     // every node opted in, no patcher
+	chainPatcher                     // every node opted in, the patcher as root
+)
+
 // newDevChain builds the chain on b (closed by the caller) and uploads its
-// exec. plain: nodes not opted in and no patcher (the floor); noUpload:
-// leave the exec not uploaded.
-func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, plain bool, noUpload ...bool) *devChain {
+// exec. noUpload: leave the exec not uploaded.
+func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind, noUpload ...bool) *devChain {
 	tb.Helper()
 	c := &devChain{b: b, k: k, ntables: ntables, capacity: 2 * k}
 	tb.Cleanup(func() {
@@ -68,8 +76,9 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, plain bool, noUpl
 	c.release = append(c.release, func() error { return b.ModuleUnload(m) })
 	axpb, err := b.ModuleFunction(m, kernels.Axpb)
 	c.must(tb, err)
+	plain, patched := kind == chainPlain, kind == chainPatcher
 	var patcher gpu.Function
-	if !plain {
+	if patched {
 		pm, err := b.ModuleLoad(0, kernels.PatcherModule())
 		if errors.Is(err, gpu.ErrNotSupported) {
 			tb.Skipf("the patcher: %v", err)
@@ -106,7 +115,7 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, plain bool, noUpl
 		c.must(tb, err)
 		slots = append(slots, kernels.PatchSlot{Node: d, Offset: 0}, kernels.PatchSlot{Node: d, Offset: 8})
 	}
-	if !plain {
+	if patched {
 		c.stride = kernels.PatchTableStride(c.capacity)
 		c.ctl = c.alloc(tb, kernels.PatchCtlSize)
 		c.must(tb, b.Memset(gpu.Memset{Dst: c.ctl, ElemSize: 4, Count: kernels.PatchCtlSize / 4}))
@@ -209,7 +218,8 @@ func (c *devChain) wantAll(tb testing.TB, what string, p gpu.DevicePtr, v float3
 func TestDeviceUpdatesChain1000(t *testing.T) {
 	b := openOrSkip(t, gpu.Config{})
 	closeClean(t, b)
-	checkDevChain(t, b, 1000)
+	checkDevChain(t, b, 1000) // 2000 pointer writes: the patcher in one block
+	checkDevChain(t, b, 1500) // 3000: in several blocks
 }
 
 // TestDevChainHarnessOnSim runs the chain test and the benchmark's loop of
@@ -229,7 +239,7 @@ func TestDevChainHarnessOnSim(t *testing.T) {
 		}
 	})
 	checkDevChain(t, b, 64)
-	for _, mode := range []string{"floor", "patcher-idle", "moving"} {
+	for _, mode := range []string{"floor", "opted-in", "patcher-idle", "moving"} {
 		t.Run(mode, func(t *testing.T) {
 			n := 0
 			gpuPer, hostPer := runDevChain(t, b, 16, mode, func() bool { n++; return n <= 53 })
@@ -239,7 +249,7 @@ func TestDevChainHarnessOnSim(t *testing.T) {
 }
 
 func checkDevChain(t *testing.T, b gpu.Backend, K int) {
-	c := newDevChain(t, b, K, 2, false)
+	c := newDevChain(t, b, K, 2, chainPatcher)
 	var prev []gpu.DevicePtr
 	for step := range 5 {
 		v0 := float32(10 * step)
@@ -274,7 +284,7 @@ func TestDeviceUpdatesDriverRules(t *testing.T) {
 		t.Skipf("device-side graph updates: %v", err)
 	}
 	d := b.d
-	c := newDevChain(t, b, 4, 1, true) // for its stream and buffers
+	c := newDevChain(t, b, 4, 1, chainPlain) // for its stream and buffers
 	m, err := b.ModuleLoad(0, kernels.Module())
 	c.must(t, err)
 	defer b.ModuleUnload(m)
@@ -344,7 +354,7 @@ func TestDeviceUpdatesDriverRules(t *testing.T) {
 	c.must(t, err)
 
 	// A launch without the upload, the patcher moving the chain in it.
-	mc := newDevChain(t, b, 8, 1, false, true)
+	mc := newDevChain(t, b, 8, 1, chainPatcher, true)
 	bufs := mc.bufs(t, 3)
 	mc.next(t, mc.updates(bufs))
 	var r cu.Result
@@ -358,15 +368,16 @@ func TestDeviceUpdatesDriverRules(t *testing.T) {
 
 // BenchmarkDeviceUpdatesChain measures the probe's figures through this
 // backend: a chain of K nodes replayed back to back, as the floor (nodes
-// not device-updatable, no patcher), with the patcher root node moving
-// nothing (patcher-idle), and moving every pointer of every node each step
-// (moving, between two buffer sets). It reports GPU time per step (events
+// not device-updatable, no patcher), with every node opted in to device
+// updates but no patcher (opted-in: what opting in alone costs), with the
+// patcher root node moving nothing (patcher-idle), and moving every pointer
+// of every node each step (moving, between two buffer sets). It reports GPU time per step (events
 // around the whole run) and the host time of the backend's calls per step
 // (writing the table and GraphLaunch; waits on the ring of 16 tables, an
 // event every 8 launches, excluded).
 func BenchmarkDeviceUpdatesChain(bm *testing.B) {
 	for _, k := range []int{16, 1000} {
-		for _, mode := range []string{"floor", "patcher-idle", "moving"} {
+		for _, mode := range []string{"floor", "opted-in", "patcher-idle", "moving"} {
 			bm.Run(fmt.Sprintf("K=%d/%s", k, mode), func(bm *testing.B) { benchDevChain(bm, k, mode) })
 		}
 	}
@@ -392,7 +403,11 @@ func benchDevChain(bm *testing.B, k int, mode string) {
 // and the patcher's control block.
 func runDevChain(tb testing.TB, b gpu.Backend, k int, mode string, loop func() bool) (gpuPer, hostPer float64) {
 	const ring, every = 16, 8
-	c := newDevChain(tb, b, k, ring, mode == "floor")
+	kind := map[string]devChainKind{"floor": chainPlain, "opted-in": chainOptedIn}[mode]
+	if mode == "patcher-idle" || mode == "moving" {
+		kind = chainPatcher
+	}
+	c := newDevChain(tb, b, k, ring, kind)
 	var sets [2][]gpu.DevicePtr
 	var ups [2][]kernels.PatchUpdate
 	for i := range sets {
@@ -411,7 +426,7 @@ func runDevChain(tb testing.TB, b gpu.Backend, k int, mode string, loop func() b
 	var host time.Duration
 	steps := 0
 	for i := 0; loop(); i++ {
-		if mode != "floor" && i%every == 0 && i >= ring {
+		if kind == chainPatcher && i%every == 0 && i >= ring {
 			c.must(tb, b.EventSynchronize(events[(i/every)%2])) // launch i-ring has read its table
 		}
 		t0 := time.Now()
@@ -444,7 +459,7 @@ func runDevChain(tb testing.TB, b gpu.Backend, k int, mode string, loop func() b
 		out, want = sets[last][k], float32(last+k)
 	}
 	c.wantAll(tb, mode+": last output", out, want)
-	if mode != "floor" {
+	if kind == chainPatcher {
 		if st := c.ctlState(tb); st.Seq != uint64(steps) || st.Failed != 0 || st.Skipped != 0 {
 			tb.Errorf("patcher control block %+v after %d launches", st, steps)
 		}

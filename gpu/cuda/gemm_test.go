@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/kernels"
@@ -47,7 +48,7 @@ type gemmBufs struct {
 	wsSize         uint64
 }
 
-func devF32(t *testing.T, b *Backend, v []float32) gpu.DevicePtr {
+func devF32(t testing.TB, b *Backend, v []float32) gpu.DevicePtr {
 	t.Helper()
 	p, err := b.MemAlloc(0, uint64(4*max(len(v), 1)))
 	if err != nil {
@@ -64,7 +65,7 @@ func devF32(t *testing.T, b *Backend, v []float32) gpu.DevicePtr {
 
 // newGemmBufs makes c's operands and, when withWorkspace, a workspace of
 // the size the backend asks for.
-func newGemmBufs(t *testing.T, b *Backend, r *rand.Rand, c gemmCase, withWorkspace bool) *gemmBufs {
+func newGemmBufs(t testing.TB, b *Backend, r *rand.Rand, c gemmCase, withWorkspace bool) *gemmBufs {
 	t.Helper()
 	g := &gemmBufs{a: randF32(r, c.m*c.k), b: randF32(r, c.k*c.n), c0: randF32(r, c.m*c.n)}
 	g.A, g.B, g.C = devF32(t, b, g.a), devF32(t, b, g.b), devF32(t, b, g.c0)
@@ -128,7 +129,7 @@ func (g *gemmBufs) check(t *testing.T, b *Backend, c gemmCase, what string) []by
 	return out
 }
 
-func cublasOrSkip(t *testing.T) *Backend {
+func cublasOrSkip(t testing.TB) *Backend {
 	t.Helper()
 	b := openOrSkip(t, gpu.Config{})
 	closeClean(t, b)
@@ -253,7 +254,7 @@ func TestGemmResults(t *testing.T) {
 	}
 }
 
-func captureGemm(t *testing.T, b *Backend, s gpu.Stream, p gpu.GemmParams) gpu.Graph {
+func captureGemm(t testing.TB, b *Backend, s gpu.Stream, p gpu.GemmParams) gpu.Graph {
 	t.Helper()
 	if err := b.StreamBeginCapture(s); err != nil {
 		t.Fatal(err)
@@ -531,6 +532,90 @@ func TestGemmWorkspace(t *testing.T) {
 			}
 			if size > 0 && counts[gpu.NodeKernel] < 16 {
 				t.Errorf("bias=%v workspace=%d: %d kernel nodes for 8 GEMMs and 8 tanh", bias, size, counts[gpu.NodeKernel])
+			}
+		}
+	}
+}
+
+// BenchmarkGemmNodeUpdate is what patch pays on the host to move a GEMM:
+// one exec update (cuGraphExecKernelNodeSetParams_v2) of each kernel node
+// of a captured GEMM, at the shapes of mlp's and mlp-large's layers, with
+// the node's own parameters (the driver does the same work whatever the
+// values), and the graph launch that follows an update against one that
+// follows none. Sub-benchmarks are named by shape, node and kernel; the
+// metrics are host microseconds per update and per launch.
+func BenchmarkGemmNodeUpdate(bm *testing.B) {
+	b := cublasOrSkip(bm)
+	r := rand.New(rand.NewPCG(7, 8))
+	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer b.StreamDestroy(s)
+	for _, c := range []gemmCase{gemmCases[0], gemmCases[2]} {
+		g := newGemmBufs(bm, b, r, c, true)
+		p := g.params(c)
+		if err := b.GemmPrepare(0, p); err != nil {
+			bm.Fatal(err)
+		}
+		graph := captureGemm(bm, b, s, p)
+		defer b.GraphDestroy(graph)
+		x, err := b.GraphInstantiate(graph)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		defer b.GraphExecDestroy(x)
+		nodes, err := b.GraphNodes(graph)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		for i, n := range nodes {
+			if typ, err := b.GraphNodeType(n); err != nil || typ != gpu.NodeKernel {
+				continue
+			}
+			kp, err := b.GraphKernelNodeParams(n)
+			if err != nil {
+				bm.Fatal(err)
+			}
+			name, _ := b.FuncName(kp.Func)
+			size := 0
+			for _, a := range kp.Args {
+				size += len(argBytes(a))
+			}
+			short := name
+			if len(short) > 24 {
+				short = short[:24]
+			}
+			label := fmt.Sprintf("m%d_n%d_k%d/node%d_%s_%dB", c.m, c.n, c.k, i, short, size)
+			bm.Run(label+"/update", func(bm *testing.B) {
+				for bm.Loop() {
+					if err := b.GraphExecKernelNodeSetParams(x, n, kp); err != nil {
+						bm.Fatal(err)
+					}
+				}
+			})
+			for _, update := range []bool{false, true} {
+				bm.Run(fmt.Sprintf("%s/launch-after-update=%v", label, update), func(bm *testing.B) {
+					var host time.Duration
+					steps := 0
+					for bm.Loop() {
+						if update {
+							if err := b.GraphExecKernelNodeSetParams(x, n, kp); err != nil {
+								bm.Fatal(err)
+							}
+						}
+						t0 := time.Now()
+						if err := b.GraphLaunch(x, s); err != nil {
+							bm.Fatal(err)
+						}
+						host += time.Since(t0)
+						if err := b.StreamSynchronize(s); err != nil {
+							bm.Fatal(err)
+						}
+						steps++
+					}
+					bm.ReportMetric(float64(host.Nanoseconds())/1e3/float64(max(steps, 1)), "launch-host-µs")
+				})
 			}
 		}
 	}
