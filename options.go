@@ -193,7 +193,7 @@ type Options struct {
 	// time). Once the device has passed the last probe step (polled, never
 	// waited for; the model's choice runs meanwhile), auto keeps the
 	// candidate with the lowest median GPU time, then host time (times
-	// within 2% or 0.5 µs are equal; the model breaks ties), and closes
+	// within 1% or 0.5 µs are equal; the model breaks ties), and closes
 	// the others, releasing their memory. Default 3; negative: no probing,
 	// the model alone decides at Compile. Probing is also skipped with
 	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason

@@ -47,7 +47,7 @@ import (
 // than probeTieUS, are equal (the next criterion decides: host time, then
 // the model's order).
 const (
-	probeTieFraction = 0.02
+	probeTieFraction = 0.01
 	probeTieUS       = 0.5
 )
 
