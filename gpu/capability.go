@@ -42,6 +42,21 @@ func StreamMemOpsOf(b interface {
 	return b, nil
 }
 
+// StreamWaitsOf returns b's stream waits for device dev, or an error
+// wrapping ErrNotSupported when b or dev cannot wait for values: the caller
+// then does without a gate (workload.Run times steps with events alone).
+func StreamWaitsOf(b Backend, dev int) (StreamWaits, error) {
+	sw, ok := b.(StreamWaits)
+	if !ok {
+		return nil, &Error{Op: "StreamWaitsOf", Err: ErrNotSupported,
+			Detail: fmt.Sprintf("backend %s has no stream waits on memory values", b.Name())}
+	}
+	if err := sw.StreamWaitsSupported(dev); err != nil {
+		return nil, err
+	}
+	return sw, nil
+}
+
 // LiveHandles returns b's live-handle counters, and false when b does not
 // count them.
 func LiveHandles(b Backend) (Counters, bool) {

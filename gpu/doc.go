@@ -60,7 +60,9 @@
 // extent.go, which CheckBinding uses to refuse a range larger than the
 // memory behind it) and device-side graph updates (DeviceUpdatesOf,
 // devupdate.go: kernel nodes whose parameters a kernel changes while the
-// graph runs) are optional interfaces discovered the same way.
+// graph runs) and stream waits (StreamWaitsOf, streamwait.go: a stream held
+// until a word of memory reaches a value) are optional interfaces
+// discovered the same way.
 //
 // # Refused graph updates
 //

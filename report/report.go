@@ -16,16 +16,22 @@
 //	      "strategy": "eager",
 //	      "step_us": {"p50": 12.5, "p90": 14.0},
 //	      "host_us": {"p50": 30.1, "p90": 33.9},
+//	      "latency_us": {"p50": 41.0, "p90": 45.2}, "gpu_timing": "gated",
 //	      "rerecords": 0, "graph_updates": 0, "patched_nodes": 0, "traces_captured": 0, "bytes_copied": 0,
 //	      "peak_device_bytes": 1048576, "outputs_match_eager": true,
-//	      "step_samples_us": [...], "host_samples_us": [...]
+//	      "step_samples_us": [...], "host_samples_us": [...], "latency_samples_us": [...]
 //	    }
 //	  ]
 //	}
 //
-// step_us is GPU time per step (events around the step), host_us host time
-// per step (the host clock around the call), wall_us (when present) wall time
-// per step with steps running back to back. "simulated" is true when the
+// step_us is GPU time per step: with "gpu_timing" "gated" the device's work
+// alone (the stream held behind a gate while the host enqueued the step,
+// timed by events from the gate's opening to the step's end), with "events"
+// events around the host's call (the host time before the launch included).
+// host_us is host time per step (the host clock around the call),
+// latency_us the step's latency (from the host's call to the end of its
+// device work: what step_us measured before gating), wall_us (when present)
+// wall time per step with steps running back to back. "simulated" is true when the
 // backend is a simulator (sim): every time is then its model's time on the
 // host CPU, not a GPU measurement, and must not be compared with hardware
 // figures. Keys are snake_case. The counters are totals over the measured
@@ -84,6 +90,14 @@ type Result struct {
 	StepUS Percentiles `json:"step_us"`
 	// HostUS is host time per step, microseconds.
 	HostUS Percentiles `json:"host_us"`
+	// LatencyUS is step latency, microseconds: from the host's call to the
+	// end of the step's device work (host time before the launch, then
+	// GPU time); nil in reports written before it was measured.
+	LatencyUS *Percentiles `json:"latency_us,omitempty"`
+	// GPUTiming says how StepUS was measured: GPUTimingGated (device
+	// work alone) or GPUTimingEvents (events around the call: latency);
+	// empty in reports written before it was recorded.
+	GPUTiming string `json:"gpu_timing,omitempty"`
 	// WallUS is wall time per step when steps run back to back, as a
 	// training loop runs them (batches of steps timed by the host clock up
 	// to a synchronization, divided by the batch size); nil when not
@@ -113,6 +127,8 @@ type Result struct {
 	// percentiles, in step order (for plotting).
 	StepSamplesUS []float64 `json:"step_samples_us,omitempty"`
 	HostSamplesUS []float64 `json:"host_samples_us,omitempty"`
+	// LatencySamplesUS are the per-step latencies behind LatencyUS.
+	LatencySamplesUS []float64 `json:"latency_samples_us,omitempty"`
 
 	// Note says why the strategy fell back or failed; empty otherwise.
 	Note string `json:"note,omitempty"`
@@ -122,6 +138,18 @@ type Result struct {
 	// shows "-". It is not part of the JSON: say so in Note.
 	Unchecked bool `json:"-"`
 }
+
+// The values of Result.GPUTiming.
+const (
+	// GPUTimingGated: the stream waited behind a gate while the host
+	// enqueued the step, and the GPU time is from an event after the gate
+	// to one after the step: the device's work alone.
+	GPUTimingGated = "gated"
+	// GPUTimingEvents: events around the host's call, on an idle stream;
+	// the GPU time includes the host time before the launch (it is then
+	// the latency).
+	GPUTimingEvents = "events"
+)
 
 // Percentiles summarise samples, in the unit of the field that holds them.
 type Percentiles struct {
@@ -165,6 +193,14 @@ func (r *Result) SetSamples(stepUS, hostUS []float64) {
 	r.HostUS = Summarize(hostUS)
 }
 
+// SetLatency stores latency samples (microseconds) in r and fills
+// LatencyUS from them.
+func (r *Result) SetLatency(latencyUS []float64) {
+	r.LatencySamplesUS = latencyUS
+	p := Summarize(latencyUS)
+	r.LatencyUS = &p
+}
+
 // Result returns the result for strategy, and false when there is none.
 func (r *Report) Result(strategy string) (Result, bool) {
 	for _, res := range r.Results {
@@ -184,6 +220,7 @@ func (r *Report) WriteJSON(w io.Writer, withSamples bool) error {
 		for i := range out.Results {
 			out.Results[i].StepSamplesUS = nil
 			out.Results[i].HostSamplesUS = nil
+			out.Results[i].LatencySamplesUS = nil
 		}
 	}
 	enc := json.NewEncoder(w)

@@ -21,6 +21,8 @@ func sample() *Report {
 	patch := Result{Strategy: "patch", PatchedNodes: 64, GraphUpdates: 0, PeakDeviceBytes: 3 << 20, OutputsMatchEager: true}
 	patch.SetSamples([]float64{2400, 1.5, 1.4, 1.6}, []float64{5000, 4, 5, 4.5})
 	patch.WallUS = &Percentiles{P50: 2.25, P90: 2.5}
+	patch.SetLatency([]float64{7405, 6.5, 6.25, 6.75})
+	patch.GPUTiming = GPUTimingGated
 	rec := Result{Strategy: "record", Rerecords: 4, BytesCopied: 1536, PeakDeviceBytes: 5 << 20, Note: "fell back from pool: no VMM"}
 	rec.SetSamples([]float64{900, 950, 1000, 980}, []float64{1000, 1100, 1050, 990})
 	r.Results = []Result{eager, patch, rec}
@@ -75,7 +77,8 @@ func TestJSONFieldNames(t *testing.T) {
 		want := slices.Clone(required)
 		want = append(want, "host_samples_us", "step_samples_us")
 		if i == 1 {
-			want = append(want, "wall_us") // optional: only the patch sample has it
+			// optional: only the patch sample has them
+			want = append(want, "wall_us", "latency_us", "latency_samples_us", "gpu_timing")
 		}
 		if i == 2 {
 			want = append(want, "note")
@@ -84,7 +87,11 @@ func TestJSONFieldNames(t *testing.T) {
 		if got := sortedKeys(res); !slices.Equal(got, want) {
 			t.Errorf("result %d keys %v, want %v", i, got, want)
 		}
-		for _, k := range []string{"step_us", "host_us"} {
+		pcts := []string{"step_us", "host_us"}
+		if i == 1 {
+			pcts = append(pcts, "latency_us", "wall_us")
+		}
+		for _, k := range pcts {
 			var pct map[string]float64
 			if err := json.Unmarshal(res[k], &pct); err != nil {
 				t.Fatal(err)
@@ -139,10 +146,10 @@ func TestTable(t *testing.T) {
 	}
 	want := `backend cuda, device NVIDIA H100, workload mlp width=256 batch=8 layers=8, 4 steps
 
-strategy  GPU p50 µs  GPU p90 µs  host p50 µs  host p90 µs  wall p50 µs  re-records  updates  patched nodes  traces captured  copied   peak memory  matches eager
-eager     122.5       128.5       302.5        308.5        -            0           0        0              0                0 B      3.0 MiB      yes
-patch     1.55        1680        4.75         3502         2.25         0           0        64             3                0 B      3.0 MiB      yes
-record    965.0       994.0       1025         1085         -            4           0        0              0                1.5 KiB  5.0 MiB      NO
+strategy  GPU p50 µs  GPU p90 µs  host p50 µs  host p90 µs  latency p50 µs  wall p50 µs  re-records  updates  patched nodes  traces captured  copied   peak memory  matches eager
+eager     122.5       128.5       302.5        308.5        -               -            0           0        0              0                0 B      3.0 MiB      yes
+patch     1.55        1680        4.75         3502         6.62            2.25         0           0        64             3                0 B      3.0 MiB      yes
+record    965.0       994.0       1025         1085         -               -            4           0        0              0                1.5 KiB  5.0 MiB      NO
 
 notes:
   record: fell back from pool: no VMM
@@ -167,7 +174,7 @@ func TestTableSimulated(t *testing.T) {
 		t.Errorf("second line %q, want the simulated note", lines[1])
 	}
 	header := lines[3]
-	for _, col := range []string{"sim step p50 µs", "sim step p90 µs", "sim host p50 µs", "sim host p90 µs", "sim wall p50 µs"} {
+	for _, col := range []string{"sim step p50 µs", "sim step p90 µs", "sim host p50 µs", "sim host p90 µs", "sim latency p50 µs", "sim wall p50 µs"} {
 		if !strings.Contains(header, col) {
 			t.Errorf("header lacks %q: %s", col, header)
 		}

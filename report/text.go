@@ -60,20 +60,21 @@ const SimulatedNote = "times are simulated (the sim backend's model running on t
 // device, workload and steps (and, on a simulator, that the times are
 // simulated), one row per strategy, then each result's note. Times are in
 // microseconds, memory in binary units. The time columns are named for
-// what they measure: "GPU" (events around the step), "host" and "wall";
+// what they measure: "GPU" (the step's device work; see Result.GPUTiming),
+// "host", "latency" (host call to the end of the device work) and "wall";
 // on a simulator each is prefixed "sim".
 func (r *Report) WriteTable(w io.Writer) error {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "backend %s, device %s, workload %s, %d steps\n", r.Backend, r.Device, r.Workload, r.Steps)
-	step, host, wall := "GPU", "host", "wall"
+	step, host, lat, wall := "GPU", "host", "latency", "wall"
 	if r.Simulated {
 		fmt.Fprintf(&b, "%s\n", SimulatedNote)
-		step, host, wall = "sim step", "sim host", "sim wall"
+		step, host, lat, wall = "sim step", "sim host", "sim latency", "sim wall"
 	}
 	b.WriteString("\n")
 	tw := NewTabWriter(&b)
-	fmt.Fprintf(tw, "strategy\t%[1]s p50 µs\t%[1]s p90 µs\t%[2]s p50 µs\t%[2]s p90 µs\t%[3]s p50 µs\tre-records\tupdates\tpatched nodes\ttraces captured\tcopied\tpeak memory\tmatches eager\n",
-		step, host, wall)
+	fmt.Fprintf(tw, "strategy\t%[1]s p50 µs\t%[1]s p90 µs\t%[2]s p50 µs\t%[2]s p90 µs\t%[3]s p50 µs\t%[4]s p50 µs\tre-records\tupdates\tpatched nodes\ttraces captured\tcopied\tpeak memory\tmatches eager\n",
+		step, host, lat, wall)
 	var notes []string
 	for _, res := range r.Results {
 		match := "yes"
@@ -83,12 +84,15 @@ func (r *Report) WriteTable(w io.Writer) error {
 		case !res.OutputsMatchEager:
 			match = "NO"
 		}
-		wallP50 := "-"
+		latP50, wallP50 := "-", "-"
+		if res.LatencyUS != nil {
+			latP50 = FormatUS(res.LatencyUS.P50)
+		}
 		if res.WallUS != nil {
 			wallP50 = FormatUS(res.WallUS.P50)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", res.Strategy,
-			FormatUS(res.StepUS.P50), FormatUS(res.StepUS.P90), FormatUS(res.HostUS.P50), FormatUS(res.HostUS.P90), wallP50,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", res.Strategy,
+			FormatUS(res.StepUS.P50), FormatUS(res.StepUS.P90), FormatUS(res.HostUS.P50), FormatUS(res.HostUS.P90), latP50, wallP50,
 			res.Rerecords, res.GraphUpdates, res.PatchedNodes, res.TracesCaptured,
 			FormatBytes(uint64(max(res.BytesCopied, 0))), FormatBytes(res.PeakDeviceBytes), match)
 		if res.Note != "" {

@@ -91,6 +91,10 @@ type CallerOptions struct {
 	// and no fillers are needed to move them. It needs a device with
 	// virtual memory management.
 	Remappable bool
+	// BatchSets, under Random, is how many buffer sets BindBatch may hold
+	// at once: the bfc caller's region gets room for them. Zero: no
+	// BindBatch beyond what the region's slack happens to hold.
+	BatchSets int
 }
 
 // CallerOptionsFor returns the caller a run of strategy st needs: a
@@ -131,8 +135,14 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 		perSet += gpu.RoundUp(uint64(buf.Size()), 256)
 	}
 	// Three sets cover pingpong, and random's current and previous step
-	// with room to move; fillers take at most fillers*fillerMaxSize.
-	size := gpu.RoundUp(3*perSet+2*fillers*fillerMaxSize+seqRegion(w, pattern), 1<<20)
+	// with room to move; fillers take at most fillers*fillerMaxSize. A
+	// batch of fresh sets (BindBatch) gets room for one more than it
+	// holds, for the fragmentation of sets between fillers.
+	sets := uint64(3)
+	if pattern == Random && opts.BatchSets > 0 {
+		sets += uint64(opts.BatchSets) + 1
+	}
+	size := gpu.RoundUp(sets*perSet+2*fillers*fillerMaxSize+seqRegion(w, pattern), 1<<20)
 	region, err := b.MemAlloc(dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
@@ -260,6 +270,70 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 		}
 	}
 	return bind, nil
+}
+
+// ErrNoBatch is BindBatch's error for a caller that cannot bind a batch of
+// steps ahead: another pattern than Random, or gpt2-decode's sequences,
+// whose caches move from one step's contents to the next (seqCaller.bind).
+var ErrNoBatch = errors.New("workload: the caller cannot bind a batch of steps ahead")
+
+// BindBatch binds steps first, first+1, ..., first+n-1 ahead, each to a set
+// of buffers of its own at fresh addresses (allocated after the previous
+// step's set is freed, with the fillers churned before each set, as Bind
+// does under Random), with each step's inputs written: a batch that runs
+// back to back with no allocation between steps. The caller must have
+// waited for every step bound before; it runs the batch, waits for the
+// device to be done with it, then calls release, which frees every set of
+// the batch. On error nothing of the batch is left allocated. Only under
+// Random, and not for gpt2-decode: else ErrNoBatch.
+func (c *Caller) BindBatch(first, n int) (_ []sg.Bindings, _ func() error, err error) {
+	if c.pattern != Random || c.seq != nil {
+		return nil, nil, fmt.Errorf("%w: pattern %s, workload %s", ErrNoBatch, c.pattern, c.w.Name)
+	}
+	if n <= 0 {
+		return nil, nil, fmt.Errorf("workload: a batch of %d steps", n)
+	}
+	if err := c.freeCurrent(); err != nil {
+		return nil, nil, err
+	}
+	var sets [][]gpu.DevicePtr
+	release := func() error {
+		var err error
+		for _, set := range sets {
+			err = errors.Join(err, c.freeSet(set))
+		}
+		sets = nil
+		return err
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, release())
+		}
+	}()
+	binds := make([]sg.Bindings, 0, n)
+	for i := range n {
+		if c.remap == nil {
+			if err := c.churn(); err != nil {
+				return nil, nil, err
+			}
+		}
+		set, err := c.allocSet()
+		if err != nil {
+			return nil, nil, err
+		}
+		sets = append(sets, set)
+		bind := sg.Bindings{}
+		for j, buf := range c.w.movable() {
+			bind[buf] = set[j]
+		}
+		for j, buf := range c.w.Params {
+			if err := c.b.MemcpyHtoD(set[j], c.w.Input(first+i, j)); err != nil {
+				return nil, nil, fmt.Errorf("workload: write input %s of step %d: %w", buf.Name(), first+i, err)
+			}
+		}
+		binds = append(binds, bind)
+	}
+	return binds, release, nil
 }
 
 // churn frees about half the fillers and allocates new ones of random

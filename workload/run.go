@@ -39,12 +39,25 @@ type RunOptions struct {
 	// Run compares each step's outputs with it. Bench sets it.
 	Reference []Digest
 	// WallBatches is how many batches of WallBatchSize back-to-back steps
-	// are timed for WallUS after the checked steps, with fixed and pingpong
-	// buffers (random ones need a wait between steps). Default 10; -1
+	// are timed for WallUS after the checked steps: with fixed and
+	// pingpong buffers the caller's next two sets; with random ones a set
+	// of its own at fresh addresses for every step of a batch, allocated
+	// before the batch and freed after it (not for gpt2-decode, whose
+	// caches move step by step: the row's note says so). Default 10; -1
 	// measures none.
 	WallBatches int
 	// WallBatchSize is the number of steps per wall-time batch. Default 10.
 	WallBatchSize int
+	// NoGate times every step with events around Executable.Run on the
+	// idle stream, as before gating, even where the backend could hold
+	// the stream behind a gate (gpu.StreamWaits): the GPU time then
+	// includes the host time before the launch. For comparisons.
+	NoGate bool
+	// GateWatchdog bounds how long a step's stream is held behind its
+	// gate: a strategy whose Run waits on the stream would wait for ever
+	// otherwise. Such steps are counted in the row's note. Default
+	// DefaultGateWatchdog.
+	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
 	NoFloor bool
 	// Dump, when set, names a safetensors file that Run writes the last
@@ -84,6 +97,9 @@ func (o RunOptions) withDefaults() RunOptions {
 	if o.WallBatchSize <= 0 {
 		o.WallBatchSize = 10
 	}
+	if o.GateWatchdog <= 0 {
+		o.GateWatchdog = DefaultGateWatchdog
+	}
 	return o
 }
 
@@ -107,9 +123,13 @@ type RunResult struct {
 
 // Run compiles w with opts.Strategy on b and runs opts.Warmup + opts.Steps
 // steps, each with the caller's buffers for that step: inputs written, then
-// the step timed (GPU time by events around Executable.Run, host time by the
-// clock around the same call), then the outputs read back and digested.
-// Everything it creates is released before it returns.
+// the step timed, then the outputs read back and digested. Host time is the
+// clock around Executable.Run; GPU time, where the backend can hold a
+// stream behind a gate (gpu.StreamWaits), is the device's work alone, and
+// latency the time from the call to the end of that work (stepTimer says
+// how; without the gate both are events around the call, and the row says
+// so). Then WallBatches batches of steps run back to back for the wall
+// time. Everything it creates is released before it returns.
 func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *RunResult, err error) {
 	opts = opts.withDefaults()
 	if opts.Reference != nil && len(opts.Reference) < opts.Warmup+opts.Steps {
@@ -124,7 +144,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	// Remap maps the caller's memory itself: its caller allocates every
 	// buffer as a remappable allocation; every other strategy's, from a
 	// bfc region.
-	caller, err := NewCallerWith(b, opts.Device, w, opts.Pattern, opts.Seed, CallerOptionsFor(opts.Strategy))
+	copts := CallerOptionsFor(opts.Strategy)
+	if opts.Pattern == Random && opts.WallBatches > 0 {
+		copts.BatchSets = opts.WallBatchSize // measureWallFresh's batches
+	}
+	caller, err := NewCallerWith(b, opts.Device, w, opts.Pattern, opts.Seed, copts)
 	if err != nil {
 		return nil, err
 	}
@@ -134,14 +158,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		return nil, fmt.Errorf("workload: stream: %w", err)
 	}
 	cleanup = append(cleanup, func() error { return b.StreamDestroy(s) }, func() error { return b.StreamSynchronize(s) })
-	var ev [2]gpu.Event
-	for i := range ev {
-		if ev[i], err = b.EventCreate(opts.Device, gpu.EventDefault); err != nil {
-			return nil, fmt.Errorf("workload: event: %w", err)
-		}
-		e := ev[i]
-		cleanup = append(cleanup, func() error { return b.EventDestroy(e) })
+	timer, releaseTimer, err := newStepTimer(b, opts.Device, s, opts)
+	if err != nil {
+		return nil, err
 	}
+	cleanup = append(cleanup, releaseTimer)
 
 	baseUsed, memInfo := usedMemory(b, opts.Device)
 	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
@@ -161,9 +182,9 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	res := &RunResult{Mismatch: -1}
 	total := opts.Warmup + opts.Steps
 	var (
-		stepUS, hostUS []float64
-		before         sg.Counters
-		peak           uint64
+		stepUS, hostUS, latencyUS []float64
+		before                    sg.Counters
+		peak                      uint64
 	)
 	for step := range total {
 		if err := ctx.Err(); err != nil {
@@ -175,25 +196,16 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		}
 		if step == opts.Warmup {
 			before = exe.Stats().Counters
+			timer.released = 0 // counted over the measured steps
 		}
-		if err := b.EventRecord(ev[0], s); err != nil {
-			return nil, fmt.Errorf("workload: step %d: record start event: %w", step, err)
-		}
-		t0 := time.Now()
-		outs, err := exe.Run(ctx, s, bind)
-		host := time.Since(t0)
+		var outs sg.Outputs
+		times, err := timer.step(func() error {
+			var err error
+			outs, err = exe.Run(ctx, s, bind)
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
-		}
-		if err := b.EventRecord(ev[1], s); err != nil {
-			return nil, fmt.Errorf("workload: step %d: record end event: %w", step, err)
-		}
-		if err := b.EventSynchronize(ev[1]); err != nil {
-			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
-		}
-		gpuTime, err := b.EventElapsed(ev[0], ev[1])
-		if err != nil {
-			return nil, fmt.Errorf("workload: step %d: elapsed time: %w", step, err)
 		}
 		d, data, err := digest(ctx, exe, w, outs)
 		if err != nil {
@@ -217,8 +229,9 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			}
 		}
 		if step >= opts.Warmup {
-			stepUS = append(stepUS, float64(gpuTime.Nanoseconds())/1e3)
-			hostUS = append(hostUS, float64(host.Nanoseconds())/1e3)
+			stepUS = append(stepUS, us(times.gpu))
+			hostUS = append(hostUS, us(times.host))
+			latencyUS = append(latencyUS, us(times.latency))
 		}
 		if opts.Progress != nil {
 			opts.Progress(opts.Strategy, step+1, total)
@@ -238,12 +251,26 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
 	}
 	r.SetSamples(stepUS, hostUS)
-	if opts.Pattern != Random && opts.WallBatches > 0 {
+	r.SetLatency(latencyUS)
+	var wallNote string
+	switch {
+	case opts.WallBatches <= 0:
+	case opts.Pattern != Random:
 		wall, err := measureWall(ctx, b, exe, caller, s, total, opts)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: wall time with %s: %w", w.Name, opts.Strategy, err)
 		}
 		r.WallUS = &wall
+	default:
+		wall, err := measureWallFresh(ctx, b, exe, caller, s, total, opts)
+		switch {
+		case errors.Is(err, ErrNoBatch):
+			wallNote = "no wall time at fresh addresses: " + err.Error()
+		case err != nil:
+			return nil, fmt.Errorf("workload %s: wall time at fresh addresses with %s: %w", w.Name, opts.Strategy, err)
+		default:
+			r.WallUS = &wall
+		}
 	}
 	if c := exe.Choice(); c.Requested != c.Strategy {
 		r.Note = fmt.Sprintf("ran %s: %s", c.Strategy, c.Reason)
@@ -263,6 +290,8 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	if res.Mismatch >= 0 {
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
 	}
+	timer.describe(&r)
+	r.Note = joinNote(r.Note, wallNote)
 	res.Result, res.Stats = r, st
 	return res, nil
 }
@@ -298,6 +327,41 @@ func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller 
 	return report.Summarize(perStep), nil
 }
 
+// measureWallFresh is measureWall at fresh addresses (Random): every step
+// of a batch is bound to buffers of its own, allocated for the batch at new
+// addresses with its inputs written (Caller.BindBatch) before the clock
+// starts, run back to back, one stream synchronization per batch; the
+// batch's buffers are freed after it. A caller that cannot bind a batch
+// ahead returns ErrNoBatch.
+func measureWallFresh(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions) (report.Percentiles, error) {
+	perStep := make([]float64, 0, opts.WallBatches)
+	for range opts.WallBatches {
+		binds, release, err := caller.BindBatch(next, opts.WallBatchSize)
+		if err != nil {
+			return report.Percentiles{}, err
+		}
+		next += opts.WallBatchSize
+		t0 := time.Now()
+		for _, bind := range binds {
+			outs, err := exe.Run(ctx, s, bind)
+			if err != nil {
+				// The steps before it may still run: wait for them
+				// before their buffers go.
+				return report.Percentiles{}, errors.Join(err, b.StreamSynchronize(s), release())
+			}
+			outs.Release()
+		}
+		if err := b.StreamSynchronize(s); err != nil {
+			return report.Percentiles{}, errors.Join(err, release())
+		}
+		perStep = append(perStep, float64(time.Since(t0).Nanoseconds())/1e3/float64(len(binds)))
+		if err := release(); err != nil {
+			return report.Percentiles{}, err
+		}
+	}
+	return report.Summarize(perStep), nil
+}
+
 // fallbackReasons lists the refusals by reason, "topology changed: 2, ...".
 func fallbackReasons(f sg.Fallbacks) string {
 	var parts []string
@@ -307,9 +371,12 @@ func fallbackReasons(f sg.Fallbacks) string {
 	return strings.Join(parts, ", ")
 }
 
+// us is d in microseconds.
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
 func joinNote(a, b string) string {
-	if a == "" {
-		return b
+	if a == "" || b == "" {
+		return a + b
 	}
 	return a + "; " + b
 }

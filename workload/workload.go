@@ -25,7 +25,8 @@
 // hands out each step's param and output buffers from it according to a
 // Pattern: fixed (the same buffers every step), pingpong (two sets,
 // alternating), or random (new buffers every step between live allocations
-// of random sizes). Inputs are a pure function of (seed, step, param), so
+// of random sizes; BindBatch binds a batch of steps ahead, each to its
+// own fresh set). Inputs are a pure function of (seed, step, param), so
 // two runs with the same seed see the same data whatever their strategy.
 // gpt2-decode's sequences keep their KV caches across steps: the Caller
 // owns them (gpt2caller.go), and the swap pattern gives some batch rows
@@ -37,11 +38,16 @@
 // # Runs
 //
 // Run compiles a workload with one strategy, runs warm-up and measured
-// steps, and returns a report.Result: GPU time per step from events
-// recorded around Executable.Run, host time per step from the host clock
-// around the same call, the strategy's counters over the measured steps,
-// peak device memory, and a digest of every step's outputs. Bench runs
-// every strategy, eager first, and marks which matched eager bit for bit.
+// steps, and returns a report.Result: host time per step from the host
+// clock around Executable.Run; GPU time per step, the device's work alone,
+// from events behind a gate that holds the stream while Run enqueues the
+// step (gpu.StreamWaits; timing.go); latency per step, from the call to the
+// end of that work; the strategy's counters over the measured steps, peak
+// device memory, and a digest of every step's outputs. Without stream waits
+// the GPU time is events around the call (the latency), and the row says
+// so. Then batches of steps run back to back for the wall time, at fresh
+// addresses under Random (Caller.BindBatch). Bench runs every strategy,
+// eager first, and marks which matched eager bit for bit.
 //
 // # Ranks
 //

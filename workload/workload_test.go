@@ -121,7 +121,7 @@ func TestBenchStrategiesMatchEager(t *testing.T) {
 				if !r.OutputsMatchEager || (r.Note != "") != explained {
 					t.Errorf("%s/%s/%s: match %v, note %q", name, pat, r.Strategy, r.OutputsMatchEager, r.Note)
 				}
-				if (r.WallUS != nil) != (pat != Random || r.Strategy == FloorRow) || (r.WallUS != nil && r.WallUS.P50 <= 0) {
+				if r.WallUS == nil || r.WallUS.P50 <= 0 {
 					t.Errorf("%s/%s/%s: wall time %v", name, pat, r.Strategy, r.WallUS)
 				}
 				if len(r.StepSamplesUS) != 4 || r.PeakDeviceBytes == 0 {

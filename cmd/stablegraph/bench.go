@@ -228,7 +228,9 @@ func benchCommand() *command {
 		detail: `Runs the workload with each strategy in turn (eager first: it is the
 reference), on the same inputs and the same buffer movement, and compares every
 step's outputs with eager's bit for bit. Reports per strategy the GPU time per
-step (events) and host time per step (p50, p90), wall time per step with steps
+step (the device's work alone: the stream is held behind a gate while the host
+enqueues the step), host time per step (the call) and latency (the call to the
+end of its device work), each p50 and p90, wall time per step with steps
 back to back, re-records, graph updates, patched nodes, traces captured in
 steady state (above 0: a traced library call is captured again every step),
 bytes copied, peak device memory and whether the outputs matched. Last comes

@@ -47,6 +47,8 @@
 //     ErrNotSupported, and its patcher tests when the patcher of package
 //     kernels cannot be loaded (on CUDA: not built yet, or not for the
 //     device's architecture). Its coverage table is coverage_devupdate.go.
+//   - The StreamWaits group skips when gpu.StreamWaitsOf reports
+//     ErrNotSupported. Its coverage table is coverage_streamwait.go.
 //
 // # Coverage
 //

@@ -53,6 +53,7 @@ func suite() []group {
 		{"ExecUpdate", execUpdateTests},
 		{"Extents", extentTests},
 		{"DeviceUpdates", devUpdateTests},
+		{"StreamWaits", streamWaitTests},
 		{"Faults", faultTests},
 		{"Lifecycle", lifecycleTests},
 	}
@@ -157,6 +158,9 @@ func (l *callLog) check(t *testing.T) {
 	}
 	for _, m := range slices.Sorted(maps.Keys(devUpdateCoverage)) {
 		l.checkMethod(t, m, devUpdateCoverage[m])
+	}
+	for _, m := range slices.Sorted(maps.Keys(streamWaitCoverage)) {
+		l.checkMethod(t, m, streamWaitCoverage[m])
 	}
 }
 

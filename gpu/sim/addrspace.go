@@ -128,6 +128,16 @@ func (m *backing) store64(off, v uint64) {
 	gpu.HostMem{Bytes: p.b}.Store64(int(off&(pageSize-1)), v)
 }
 
+// load64 atomically loads the word at off (8-byte aligned), zero on a page
+// never written.
+func (m *backing) load64(off uint64) uint64 {
+	p := m.pages[off>>pageShift].Load()
+	if p == nil {
+		return 0
+	}
+	return gpu.HostMem{Bytes: p.b}.Load64(int(off & (pageSize - 1)))
+}
+
 type regionKind uint8
 
 const (

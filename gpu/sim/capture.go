@@ -184,6 +184,8 @@ func (b *Backend) captureLocked(op string, st *stream, mode capMode, build func(
 		return c.invalidErr(op)
 	case mode == capInvalidate:
 		return c.invalidate(op, fmt.Sprintf("%s cannot be captured (only device-to-device copies become graph nodes)", op))
+	case mode == capRefuse:
+		return gpu.Errorf(op, gpu.ErrNotSupported, "%s on a capturing stream: the sim records no such node (the capture goes on without it)", op)
 	}
 	cm, err := build(st)
 	if err != nil {

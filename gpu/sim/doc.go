@@ -70,6 +70,17 @@
 // 0 to -5, clamped) are kept but do not affect scheduling. StreamDestroy waits
 // for the stream's queued work.
 //
+// StreamWaitValue64 (gpu.StreamWaits, streamwait.go) holds a stream's later
+// work until a word of host or device memory reaches a value (CUDA's cyclic
+// greater-or-equal): the worker polls the word, as a GPU's front end does,
+// yielding then sleeping up to 200 µs between reads, until the value is
+// there, the device faults or the backend closes. Memory freed under a
+// waiting stream faults the device at the next read ("waitValue64"). Unlike
+// CUDA, whose StreamDestroy returns at once, destroying a stream held by a
+// wait nobody will satisfy blocks (StreamDestroy waits for the queue): open
+// the gate first. On a capturing stream the wait is refused with
+// gpu.ErrNotSupported and the capture goes on.
+//
 // Asynchronous host copies touch the caller's slice when the stream reaches
 // them: MemcpyHtoDAsync reads it then, so it must stay alive and unmodified
 // until the stream passes the copy; MemcpyDtoHAsync writes it then.

@@ -171,9 +171,10 @@ var (
 func (b *Backend) InjectFault(op string, nth int, err error) {
 	_, coll := collectivesType.MethodByName(op)
 	_, devup := devUpdatesType.MethodByName(op)
+	_, waits := streamWaitsType.MethodByName(op)
 	_, lib := gemmType.MethodByName(op)
 	_, rd := nodeReaderType.MethodByName(op)
-	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && !lib && !rd && op != "ResetDevice" && op != "AddressRange" {
+	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && !waits && !lib && !rd && op != "ResetDevice" && op != "AddressRange" {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()

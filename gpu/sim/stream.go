@@ -29,9 +29,10 @@ const (
 	cmdGraph // GraphLaunch
 	cmdHtoD
 	cmdDtoH
-	cmdRecord // EventRecord
-	cmdWait   // StreamWaitEvent
-	cmdFunc   // internal work (GraphUpload): fn, when not nil
+	cmdRecord    // EventRecord
+	cmdWait      // StreamWaitEvent
+	cmdWaitValue // StreamWaitValue64 (streamwait.go): never captured
+	cmdFunc      // internal work (GraphUpload): fn, when not nil
 	// Graph memory, allocated and freed by the graph (the GEMM library's
 	// workspace when it is given none and the stream is capturing). Only
 	// ever captured: as stream work they do nothing.
@@ -230,6 +231,8 @@ func (st *stream) run(c *cmd) {
 	case cmdWrite:
 		a.kernel = "writeValue64"
 		_ = b.writeValue(a, c.p.wv)
+	case cmdWaitValue:
+		st.waitValue(c.p.wv)
 	case cmdHtoD:
 		a.kernel = "memcpy"
 		_ = b.access(a, c.ptr, c.host, true)
@@ -276,6 +279,7 @@ type capMode uint8
 const (
 	capNode       capMode = iota + 1 // becomes a graph node
 	capInvalidate                    // cannot be captured: invalidates the capture
+	capRefuse                        // refused with ErrNotSupported; the capture goes on
 )
 
 // submit is the one path of every stream operation: look up s, refuse work

@@ -67,6 +67,7 @@ var (
 	_ gpu.HandleCounter  = (*Backend)(nil)
 	_ gpu.DeviceResetter = (*Backend)(nil)
 	_ gpu.DeviceUpdates  = (*Backend)(nil)
+	_ gpu.StreamWaits    = (*Backend)(nil)
 )
 
 // New wraps b, a sim, whose collectives then go through ex.
@@ -139,6 +140,36 @@ func (b *Backend) GraphUpload(x gpu.GraphExec, s gpu.Stream) error {
 		return err
 	}
 	return du.GraphUpload(x, s)
+}
+
+// The sim's stream waits (gpu.StreamWaits), so that every rank's steps are
+// timed behind a gate (package workload): the wrapper would hide them
+// otherwise.
+
+// streamWaits returns the wrapped backend's, or why there are none.
+func (b *Backend) streamWaits(op string) (gpu.StreamWaits, error) {
+	if sw, ok := b.Backend.(gpu.StreamWaits); ok {
+		return sw, nil
+	}
+	return nil, gpu.Errorf(op, gpu.ErrNotSupported, "backend %s has no stream waits on memory values", b.Name())
+}
+
+// StreamWaitsSupported is the sim's.
+func (b *Backend) StreamWaitsSupported(dev int) error {
+	sw, err := b.streamWaits("StreamWaitsSupported")
+	if err != nil {
+		return err
+	}
+	return sw.StreamWaitsSupported(dev)
+}
+
+// StreamWaitValue64 is the sim's.
+func (b *Backend) StreamWaitValue64(s gpu.Stream, p gpu.DevicePtr, v uint64) error {
+	sw, err := b.streamWaits("StreamWaitValue64")
+	if err != nil {
+		return err
+	}
+	return sw.StreamWaitValue64(s, p, v)
 }
 
 // comm is one communicator: this process's rank.

@@ -414,3 +414,57 @@ func TestNewNeedsTheSim(t *testing.T) {
 		t.Fatalf("New of a cuda backend: %v", err)
 	}
 }
+
+// hidden is the sim behind a wrapper that shows only gpu.Backend.
+type hidden struct{ gpu.Backend }
+
+// TestStreamWaitsForwarded: the wrapper passes the sim's stream waits
+// through (a wait holds the stream until the host writes the word), and
+// says ErrNotSupported over a backend that has none.
+func TestStreamWaitsForwarded(t *testing.T) {
+	b := procs(t, 1, 1<<16)[0]
+	sw, err := gpu.StreamWaitsOf(b, 0)
+	if err != nil {
+		t.Fatalf("StreamWaitsOf through the wrapper: %v", err)
+	}
+	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.StreamDestroy(s)
+	h, err := b.HostAlloc(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.HostFree(h.Handle)
+	if err := sw.StreamWaitValue64(s, h.Ptr, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.StreamWriteValue64(s, h.Ptr+8, 9); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := h.Load64(8); got != 0 {
+		t.Errorf("work behind a closed gate ran: the word is %d", got)
+	}
+	h.Store64(0, 1)
+	if err := b.StreamSynchronize(s); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Load64(8); got != 9 {
+		t.Errorf("work behind an opened gate: the word is %d, want 9", got)
+	}
+
+	raw, err := sim.New(gpu.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	w := &Backend{Backend: hidden{raw}}
+	if _, err := gpu.StreamWaitsOf(w, 0); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("StreamWaitsOf over a backend without waits: %v", err)
+	}
+	if err := w.StreamWaitValue64(1, 8, 1); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("StreamWaitValue64 over a backend without waits: %v", err)
+	}
+}

@@ -46,6 +46,7 @@ const (
 	symStreamEndCapture
 	symStreamIsCapturing
 	symStreamWriteValue64
+	symStreamWaitValue64
 	symEventCreate
 	symEventRecord
 	symEventQuery
@@ -149,6 +150,7 @@ var driverSyms = [numSyms]symSpec{
 	symStreamEndCapture:             {names: []string{"cuStreamEndCapture"}},
 	symStreamIsCapturing:            {names: []string{"cuStreamIsCapturing"}},
 	symStreamWriteValue64:           {names: []string{"cuStreamWriteValue64_v2", "cuStreamWriteValue64"}},
+	symStreamWaitValue64:            {names: []string{"cuStreamWaitValue64_v2", "cuStreamWaitValue64"}},
 	symEventCreate:                  {names: []string{"cuEventCreate"}},
 	symEventRecord:                  {names: []string{"cuEventRecord"}},
 	symEventQuery:                   {names: []string{"cuEventQuery"}},
@@ -390,6 +392,13 @@ func (d *Driver) StreamIsCapturing(s Stream, status *StreamCaptureStatus) Result
 
 func (d *Driver) StreamWriteValue64(s Stream, addr DevicePtr, v uint64, flags uint32) Result {
 	return d.call4(symStreamWriteValue64, uintptr(s), uintptr(addr), uintptr(v), uintptr(flags))
+}
+
+// StreamWaitValue64 is cuStreamWaitValue64_v2: later work on s waits until
+// the word at addr satisfies the condition flags name
+// (StreamWaitValueGEQ: int64(*addr - v) >= 0).
+func (d *Driver) StreamWaitValue64(s Stream, addr DevicePtr, v uint64, flags uint32) Result {
+	return d.call4(symStreamWaitValue64, uintptr(s), uintptr(addr), uintptr(v), uintptr(flags))
 }
 
 func (d *Driver) EventCreate(e *Event, flags uint32) Result {

@@ -227,6 +227,11 @@ const (
 	AttrCanUse64BitStreamMemOps DeviceAttribute = 122
 )
 
+// StreamWaitValueGEQ is CU_STREAM_WAIT_VALUE_GEQ, the flags of
+// cuStreamWaitValue64 that wait until (int64_t)(*addr - value) >= 0, a
+// cyclic greater-or-equal.
+const StreamWaitValueGEQ uint32 = 0
+
 // PointerAttribute is CUpointer_attribute.
 type PointerAttribute int32
 

@@ -1,0 +1,212 @@
+package workload
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/report"
+)
+
+// DefaultGateWatchdog is RunOptions.GateWatchdog's default.
+const DefaultGateWatchdog = 200 * time.Millisecond
+
+// stepTimer times one step at a time on an idle stream: the host time of
+// the call that enqueues it, the GPU time of what the call enqueued, and
+// the step's latency (from the call to the end of that work).
+//
+// Gated (the backend has gpu.StreamWaits): the stream first records evPre,
+// then waits behind the gate, a word of mapped host memory, for the step's
+// ticket k; ev0 is recorded behind the wait. The host times the call, then
+// stores k into the gate; ev1 is recorded after the call's work. Everything
+// the call enqueued reaches the device at once when the gate opens, so
+// ev0→ev1 is the device's work alone (the host's per-node updates, checks
+// and table writes before the launch are no longer in it) and evPre→ev1
+// the latency. A call that waits on the stream itself would deadlock
+// behind the gate: a watchdog opens it after GateWatchdog, and the step is
+// counted (what the call enqueues after the release runs as it comes, so
+// the GPU time then includes host time).
+//
+// Ungated (no stream waits, or RunOptions.NoGate): ev0 before the call and
+// ev1 after it, as before gating; the GPU time is the latency.
+type stepTimer struct {
+	b        gpu.Backend
+	s        gpu.Stream
+	pre      gpu.Event // gated only
+	ev       [2]gpu.Event
+	waits    gpu.StreamWaits // nil: ungated
+	gate     gpu.HostMem
+	ticket   uint64 // the last value the stream was told to wait for
+	watchdog time.Duration
+	// why is the reason the timer is ungated; empty when gated.
+	why string
+	// released counts the steps the watchdog let through (Run resets it
+	// after the warm-up).
+	released int
+}
+
+// stepTimes are one step's times.
+type stepTimes struct {
+	gpu, latency, host time.Duration
+}
+
+// newStepTimer makes the events (and, when gated, the gate) on dev for
+// stream s. release frees them all; it opens the gate and synchronizes s
+// first, so that nothing is left waiting on memory it frees. On error
+// everything made so far is already released.
+func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions) (_ *stepTimer, _ func() error, err error) {
+	t := &stepTimer{b: b, s: s, watchdog: opts.GateWatchdog}
+	var undo []func() error
+	release := func() error {
+		var errs error
+		for i := len(undo) - 1; i >= 0; i-- {
+			errs = errors.Join(errs, undo[i]())
+		}
+		undo = nil
+		return errs
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, release())
+		}
+	}()
+	event := func() (gpu.Event, error) {
+		e, err := b.EventCreate(dev, gpu.EventDefault)
+		if err != nil {
+			return 0, fmt.Errorf("workload: event: %w", err)
+		}
+		undo = append(undo, func() error { return b.EventDestroy(e) })
+		return e, nil
+	}
+	for i := range t.ev {
+		if t.ev[i], err = event(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if opts.NoGate {
+		t.why = "RunOptions.NoGate"
+		return t, release, nil
+	}
+	waits, err := gpu.StreamWaitsOf(b, dev)
+	if err != nil {
+		if !errors.Is(err, gpu.ErrNotSupported) {
+			return nil, nil, fmt.Errorf("workload: stream waits: %w", err)
+		}
+		t.why = err.Error()
+		return t, release, nil
+	}
+	gate, err := b.HostAlloc(8)
+	if err != nil {
+		if !errors.Is(err, gpu.ErrNotSupported) {
+			return nil, nil, fmt.Errorf("workload: step gate: %w", err)
+		}
+		t.why = err.Error()
+		return t, release, nil
+	}
+	undo = append(undo, func() error {
+		// Open for every ticket handed out, let the stream pass, then
+		// free the word it polls.
+		gate.Store64(0, t.ticket)
+		return errors.Join(b.StreamSynchronize(s), b.HostFree(gate.Handle))
+	})
+	if t.pre, err = event(); err != nil {
+		return nil, nil, err
+	}
+	t.waits, t.gate = waits, gate
+	return t, release, nil
+}
+
+// gated reports whether the GPU time excludes host time.
+func (t *stepTimer) gated() bool { return t.waits != nil }
+
+// step times call, which enqueues one step on t.s, and waits for the step's
+// device work. The gate is open again whenever step returns.
+func (t *stepTimer) step(call func() error) (stepTimes, error) {
+	if !t.gated() {
+		return t.stepEvents(call)
+	}
+	k := t.ticket + 1
+	if err := t.b.EventRecord(t.pre, t.s); err != nil {
+		return stepTimes{}, fmt.Errorf("record the step's first event: %w", err)
+	}
+	if err := t.waits.StreamWaitValue64(t.s, t.gate.Ptr, k); err != nil {
+		return stepTimes{}, fmt.Errorf("hold the stream behind the gate: %w", err)
+	}
+	t.ticket = k
+	dog := time.AfterFunc(t.watchdog, func() { t.gate.Store64(0, k) })
+	open := func() {
+		if !dog.Stop() {
+			t.released++ // it fired (or is firing: it stores the same k)
+		}
+		t.gate.Store64(0, k)
+	}
+	if err := t.b.EventRecord(t.ev[0], t.s); err != nil {
+		open()
+		return stepTimes{}, fmt.Errorf("record the start event: %w", err)
+	}
+	t0 := time.Now()
+	err := call()
+	host := time.Since(t0)
+	open()
+	if err != nil {
+		return stepTimes{}, err
+	}
+	if err := t.finish(); err != nil {
+		return stepTimes{}, err
+	}
+	gpuTime, err := t.b.EventElapsed(t.ev[0], t.ev[1])
+	if err != nil {
+		return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+	}
+	latency, err := t.b.EventElapsed(t.pre, t.ev[1])
+	if err != nil {
+		return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+	}
+	return stepTimes{gpu: gpuTime, latency: latency, host: host}, nil
+}
+
+// stepEvents is step without a gate: events around the call.
+func (t *stepTimer) stepEvents(call func() error) (stepTimes, error) {
+	if err := t.b.EventRecord(t.ev[0], t.s); err != nil {
+		return stepTimes{}, fmt.Errorf("record the start event: %w", err)
+	}
+	t0 := time.Now()
+	err := call()
+	host := time.Since(t0)
+	if err != nil {
+		return stepTimes{}, err
+	}
+	if err := t.finish(); err != nil {
+		return stepTimes{}, err
+	}
+	el, err := t.b.EventElapsed(t.ev[0], t.ev[1])
+	if err != nil {
+		return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+	}
+	return stepTimes{gpu: el, latency: el, host: host}, nil
+}
+
+// finish records the end event and waits for it.
+func (t *stepTimer) finish() error {
+	if err := t.b.EventRecord(t.ev[1], t.s); err != nil {
+		return fmt.Errorf("record the end event: %w", err)
+	}
+	return t.b.EventSynchronize(t.ev[1])
+}
+
+// describe fills r's GPUTiming and adds to its note what a reader of the
+// GPU column must know: that it is ungated and why, or how many steps the
+// watchdog let through.
+func (t *stepTimer) describe(r *report.Result) {
+	if !t.gated() {
+		r.GPUTiming = report.GPUTimingEvents
+		r.Note = joinNote(r.Note, "GPU time not gated ("+t.why+"): events around Run, so it includes the host time before the launch (it is the latency)")
+		return
+	}
+	r.GPUTiming = report.GPUTimingGated
+	if t.released > 0 {
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d steps released by the watchdog after %v (Run waited on its stream): their GPU time includes the host time of what Run enqueued after the release",
+			t.released, t.watchdog))
+	}
+}
