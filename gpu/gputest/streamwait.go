@@ -25,6 +25,9 @@ var streamWaitTests = []test{
 // work behind it has not run.
 const gateHold = 50 * time.Millisecond
 
+// gateFailSafe is when a test's gate opens by itself (see gate).
+const gateFailSafe = 20 * time.Second
+
 // streamWaits returns the backend's stream waits for dev (behind a recorder
 // for the coverage check), skipping the test without them.
 func (h *h) streamWaits(dev int) gpu.StreamWaits {
@@ -64,7 +67,12 @@ func (h *h) gate(v, open uint64) gpu.HostMem {
 	h.Helper()
 	m := h.hostAlloc(64)
 	m.Store64(0, v)
-	h.Cleanup(func() { m.Store64(0, open) }) // runs before releaseAll
+	// A backend that blocks behind the wait (in a call the test makes
+	// while the gate is closed) must fail the test, not hang it: the gate
+	// opens by itself after gateFailSafe, and the checks that the stream
+	// is held then fail.
+	t := time.AfterFunc(gateFailSafe, func() { m.Store64(0, open) })
+	h.Cleanup(func() { t.Stop(); m.Store64(0, open) }) // runs before releaseAll
 	return m
 }
 
@@ -103,9 +111,12 @@ func testWaitGate(h *h) {
 	const n = 1 << 12
 	out := h.alloc(0, 4*n)
 	h.setF32(out, 0, n)
+	// Loaded before the wait: CUDA may synchronize the context to load a
+	// module, which would then wait for the gate.
+	fill := h.fillParams(0, out, 3, n)
 	h.ok("StreamWaitValue64", sw.StreamWaitValue64(s, gate.Ptr, 1))
 	start := h.recorded(s)
-	h.launch(h.fillParams(0, out, 3, n), s)
+	h.launch(fill, s)
 	end := h.recorded(s)
 	time.Sleep(gateHold)
 	h.wantHeld("gate closed", end)
@@ -165,8 +176,9 @@ func testWaitOpenedByStream(h *h) {
 	const n = 1 << 12
 	out := h.alloc(0, 4*n)
 	h.setF32(out, 0, n)
+	fill := h.fillParams(0, out, 5, n) // the module loaded before the wait
 	h.ok("StreamWaitValue64", sw.StreamWaitValue64(waiter, word, 2))
-	h.launch(h.fillParams(0, out, 5, n), waiter)
+	h.launch(fill, waiter)
 	e := h.recorded(waiter)
 	time.Sleep(gateHold)
 	h.wantHeld("device word at 0", e)
