@@ -35,11 +35,13 @@ type Costs struct {
 	// Default 0.25.
 	PoolMemoryFraction float64
 	// PatcherUS is the GPU time the device strategy's patcher node adds to
-	// a step, whatever moves (3.5: 20.7 against 17.2 µs for a 16-node
-	// graph with every node moved).
+	// a step, whatever moves (4.4: 21.19 against 16.70 µs for a chain of
+	// 16 opted-in nodes, every node moved, less their per-node cost;
+	// BenchmarkDeviceUpdatesChain on the H100, 2026-11-24).
 	PatcherUS float64
-	// PatcherNodeUS is the GPU time the patcher adds per node it moves
-	// (0.006).
+	// PatcherNodeUS is the GPU time per node the patcher moves: opting the
+	// node in (0.018: 965.4 against 947.4 µs for 1000 nodes) and its two
+	// pointer writes (0.013: 982.7 against 965.4 less PatcherUS); 0.03.
 	PatcherNodeUS float64
 	// GraphUploadUS is the cost of uploading an executable graph again,
 	// which the device strategy does after moving nodes from the host.
@@ -56,8 +58,8 @@ func DefaultCosts() Costs {
 		CopyBytesPerUS:     1.478e6,
 		TimelineWriteUS:    1.0,
 		PoolMemoryFraction: 0.25,
-		PatcherUS:          3.5,
-		PatcherNodeUS:      0.006,
+		PatcherUS:          4.4,
+		PatcherNodeUS:      0.03,
 		GraphUploadUS:      10,
 	}
 }
