@@ -179,6 +179,14 @@ type Options struct {
 	// price of one more launch per copy. Default false (copies in the
 	// graph, one launch per step).
 	StreamCopies bool
+	// DeviceTables makes StrategyDevice pass every step's pointer moves
+	// through its ring of tables in mapped host memory, which the patcher
+	// reads over the bus, also when at most kernels.PatchInlineCap (16)
+	// buffers move: by default those go in the patcher node's own
+	// parameters, with one exec update of that node per step that moves
+	// anything, which costs the GPU half as much (see replay/device.go).
+	// Default false.
+	DeviceTables bool
 	// Costs are the per-operation costs StrategyAuto models by. Zero
 	// fields take the values of DefaultCosts.
 	Costs Costs
@@ -287,6 +295,7 @@ func (o Options) replayOptions() replay.Options {
 		SlotPoll:        o.SlotPoll,
 		ZeroCopyOutputs: o.ZeroCopyOutputs,
 		StreamCopies:    o.StreamCopies,
+		DeviceTables:    o.DeviceTables,
 		Costs:           o.Costs,
 		AutoProbeSteps:  o.AutoProbeSteps,
 		Remappable:      o.Remappable,

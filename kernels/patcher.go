@@ -84,12 +84,40 @@ import (
 // every update of every launch was applied. The launch must be
 // one-dimensional (PatcherConfig).
 
+// # The inline patcher
+//
+// PatcherInline does the same work for a step that moves at most
+// PatchInlineCap buffers, with its table in its own kernel parameters
+// instead of a ring in host memory: the host writes the updates (a table of
+// PatchInlineCap updates, header first, its seq unused) and sets the node's
+// parameters with one exec update (gpu.Graphs.GraphExecKernelNodeSetParams),
+// which the driver copies at the call, so there is no ring to wait for and
+// no read over the bus before the first pointer write. The node itself is
+// not device-updatable, so the graph needs no upload after it changes. A
+// launch applies its table's updates, which the next launch applies again
+// unless the host changes them (to an empty table, when nothing moves). A
+// failed update counts in the control block as above and, with a mirror,
+// the counters go to it; the control block's seq and the mirror's are not
+// used.
+
 // lend is the byte order of every record the patcher reads.
 var lend = encbin.LittleEndian
 
 // Patcher is the patcher kernel's name: (ctl, slots, nslots u32, tables,
 // stride u64, ntables u32, capacity u32, mirror).
 const Patcher = "sg_patcher"
+
+// PatcherInline is the inline patcher's name: (ctl, slots, nslots u32,
+// mirror, then the table's PatchInlineSize bytes as PatchInlineSize/8
+// little-endian u64 parameters). See "The inline patcher" above.
+const PatcherInline = "sg_patcher_inline"
+
+// PatchInlineCap is how many updates an inline patcher's table holds
+// (SG_PATCH_INLINE in cuda/patcher.cu), and PatchInlineSize its size.
+const (
+	PatchInlineCap  = 16
+	PatchInlineSize = PatchHeaderSize + PatchUpdateSize*PatchInlineCap
+)
 
 // Sizes of the patcher's records, in bytes.
 const (
@@ -115,12 +143,21 @@ func PatcherSpec() gpu.KernelSpec {
 	return gpu.KernelSpec{Name: Patcher, Params: []gpu.ArgKind{p, p, gpu.ArgU32, p, u64, gpu.ArgU32, gpu.ArgU32, p}, Ref: refPatcher}
 }
 
+// PatcherInlineSpec is the inline patcher's kernel spec.
+func PatcherInlineSpec() gpu.KernelSpec {
+	params := []gpu.ArgKind{p, p, gpu.ArgU32, p}
+	for range PatchInlineSize / 8 {
+		params = append(params, u64)
+	}
+	return gpu.KernelSpec{Name: PatcherInline, Params: params, Ref: refPatcherInline}
+}
+
 // PatcherModule returns the patcher's module image: its spec and, through
 // Binary, the prebuilt cubins (the patcher calls the device runtime, so it
 // must be linked with cudadevrt when built; it is never JIT-compiled). The
 // sim runs its Go reference and needs no binary.
 func PatcherModule() *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec()}, Binary: PatcherBinary}
+	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec(), PatcherInlineSpec()}, Binary: PatcherBinary}
 }
 
 // PatcherConfig is the patcher's launch for up to writes slot writes per
@@ -159,6 +196,27 @@ type PatcherMemory struct {
 func (m PatcherMemory) Args() []gpu.Arg {
 	return []gpu.Arg{gpu.Ptr(m.Ctl), gpu.Ptr(m.Slots), gpu.U32(uint32(m.NSlots)), gpu.Ptr(m.Tables), gpu.U64(m.Stride),
 		gpu.U32(uint32(m.NTables)), gpu.U32(uint32(m.Capacity)), gpu.Ptr(m.Mirror)}
+}
+
+// InlineArgs are the inline patcher's arguments for m (its tables unused)
+// and table, PatchInlineSize bytes written like a ring's table
+// (NewPatchTableWriter; its seq is not read).
+func (m PatcherMemory) InlineArgs(table []byte) []gpu.Arg {
+	args := []gpu.Arg{gpu.Ptr(m.Ctl), gpu.Ptr(m.Slots), gpu.U32(uint32(m.NSlots)), gpu.Ptr(m.Mirror)}
+	for range PatchInlineSize / 8 {
+		args = append(args, gpu.U64(0))
+	}
+	SetInlineArgs(args, table)
+	return args
+}
+
+// SetInlineArgs rewrites the table words of inline patcher arguments args
+// (from InlineArgs) from table, allocating nothing.
+func SetInlineArgs(args []gpu.Arg, table []byte) {
+	w := args[len(args)-PatchInlineSize/8:]
+	for i := range w {
+		w[i].Bits = lend.Uint64(table[8*i:])
+	}
 }
 
 // PatcherArgs are the patcher's arguments without a mirror.
@@ -355,47 +413,8 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if err := mem.Read(table.Add(PatchHeaderSize), ups); err != nil {
 			return err
 		}
-		start := func(j uint32) uint64 { return uint64(lend.Uint32(ups[PatchUpdateSize*j+4:])) }
-		var slot [PatchSlotSize]byte
-		for first := uint32(0); first < count; first += PatchChunk {
-			n := min(count-first, PatchChunk)
-			end := uint64(total)
-			if first+n < count {
-				end = start(first + n)
-			}
-			for i := start(first); i < end; i++ {
-				// The last update of the chunk whose start is at most i.
-				lo, hi := uint32(0), n
-				for hi-lo > 1 {
-					m := (lo + hi) / 2
-					if start(first+m) <= i {
-						lo = m
-					} else {
-						hi = m
-					}
-				}
-				u := ups[PatchUpdateSize*(first+lo):]
-				s := uint64(lend.Uint32(u)) + (i - start(first+lo))
-				err := fmt.Errorf("kernel %s: slot write %d names slot %d of %d: %w", Patcher, i, s, nslots, gpu.ErrInvalidValue)
-				if s < nslots {
-					if err = mem.Read(slots.Add(s*PatchSlotSize), slot[:]); err != nil {
-						return err
-					}
-					var v [8]byte
-					lend.PutUint64(v[:], lend.Uint64(u[8:])+lend.Uint64(slot[8:]))
-					err = rt.GraphKernelNodeSetParam(gpu.DevNode(lend.Uint64(slot[:])), uint64(lend.Uint32(slot[16:])), v[:])
-				}
-				if err == nil {
-					continue
-				}
-				if !errors.Is(err, gpu.ErrInvalidValue) {
-					return err
-				}
-				ctl.Failed++
-				if ctl.FirstEntry == 0 {
-					ctl.FirstEntry, ctl.FirstCode = uint32(i+1), cudaErrorInvalidValue
-				}
-			}
+		if err := applyPatchTable(rt, mem, Patcher, slots, nslots, count, total, ups, &ctl); err != nil {
+			return err
 		}
 	}
 	ctl.Seq++
@@ -415,6 +434,100 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	}
 	lend.PutUint64(w[:], ctl.Seq)
 	return mem.Write(mirror, w[:])
+}
+
+// applyPatchTable applies the count updates ups (total slot writes) as
+// the patcher does, reading them in chunks and finding each slot write's
+// update by binary search, counting refused writes in ctl. Any error but a
+// refused write (a fault) ends the kernel: it is returned.
+func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots gpu.DevicePtr, nslots uint64, count, total uint32, ups []byte, ctl *PatchCtl) error {
+	start := func(j uint32) uint64 { return uint64(lend.Uint32(ups[PatchUpdateSize*j+4:])) }
+	var slot [PatchSlotSize]byte
+	for first := uint32(0); first < count; first += PatchChunk {
+		n := min(count-first, PatchChunk)
+		end := uint64(total)
+		if first+n < count {
+			end = start(first + n)
+		}
+		for i := start(first); i < end; i++ {
+			// The last update of the chunk whose start is at most i.
+			lo, hi := uint32(0), n
+			for hi-lo > 1 {
+				m := (lo + hi) / 2
+				if start(first+m) <= i {
+					lo = m
+				} else {
+					hi = m
+				}
+			}
+			u := ups[PatchUpdateSize*(first+lo):]
+			s := uint64(lend.Uint32(u)) + (i - start(first+lo))
+			err := fmt.Errorf("kernel %s: slot write %d names slot %d of %d: %w", kernel, i, s, nslots, gpu.ErrInvalidValue)
+			if s < nslots {
+				if err = mem.Read(slots.Add(s*PatchSlotSize), slot[:]); err != nil {
+					return err
+				}
+				var v [8]byte
+				lend.PutUint64(v[:], lend.Uint64(u[8:])+lend.Uint64(slot[8:]))
+				err = rt.GraphKernelNodeSetParam(gpu.DevNode(lend.Uint64(slot[:])), uint64(lend.Uint32(slot[16:])), v[:])
+			}
+			if err == nil {
+				continue
+			}
+			if !errors.Is(err, gpu.ErrInvalidValue) {
+				return err
+			}
+			ctl.Failed++
+			if ctl.FirstEntry == 0 {
+				ctl.FirstEntry, ctl.FirstCode = uint32(i+1), cudaErrorInvalidValue
+			}
+		}
+	}
+	return nil
+}
+
+// refPatcherInline is the inline patcher's Go reference: the table in its
+// last argument applied as refPatcher applies a ring's, failures counted in
+// the control block and, when there are any, written to the mirror.
+func refPatcherInline(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
+	rt, ok := mem.(gpu.DeviceRuntime)
+	if !ok {
+		return fmt.Errorf("kernel %s calls the device runtime (cudaGraphKernelNodeSetParam), which this backend does not model: %w", PatcherInline, gpu.ErrNotSupported)
+	}
+	g, bl := cfg.Grid, cfg.Block
+	if g.Y != 1 || g.Z != 1 || bl.Y != 1 || bl.Z != 1 {
+		return fmt.Errorf("kernel %s needs a one-dimensional launch, got grid %v block %v: %w", PatcherInline, g, bl, gpu.ErrInvalidValue)
+	}
+	ctlPtr, slots, nslots, mirror := a[0].AsPtr(), a[1].AsPtr(), uint64(a[2].AsU32()), a[3].AsPtr()
+	table := make([]byte, PatchInlineSize)
+	for i, w := range a[4:] {
+		lend.PutUint64(table[8*i:], w.AsU64())
+	}
+	count, total := min(lend.Uint32(table[8:]), PatchInlineCap), lend.Uint32(table[12:])
+	if count == 0 {
+		return nil
+	}
+	raw := make([]byte, PatchCtlSize)
+	if err := mem.Read(ctlPtr, raw); err != nil {
+		return err
+	}
+	ctl, _ := DecodePatchCtl(raw)
+	failed := ctl.Failed
+	if err := applyPatchTable(rt, mem, PatcherInline, slots, nslots, count, total, table[PatchHeaderSize:], &ctl); err != nil {
+		return err
+	}
+	if ctl.Failed == failed {
+		return nil
+	}
+	if err := mem.Write(ctlPtr, ctl.encode()); err != nil {
+		return err
+	}
+	if mirror == 0 {
+		return nil
+	}
+	var w [8]byte
+	lend.PutUint64(w[:], uint64(ctl.Failed)|uint64(ctl.Skipped)<<32)
+	return mem.Write(mirror.Add(8), w[:])
 }
 
 // The prebuilt patcher: one cubin per architecture, patcher/sm_<NN>.cubin,

@@ -73,6 +73,16 @@ func TestPatcherSourceSignature(t *testing.T) {
 			t.Errorf("patcher.cu does not assert sizeof(%s) == %d", name, size)
 		}
 	}
+	mi := regexp.MustCompile(`extern "C" __global__ void ` + PatcherInline + `\(([^)]*)\)`).FindSubmatch(src)
+	if mi == nil {
+		t.Fatalf("cuda/patcher.cu defines no %s", PatcherInline)
+	}
+	if got, want := len(strings.Split(string(mi[1]), ",")), len(PatcherInlineSpec().Params); got != want {
+		t.Errorf("%s has %d parameters in patcher.cu, %d in its spec", PatcherInline, got, want)
+	}
+	if !bytes.Contains(src, []byte(fmt.Sprintf("#define SG_PATCH_INLINE %d\n", PatchInlineCap))) {
+		t.Errorf("patcher.cu does not define SG_PATCH_INLINE as PatchInlineCap (%d)", PatchInlineCap)
+	}
 	if !bytes.Contains(src, []byte(fmt.Sprintf("#define SG_PATCH_CHUNK %d\n", PatchChunk))) {
 		t.Errorf("patcher.cu does not define SG_PATCH_CHUNK as PatchChunk (%d)", PatchChunk)
 	}
@@ -531,5 +541,78 @@ func TestRefPatcherMalformedTable(t *testing.T) {
 	}
 	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
 		t.Errorf("control block %+v", c)
+	}
+}
+
+// TestRefPatcherInline: the inline patcher applies the table in its own
+// arguments (ranges, adds), leaves the control block alone while every
+// write applies, applies nothing for an empty table, and counts refused
+// writes in the control block and the mirror's counters (not its seq).
+func TestRefPatcherInline(t *testing.T) {
+	d := newFakeDevice()
+	const nodes = 5
+	var slots []PatchSlot
+	for i := 1; i <= nodes; i++ {
+		d.params[gpu.DevNode(i)] = make([]byte, 16)
+		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, PatchSlot{Node: gpu.DevNode(i), Offset: 8})
+	}
+	m := PatcherMemory{Ctl: d.alloc(make([]byte, PatchCtlSize)), Slots: d.alloc(EncodePatchSlots(slots)), NSlots: len(slots),
+		Mirror: d.alloc(make([]byte, PatchMirrorSize))}
+	table := make([]byte, PatchInlineSize)
+	run := func(ups []PatchUpdate) error {
+		if err := WritePatchTable(table, 0, ups); err != nil {
+			t.Fatal(err)
+		}
+		args := m.InlineArgs(table)
+		if err := PatcherInlineSpec().CheckArgs("test", args); err != nil {
+			t.Fatal(err)
+		}
+		return refPatcherInline(d, PatcherConfig(len(slots)), args)
+	}
+	if err := run([]PatchUpdate{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]int]uint64{{1, 0}: 1<<20 + 100, {1, 8}: 1 << 20, {2, 0}: 1<<20 + 200, {2, 8}: 1 << 20,
+		{3, 0}: 0, {3, 8}: 0, {4, 0}: 2<<20 + 400, {4, 8}: 0, {5, 0}: 3<<20 + 500, {5, 8}: 3 << 20}
+	check := func(what string) {
+		t.Helper()
+		for k, v := range want {
+			if got := lend.Uint64(d.params[gpu.DevNode(k[0])][k[1]:]); got != v {
+				t.Errorf("%s: node %d offset %d = %#x, want %#x", what, k[0], k[1], got, v)
+			}
+		}
+	}
+	check("ranges")
+	ctl := func() PatchCtl {
+		b := make([]byte, PatchCtlSize)
+		if err := d.Read(m.Ctl, b); err != nil {
+			t.Fatal(err)
+		}
+		c, _ := DecodePatchCtl(b)
+		return c
+	}
+	if c := ctl(); c != (PatchCtl{}) {
+		t.Errorf("control block %+v after writes that all applied, want untouched", c)
+	}
+	if err := run(nil); err != nil {
+		t.Fatal(err)
+	}
+	check("an empty table")
+	// A range past the last slot: the writes inside apply, the others fail.
+	if err := run([]PatchUpdate{{Slot: 8, Count: 4, Value: 4 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := lend.Uint64(d.params[5][0:]); got != 4<<20+500 {
+		t.Errorf("in-range write of a range that overruns: %#x", got)
+	}
+	if c, want := ctl(), (PatchCtl{Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}); c != want {
+		t.Errorf("control block %+v, want %+v", c, want)
+	}
+	mir := make([]byte, PatchMirrorSize)
+	if err := d.Read(m.Mirror, mir); err != nil {
+		t.Fatal(err)
+	}
+	if got := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); got != (PatchMirror{Failed: 2}) {
+		t.Errorf("mirror %+v, want 2 failed", got)
 	}
 }

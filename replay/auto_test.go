@@ -60,8 +60,9 @@ func autoOptions(t *testing.T, col string) stablegraph.Options {
 			o.Costs.CopyBytesPerUS = f()
 		case "node-update-us":
 			o.Costs.NodeUpdateUS = f()
-		case "patcher-us":
-			o.Costs.PatcherUS = f()
+		case "patcher-us": // both patchers
+			v := f()
+			o.Costs.PatcherUS, o.Costs.PatcherInlineUS = v, v
 		default:
 			t.Fatalf("unknown option %q", k)
 		}
@@ -136,7 +137,7 @@ func TestAutoFallsBack(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
 	// The patcher priced out, so that the model's order is pool, stable.
-	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3, Costs: stablegraph.Costs{PatcherUS: 100}}
+	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3, Costs: stablegraph.Costs{PatcherUS: 100, PatcherInlineUS: 100}}
 	b.InjectFault("MemCreate", 1, gpu.ErrOutOfMemory)
 	exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts)
 	b.ClearFaults()

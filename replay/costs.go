@@ -39,6 +39,12 @@ type Costs struct {
 	// 16 opted-in nodes, every node moved, less their per-node cost;
 	// BenchmarkDeviceUpdatesChain on the H100, 2026-11-24).
 	PatcherUS float64
+	// PatcherInlineUS is what the inline patcher node adds instead, when
+	// at most kernels.PatchInlineCap buffers move (2.2: 19.81 against
+	// 17.59 µs for the same chain of 16; bench/probes/patcher). Its
+	// parameters are set with one exec update (NodeUpdateUS) per step
+	// that moves something.
+	PatcherInlineUS float64
 	// PatcherNodeUS is the GPU time per node the patcher moves: opting the
 	// node in (0.018: 965.4 against 947.4 µs for 1000 nodes) and its two
 	// pointer writes (0.013: 982.7 against 965.4 less PatcherUS); 0.03.
@@ -59,6 +65,7 @@ func DefaultCosts() Costs {
 		TimelineWriteUS:    1.0,
 		PoolMemoryFraction: 0.25,
 		PatcherUS:          4.4,
+		PatcherInlineUS:    2.2,
 		PatcherNodeUS:      0.03,
 		GraphUploadUS:      10,
 	}
@@ -80,6 +87,7 @@ func (c Costs) WithDefaults() (Costs, error) {
 		{&c.TimelineWriteUS, d.TimelineWriteUS, math.Inf(1)},
 		{&c.PoolMemoryFraction, d.PoolMemoryFraction, 1},
 		{&c.PatcherUS, d.PatcherUS, math.Inf(1)},
+		{&c.PatcherInlineUS, d.PatcherInlineUS, math.Inf(1)},
 		{&c.PatcherNodeUS, d.PatcherNodeUS, math.Inf(1)},
 		{&c.GraphUploadUS, d.GraphUploadUS, math.Inf(1)},
 	} {

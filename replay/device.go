@@ -88,6 +88,8 @@ type device struct {
 	du      gpu.DeviceUpdates
 	module  gpu.Module
 	patcher gpu.Function
+	inline  gpu.Function // the inline patcher; 0: the cubins predate it
+	tables  bool         // Options.DeviceTables
 	opts    graph.DeviceOptions
 	bound   []bool // per buffer: bound by the caller every step
 	policy  vmm.WaitPolicy
@@ -121,7 +123,7 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: pointers moved on the device need device-updatable graph nodes: %w", err)
 	}
-	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Options.SlotPoll}
+	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Options.SlotPoll, tables: spec.Options.DeviceTables}
 	m, err := b.ModuleLoad(dev, kernels.PatcherModule())
 	if err != nil {
 		return nil, fmt.Errorf("device: load the patcher: %w", err)
@@ -134,6 +136,14 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	}()
 	if st.patcher, err = b.ModuleFunction(m, kernels.Patcher); err != nil {
 		return nil, fmt.Errorf("device: the patcher kernel: %w", err)
+	}
+	// Cubins built before the inline patcher existed lack it: then every
+	// step goes through the ring.
+	switch f, err := b.ModuleFunction(m, kernels.PatcherInline); {
+	case err == nil:
+		st.inline = f
+	case !errors.Is(err, gpu.ErrNotFound):
+		return nil, fmt.Errorf("device: the inline patcher kernel: %w", err)
 	}
 	st.opts.Movable = make([]bool, len(spec.Buffers))
 	st.bound = make([]bool, len(spec.Buffers))
@@ -168,7 +178,7 @@ func (st *device) AliasSafe() bool { return true }
 // patcher of the launch deviceTables before it.
 func (st *device) Acquire() func(context.Context) error {
 	r := st.rig
-	if r == nil || r.launches < deviceTables {
+	if r == nil || r.inline || r.launches < deviceTables {
 		return nil
 	}
 	need := r.launches - deviceTables + 1
@@ -223,9 +233,12 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	}
 	if err := st.x.Launch(st.b, s); err != nil {
 		// Nothing ran. The table must not move anything at the next
-		// launch, which takes this one's number and writes its own.
-		w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
-		w.Seal(math.MaxUint64)
+		// launch, which takes this one's number and writes its own (an
+		// inline table is rewritten by the next step: held is unchanged).
+		if !st.rig.inline {
+			w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
+			w.Seal(math.MaxUint64)
+		}
 		return Result{}, err
 	}
 	st.rig.launches++
@@ -250,6 +263,9 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 			moved = true
 			break
 		}
+	}
+	if r.inline {
+		return st.writeInline(addrs, moved)
 	}
 	k := r.launches
 	free := k < deviceTables || r.passed(k-deviceTables+1)
@@ -277,6 +293,35 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 		}
 	}
 	w.Seal(k)
+	return w.Writes(), nil
+}
+
+// writeInline sets the inline patcher's parameters for the next launch:
+// the moved buffers' updates, or an empty table once nothing moves (so
+// that the patcher stops applying the last moves again); it returns how
+// many pointers the launch moves.
+func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
+	r := st.rig
+	if !moved && !r.applying {
+		return 0, nil
+	}
+	w := kernels.NewPatchTableWriter(r.param)
+	if moved {
+		for _, rg := range r.ranges {
+			if st.held[rg.Buf] == addrs[rg.Buf] {
+				continue
+			}
+			if err := w.Add(uint32(rg.First), uint32(rg.N), uint64(addrs[rg.Buf])); err != nil {
+				return 0, fmt.Errorf("device: %w", err)
+			}
+		}
+	}
+	w.Seal(0)
+	kernels.SetInlineArgs(r.args, r.param)
+	if err := st.b.GraphExecKernelNodeSetParams(st.x.X, r.node, gpu.KernelParams{Func: st.inline, Config: r.cfg, Args: r.args}); err != nil {
+		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
+	}
+	r.applying = moved
 	return w.Writes(), nil
 }
 
@@ -333,8 +378,15 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 			threads += r.N
 		}
 	}
-	if _, err = st.du.GraphAddRootKernelNode(dr.Graph(), gpu.KernelParams{Func: st.patcher,
-		Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}); err != nil {
+	p := gpu.KernelParams{Func: st.patcher, Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}
+	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
+		// Every step's updates fit the patcher's own parameters.
+		rig.inline, rig.cfg = true, p.Config
+		rig.param = make([]byte, kernels.PatchInlineSize)
+		rig.args = rig.mem.InlineArgs(rig.param)
+		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
+	}
+	if rig.node, err = st.du.GraphAddRootKernelNode(dr.Graph(), p); err != nil {
 		return fmt.Errorf("device: add the patcher: %w", err)
 	}
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
@@ -413,6 +465,16 @@ type patchRig struct {
 	ranges   []graph.SlotRange
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
+
+	// The inline patcher: its node, launch, table (in its arguments,
+	// rewritten in place each step) and whether that table moves
+	// anything.
+	inline   bool
+	node     gpu.GraphNode
+	cfg      gpu.LaunchConfig
+	param    []byte
+	args     []gpu.Arg
+	applying bool
 
 	// host's lifetime: a wait reads the mirror without the executable's
 	// lock, while Close may free it (see pool's timeline).
@@ -525,6 +587,11 @@ func modelDevice(spec Spec) Candidate {
 	onDevice, copies := m.Nodes-m.Copies+kern, m.Copies-kern
 	us := c.PatcherUS + float64(onDevice)*c.PatcherNodeUS
 	cand.Note = fmt.Sprintf("the patcher node, %d nodes moved on the device", onDevice)
+	if len(spec.bound()) <= kernels.PatchInlineCap && !spec.Options.DeviceTables {
+		// What moves every step fits the inline patcher's parameters.
+		us = c.PatcherInlineUS + c.NodeUpdateUS + float64(onDevice)*c.PatcherNodeUS
+		cand.Note = fmt.Sprintf("the inline patcher node and its update, %d nodes moved on the device", onDevice)
+	}
 	if copies+m.Traced > 0 {
 		us += float64(copies)*c.NodeUpdateUS + float64(m.Traced)*c.TracedUpdateUS + c.GraphUploadUS
 		cand.Note += fmt.Sprintf(", %d nodes and %d traced commands from the host, then an upload", copies, m.Traced)

@@ -71,10 +71,22 @@ func chainSpec(t testing.TB, b *sim.Backend, k, n int) Spec {
 type noLaunch struct {
 	*sim.Backend
 	launches int
+	// The inline patcher's parameter updates: how many, and the table
+	// words of the last (copied, as the driver copies them).
+	updates int
+	words   [kernels.PatchInlineSize / 8]uint64
 }
 
 func (b *noLaunch) GraphLaunch(gpu.GraphExec, gpu.Stream) error {
 	b.launches++
+	return nil
+}
+
+func (b *noLaunch) GraphExecKernelNodeSetParams(_ gpu.GraphExec, _ gpu.GraphNode, p gpu.KernelParams) error {
+	b.updates++
+	for i, a := range p.Args[len(p.Args)-len(b.words):] {
+		b.words[i] = a.AsU64()
+	}
 	return nil
 }
 
@@ -105,9 +117,11 @@ func calls(b *sim.Backend) map[string]int {
 
 // deviceOnChain builds the device strategy over chainSpec and records it
 // with a first step at addrs[0] on s, waiting for it.
-func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gpu.DevicePtr) *device {
+func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gpu.DevicePtr, tables bool) *device {
 	t.Helper()
-	st, err := New(Device, chainSpec(t, b, k, 64))
+	spec := chainSpec(t, b, k, 64)
+	spec.Options.DeviceTables = tables
+	st, err := New(Device, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +140,16 @@ func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gp
 }
 
 // TestDeviceHostStepAllocatesNothing: once recorded, a step whose buffers
-// all move allocates nothing and makes no driver call but the launch, and
-// writes one update per moved buffer (not one per pointer).
+// all move allocates nothing and makes no driver call but the launch (and,
+// with the inline patcher, one exec update of the patcher node), and writes
+// one update per moved buffer (not one per pointer).
 func TestDeviceHostStepAllocatesNothing(t *testing.T) {
+	for _, tables := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tables=%v", tables), func(t *testing.T) { hostStepAllocatesNothing(t, tables) })
+	}
+}
+
+func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	b := simtest.New(t, 1)
 	s := simtest.Stream(t, b, 0)
 	const k = 100
@@ -138,7 +159,10 @@ func TestDeviceHostStepAllocatesNothing(t *testing.T) {
 			gpu.DevicePtr(1<<40 + i<<20 + 2<<16), gpu.DevicePtr(1<<40 + i<<20 + 3<<16)}
 	}
 	first := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256)}
-	st := deviceOnChain(t, b, k, s, first)
+	st := deviceOnChain(t, b, k, s, first, tables)
+	if st.rig.inline == tables {
+		t.Fatalf("inline patcher %v with DeviceTables %v", st.rig.inline, tables)
+	}
 	nl := &noLaunch{Backend: b}
 	st.b = nl
 	ctx := context.Background()
@@ -162,12 +186,21 @@ func TestDeviceHostStepAllocatesNothing(t *testing.T) {
 		t.Errorf("%d launches for %d steps", nl.launches, i)
 	}
 	// chain: x, y, t0, t1 move: 4 updates, 2 pointers per node.
-	tbl := st.rig.table(st.rig.launches - 1)
-	if got := leUint32(tbl[8:]); got != 4 {
-		t.Errorf("last table has %d updates, want 4 (one per moved buffer)", got)
+	var count, total int
+	if tables {
+		tbl := st.rig.table(st.rig.launches - 1)
+		count, total = leUint32(tbl[8:]), leUint32(tbl[12:])
+	} else {
+		if nl.updates != i {
+			t.Errorf("%d updates of the inline patcher's parameters for %d steps", nl.updates, i)
+		}
+		count, total = int(uint32(nl.words[1])), int(nl.words[1]>>32)
 	}
-	if got := leUint32(tbl[12:]); got != 2*k {
-		t.Errorf("last table moves %d pointers, want %d", got, 2*k)
+	if count != 4 {
+		t.Errorf("last table has %d updates, want 4 (one per moved buffer)", count)
+	}
+	if total != 2*k {
+		t.Errorf("last table moves %d pointers, want %d", total, 2*k)
 	}
 	if c := st.Counters(); c.DeviceUpdates != int64(2*k*i) || c.Records != 1 || c.GraphUploads != 0 {
 		t.Errorf("counters %+v after %d moving steps", c, i)
@@ -193,6 +226,12 @@ func sameCounts(a, b map[string]int) bool {
 // enqueuing anything; the step after records afresh and computes the
 // right values.
 func TestDevicePatcherFailure(t *testing.T) {
+	for _, tables := range []bool{true, false} {
+		t.Run(fmt.Sprintf("tables=%v", tables), func(t *testing.T) { patcherFailure(t, tables) })
+	}
+}
+
+func patcherFailure(t *testing.T, tables bool) {
 	b := simtest.New(t, 1)
 	s := simtest.Stream(t, b, 0)
 	const k, n = 4, 64
@@ -210,7 +249,7 @@ func TestDevicePatcherFailure(t *testing.T) {
 			want[i] = 0.5*want[i] + 1
 		}
 	}
-	st := deviceOnChain(t, b, k, s, alloc())
+	st := deviceOnChain(t, b, k, s, alloc(), tables)
 	// The first slot now names no node.
 	if err := b.MemcpyHtoD(st.rig.mem.Slots, make([]byte, 8)); err != nil {
 		t.Fatal(err)
@@ -254,7 +293,7 @@ func BenchmarkDeviceHostStep(bm *testing.B) {
 	b := simtest.New(bm, 1)
 	s := simtest.Stream(bm, b, 0)
 	first := []gpu.DevicePtr{simtest.Alloc(bm, b, 0, 256), simtest.Alloc(bm, b, 0, 256), simtest.Alloc(bm, b, 0, 256), simtest.Alloc(bm, b, 0, 256)}
-	st := deviceOnChain(bm, b, 1000, s, first)
+	st := deviceOnChain(bm, b, 1000, s, first, true)
 	st.b = &noLaunch{Backend: b}
 	sets := [2][]gpu.DevicePtr{{1 << 40, 2 << 40, 3 << 40, 4 << 40}, {5 << 40, 6 << 40, 7 << 40, 8 << 40}}
 	ctx := context.Background()
@@ -281,7 +320,7 @@ func BenchmarkDeviceStep(bm *testing.B) {
 			sets[j] = append(sets[j], simtest.Alloc(bm, b, 0, 256))
 		}
 	}
-	st := deviceOnChain(bm, b, 100, s, sets[0])
+	st := deviceOnChain(bm, b, 100, s, sets[0], true)
 	ctx := context.Background()
 	bm.ReportAllocs()
 	i := 0

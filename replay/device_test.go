@@ -251,13 +251,27 @@ func simOps() []string {
 
 // TestDeviceOneLaunchPerStep: in steady state with every buffer at a fresh
 // address every step, a step makes one graph launch and, besides, only the
-// executable's own step event; no other driver call.
+// executable's own step event and, when the moves go in the inline
+// patcher's parameters (at most 16 buffers move, as in all three, unless
+// DeviceTables), one exec update of the patcher node; no other driver call.
 func TestDeviceOneLaunchPerStep(t *testing.T) {
-	for _, name := range []string{"chain-moving", "train", "mlp"} {
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tables bool
+		want   []string
+	}{
+		{"chain-moving", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"chain-moving", true, []string{"EventRecord×1", "GraphLaunch×1"}},
+		{"train", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"mlp", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"train", true, []string{"EventRecord×1", "GraphLaunch×1"}},
+		{"mlp", true, []string{"EventRecord×1", "GraphLaunch×1"}},
+	} {
+		t.Run(fmt.Sprintf("%s/tables=%v", tc.name, tc.tables), func(t *testing.T) {
+			name := tc.name
 			b := simtest.New(t, 1)
 			w := steptest.MustWorkload(t, name, workload.Config{K: 50, N: 64, Layers: 2, Width: 16, Batch: 4})
-			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, workload.Random)
+			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: tc.tables}, workload.Random)
 			defer done()
 			s := simtest.Stream(t, b, 0)
 			ctx := context.Background()
@@ -290,8 +304,8 @@ func TestDeviceOneLaunchPerStep(t *testing.T) {
 				if err := b.StreamSynchronize(s); err != nil {
 					t.Fatal(err)
 				}
-				if i >= 2 && !slices.Equal(made, []string{"EventRecord×1", "GraphLaunch×1"}) {
-					t.Errorf("step %d made %v; want one launch and the step event", i, made)
+				if i >= 2 && !slices.Equal(made, tc.want) {
+					t.Errorf("step %d made %v; want %v", i, made, tc.want)
 				}
 			}
 		})
@@ -402,7 +416,8 @@ func TestDeviceRingWait(t *testing.T) {
 	b := simtest.New(t, 1)
 	const n, ring = 64, 16
 	p, binds, y := ringProgram(t, b, ring+2, n)
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
+	// The ring is what a step waits on: the inline patcher has none.
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: true})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -457,7 +472,7 @@ func TestDeviceRingWaitTimeout(t *testing.T) {
 	b := simtest.New(t, 1)
 	const n, ring = 16, 16
 	p, binds, y := ringProgram(t, b, ring+3, n)
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, SlotWait: 20 * time.Millisecond})
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: true, SlotWait: 20 * time.Millisecond})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -551,7 +566,8 @@ func TestDeviceModel(t *testing.T) {
 			if c.name == "chain" {
 				nodes = 2 // only the first and last kernels point into x and y
 			}
-			if want := d.PatcherUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
+			// Both move at most 16 buffers a step: the inline patcher.
+			if want := d.PatcherInlineUS + d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
 				t.Errorf("%s: device candidate %+v, want %.3f us", c.name, cand, want)
 			}
 		}

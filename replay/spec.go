@@ -128,6 +128,8 @@ type Options struct {
 	// StreamCopies makes stable and pool copy with stream copies around
 	// the launch instead of copy nodes in the graph.
 	StreamCopies bool
+	// DeviceTables makes device use its ring of tables for every step.
+	DeviceTables bool
 	// Costs and AutoProbeSteps configure auto.
 	Costs          Costs
 	AutoProbeSteps int
