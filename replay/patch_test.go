@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -262,7 +263,8 @@ func TestRerecordsExplained(t *testing.T) {
 		explained(t, "patch after a failed step", st.Counters)
 	})
 	t.Run("state-rebound", func(t *testing.T) {
-		for _, strategy := range []stablegraph.Strategy{stablegraph.StrategyStable, stablegraph.StrategyPool} {
+		var want []float32 // eager's y after the rebound
+		for _, strategy := range []stablegraph.Strategy{stablegraph.StrategyEager, stablegraph.StrategyStable, stablegraph.StrategyPool, stablegraph.StrategyDevice} {
 			ctx := context.Background()
 			b := simtest.New(t, 1)
 			s := simtest.Stream(t, b, 0)
@@ -280,12 +282,25 @@ func TestRerecordsExplained(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := exe.Run(ctx, s, bind); err != nil {
+				outs, err := exe.Run(ctx, s, bind)
+				if err != nil {
 					t.Fatal(err)
 				}
 				if err := b.StreamSynchronize(s); err != nil {
 					t.Fatal(err)
 				}
+				if i == 2 {
+					got := simtest.Download(t, b, outs.Addr(w.Y), int(w.Y.Size()/4))
+					if want == nil {
+						want = got
+					} else if !slices.Equal(got, want) {
+						t.Errorf("%s, a state rebound: y differs from eager's", strategy)
+					}
+				}
+				outs.Release()
+			}
+			if strategy == stablegraph.StrategyEager {
+				continue
 			}
 			if st := exe.Stats(); st.MoveRerecords != 1 || st.Rerecords != 1 {
 				t.Errorf("%s, a state rebound: %d re-records, %d for moves; want 1 and 1", strategy, st.Rerecords, st.MoveRerecords)
