@@ -224,14 +224,7 @@ extern "C" __global__ void sg_patcher(sg_patch_ctl* ctl, const sg_patch_slot* sl
 // used); there is no ring, so nothing else is written.
 extern "C" __global__ void sg_patcher_inline(sg_patch_ctl* ctl, const sg_patch_slot* slots, unsigned int nslots,
                                              sg_patch_mirror* mirror, unsigned long long w0, unsigned long long w1, unsigned long long w2, unsigned long long w3, unsigned long long w4, unsigned long long w5, unsigned long long w6, unsigned long long w7, unsigned long long w8, unsigned long long w9, unsigned long long w10, unsigned long long w11, unsigned long long w12, unsigned long long w13, unsigned long long w14, unsigned long long w15, unsigned long long w16, unsigned long long w17, unsigned long long w18, unsigned long long w19, unsigned long long w20, unsigned long long w21, unsigned long long w22, unsigned long long w23, unsigned long long w24, unsigned long long w25, unsigned long long w26, unsigned long long w27, unsigned long long w28, unsigned long long w29, unsigned long long w30, unsigned long long w31, unsigned long long w32, unsigned long long w33) {
-    // The table words to shared memory, one per thread (a select, not an
-    // array in local memory, which a thousand threads indexing it would
-    // make slow), then read by every thread.
-    __shared__ unsigned long long w[SG_PATCH_INLINE_WORDS];
-    for (unsigned int k = threadIdx.x; k < SG_PATCH_INLINE_WORDS; k += blockDim.x) {
-        w[k] = k == 0 ? w0 : k == 1 ? w1 : k == 2 ? w2 : k == 3 ? w3 : k == 4 ? w4 : k == 5 ? w5 : k == 6 ? w6 : k == 7 ? w7 : k == 8 ? w8 : k == 9 ? w9 : k == 10 ? w10 : k == 11 ? w11 : k == 12 ? w12 : k == 13 ? w13 : k == 14 ? w14 : k == 15 ? w15 : k == 16 ? w16 : k == 17 ? w17 : k == 18 ? w18 : k == 19 ? w19 : k == 20 ? w20 : k == 21 ? w21 : k == 22 ? w22 : k == 23 ? w23 : k == 24 ? w24 : k == 25 ? w25 : k == 26 ? w26 : k == 27 ? w27 : k == 28 ? w28 : k == 29 ? w29 : k == 30 ? w30 : k == 31 ? w31 : k == 32 ? w32 : w33;
-    }
-    __syncthreads();
+    const unsigned long long w[SG_PATCH_INLINE_WORDS] = {w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15, w16, w17, w18, w19, w20, w21, w22, w23, w24, w25, w26, w27, w28, w29, w30, w31, w32, w33};
     const unsigned int c = min((unsigned int)w[1], (unsigned int)SG_PATCH_INLINE);
     const unsigned long long end = w[1] >> 32;
     const unsigned long long gid = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
