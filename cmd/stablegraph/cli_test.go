@@ -399,3 +399,26 @@ func TestPlotCommand(t *testing.T) {
 		t.Errorf("report.FloorRow %q != workload.FloorRow %q", report.FloorRow, workload.FloorRow)
 	}
 }
+
+// TestCPUProfile: --cpuprofile writes a profile pprof reads (a gzipped
+// protobuf) of a whole command, and a path it cannot create is a usage
+// error before anything runs.
+func TestCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	code, out, errs := runCLI(t, "--backend", "sim", "--cpuprofile", path, "info")
+	if code != exitOK {
+		t.Fatalf("info with --cpuprofile: code %d, stdout %q, stderr %q", code, out, errs)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Errorf("the profile (%d bytes) is not gzip data, as pprof writes it", len(b))
+	}
+	bad := filepath.Join(t.TempDir(), "no", "such", "dir", "cpu.prof")
+	code, out, errs = runCLI(t, "--backend", "sim", "--cpuprofile", bad, "info")
+	if code != exitUsage || out != "" || !strings.Contains(errs, "--cpuprofile") {
+		t.Errorf("--cpuprofile into a missing directory: code %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
