@@ -34,11 +34,14 @@ const (
 	// child graph (see package graph and package trace).
 	StrategyPatch = replay.Patch
 	// StrategyDevice records the graph once and moves its pointers on the
-	// device: every kernel node with a pointer into a param, output or
-	// state opts in to device-side updates, and a patcher kernel, the
-	// graph's root node, rewrites them from a table the host writes into
-	// mapped pinned memory, one update per moved buffer; a step is one
-	// launch and no other driver call. Collectives, and copies it cannot
+	// device: every kernel node with a pointer into a param or output
+	// opts in to device-side updates, and a patcher kernel, the graph's
+	// root node, rewrites them from the updates the host writes, one per
+	// moved buffer: into the patcher's own parameters (one exec update of
+	// that node per moving step) when at most 16 buffers move, else (or
+	// with DeviceTables) into a table in mapped pinned memory, a step then
+	// being one launch and no other driver call. A rebound state records
+	// the graph afresh. Collectives, and copies it cannot
 	// make copy kernels, move from the host. It needs device-updatable
 	// graph nodes (CUDA 12.4) and the patcher built for the device
 	// (kernels/cuda/gen-patcher.sh); Compile fails with an error wrapping
