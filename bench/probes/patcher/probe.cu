@@ -109,6 +109,18 @@ __global__ void patcher_noset(sg_patch_ctl* ctl, const sg_patch_slot* slots, uns
   if (i == 0) ctl->seq = s + 1;
 }
 
+// V6: inline: the host writes the new values into the patcher's own kernel
+// parameters (one exec update of the patcher node per step); no table, no
+// memory round trip before the device-side updates. Slot j takes vals[j].
+struct InlineP { unsigned int count; unsigned int pad; unsigned long long vals[2000]; };
+__global__ void patcher_inline(const sg_patch_slot* slots, const __grid_constant__ InlineP p) {
+  for (unsigned int j = threadIdx.x; j < p.count; j += blockDim.x) {
+    const sg_patch_slot sl = slots[j];
+    const unsigned long long v = p.vals[j] + sl.add;
+    cudaGraphKernelNodeSetParam((cudaGraphDeviceNode_t)sl.node, sl.offset, &v, sizeof v);
+  }
+}
+
 typedef void (*pfn)(sg_patch_ctl*, const sg_patch_slot*, unsigned int, const unsigned char*, unsigned long long, unsigned int, unsigned int, sg_patch_mirror*);
 
 int main(int argc, char** argv) {
@@ -131,6 +143,61 @@ int main(int argc, char** argv) {
       {"fixed table: header+entry", patcher_fixed, 1, thr, true},
       {"noset: min without SetParam", patcher_noset, 1, thr, true},
     };
+    {
+      // inline variant
+      cudaGraph_t g; CK(cudaGraphCreate(&g, 0));
+      sg_patch_slot* slots; CK(cudaMalloc(&slots, W * sizeof(sg_patch_slot)));
+      static InlineP P; memset(&P, 0, sizeof P);
+      cudaKernelNodeParams pk = {}; const sg_patch_slot* cs = slots; void* pargs[] = {&cs, &P};
+      pk.func = (void*)patcher_inline; pk.kernelParams = pargs; pk.gridDim = dim3(1); pk.blockDim = dim3(thr);
+      cudaGraphNode_t rootn; CK(cudaGraphAddKernelNode(&rootn, g, nullptr, 0, &pk));
+      std::vector<sg_patch_slot> hs(W); cudaGraphNode_t prev = rootn;
+      for (int i = 0; i < K; i++) {
+        float* y = A[i + 1]; const float* x = A[i]; float a = 1, b = 1; int nn = n; void* args[] = {&y, &x, &a, &b, &nn};
+        cudaKernelNodeParams kp = {}; kp.func = (void*)axpb; kp.gridDim = dim3((n + 255) / 256); kp.blockDim = dim3(256); kp.kernelParams = args;
+        cudaGraphNode_t nd; CK(cudaGraphAddKernelNode(&nd, g, &prev, 1, &kp));
+        cudaLaunchAttributeValue av; memset(&av, 0, sizeof av); av.deviceUpdatableKernelNode.deviceUpdatable = 1;
+        CK(cudaGraphKernelNodeSetAttribute(nd, cudaLaunchAttributeDeviceUpdatableKernelNode, &av));
+        cudaLaunchAttributeValue w; memset(&w, 0, sizeof w); CK(cudaGraphKernelNodeGetAttribute(nd, cudaLaunchAttributeDeviceUpdatableKernelNode, &w));
+        hs[2 * i] = {(unsigned long long)w.deviceUpdatableKernelNode.devNode, 0, 0, 0};
+        hs[2 * i + 1] = {(unsigned long long)w.deviceUpdatableKernelNode.devNode, 0, 8, 0};
+        prev = nd;
+      }
+      CK(cudaMemcpy(slots, hs.data(), W * sizeof(sg_patch_slot), cudaMemcpyHostToDevice));
+      cudaGraphExec_t x; CK(cudaGraphInstantiate(&x, g, 0)); CK(cudaGraphUpload(x, st)); CK(cudaStreamSynchronize(st));
+      cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+      for (int moving = 0; moving < 2; moving++) {
+        auto step = [&](int k) {
+          if (moving) {
+            auto& S = (k & 1) ? B : A;
+            P.count = W;
+            for (int i = 0; i < K; i++) { P.vals[2 * i] = (unsigned long long)S[i + 1]; P.vals[2 * i + 1] = (unsigned long long)S[i]; }
+          } else P.count = 0;
+          CK(cudaGraphExecKernelNodeSetParams(x, rootn, &pk));
+          CK(cudaGraphLaunch(x, st));
+        };
+        for (int k = 0; k < 50; k++) step(k);
+        CK(cudaStreamSynchronize(st));
+        const int steps = 2000;
+        CK(cudaEventRecord(e0, st));
+        double hostUpd = 0;
+        auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < steps; k++) {
+          auto u0 = std::chrono::steady_clock::now();
+          if (moving) { auto& S = (k & 1) ? B : A; P.count = W; for (int i = 0; i < K; i++) { P.vals[2 * i] = (unsigned long long)S[i + 1]; P.vals[2 * i + 1] = (unsigned long long)S[i]; } } else P.count = 0;
+          CK(cudaGraphExecKernelNodeSetParams(x, rootn, &pk));
+          hostUpd += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - u0).count();
+          CK(cudaGraphLaunch(x, st));
+        }
+        CK(cudaEventRecord(e1, st)); CK(cudaEventSynchronize(e1));
+        double host = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps;
+        float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+        float r = 0; auto& S = (moving && ((steps - 1) & 1)) ? B : A;
+        CK(cudaMemcpy(&r, S[K], 4, cudaMemcpyDeviceToHost));
+        printf("K=%-4d %-40s %-7s GPU %8.2f us/step  host %6.2f  update %5.2f  out=%g\n", K, "inline: host updates the patcher's params", moving ? "moving" : "idle", ms * 1000 / steps, host, hostUpd / steps, r);
+      }
+      CK(cudaGraphExecDestroy(x)); CK(cudaGraphDestroy(g)); CK(cudaFree(slots));
+    }
     for (size_t vi = 0; vi < vs.size(); vi++) {
       V v = vs[vi];
       if (v.blocks < 0) { printf("K=%d %-40s skipped (needs one block)\n", K, v.name); continue; }
