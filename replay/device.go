@@ -326,16 +326,25 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 		return 0, fmt.Errorf("device: the table of launch %d is still in use by launch %d: %w", k, k-deviceTables, gpu.ErrIllegalState)
 	}
 	w := kernels.NewPatchTableWriter(r.table(k))
-	for _, rg := range r.ranges {
+	if err := st.addMoves(&w, addrs); err != nil {
+		return 0, err
+	}
+	w.Seal(k)
+	return w.Writes(), nil
+}
+
+// addMoves adds to w one update per buffer that is not where the device
+// holds it: its range of slots, to its address in addrs.
+func (st *device) addMoves(w *kernels.PatchTableWriter, addrs []gpu.DevicePtr) error {
+	for _, rg := range st.rig.ranges {
 		if st.held[rg.Buf] == addrs[rg.Buf] {
 			continue
 		}
 		if err := w.Add(uint32(rg.First), uint32(rg.N), uint64(addrs[rg.Buf])); err != nil {
-			return 0, fmt.Errorf("device: %w", err)
+			return fmt.Errorf("device: %w", err)
 		}
 	}
-	w.Seal(k)
-	return w.Writes(), nil
+	return nil
 }
 
 // writeInline sets the inline patcher's parameters for the next launch:
@@ -349,13 +358,8 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 	}
 	w := kernels.NewPatchTableWriter(r.param)
 	if moved {
-		for _, rg := range r.ranges {
-			if st.held[rg.Buf] == addrs[rg.Buf] {
-				continue
-			}
-			if err := w.Add(uint32(rg.First), uint32(rg.N), uint64(addrs[rg.Buf])); err != nil {
-				return 0, fmt.Errorf("device: %w", err)
-			}
+		if err := st.addMoves(&w, addrs); err != nil {
+			return 0, err
 		}
 	}
 	w.Seal(0)
