@@ -104,12 +104,14 @@
 // (package graph), moving traced nodes through their child graph with
 // traces from a per-command LRU cache keyed by address or built from a
 // differential-tracing template (package trace). StrategyDevice records
-// once and moves the pointers on the GPU: a patcher kernel, the graph's
-// root node, rewrites the pointer parameters of the nodes opted in to
-// device-side updates from a table the host writes into mapped pinned
-// memory, one update per moved buffer, so that a step is one launch and no
-// other driver call (it needs CUDA 12.4's device-updatable graph nodes and
-// the patcher built for the GPU; see package replay, device.go).
+// once and moves the pointers on the GPU: a patcher kernel, a node of the
+// graph beside the step's first command, rewrites the pointer parameters of
+// the nodes opted in to device-side updates from updates the host writes,
+// one per moved buffer, so that a step is one launch, the update of the
+// first command's node when it moved, and the patcher's own when its
+// parameters carry the updates (it needs CUDA 12.4's device-updatable
+// graph nodes and the patcher built for the GPU; see package replay,
+// device.go).
 //
 // Two strategies never move the program's addresses at all. StrategyStable
 // gives every param and output a persistent allocation for the life of the

@@ -597,7 +597,7 @@ func TestRunFaults(t *testing.T) {
 		"EventQuery", "MemUnmap", "MemMap", "MemSetAccess", // remap's per-step calls
 		// The device strategy's recording: opt-in, the patcher's root
 		// node and memory, the upload.
-		"GraphKernelNodeSetDeviceUpdatable", "GraphAddRootKernelNode", "GraphUpload", "HostAlloc", "MemcpyHtoD", "Memset",
+		"GraphKernelNodeSetDeviceUpdatable", "GraphAddKernelNodeBefore", "GraphUpload", "HostAlloc", "MemcpyHtoD", "Memset",
 	}
 	const steps = 5
 	// Outputs that do not depend on the state a failed step may have half

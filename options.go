@@ -35,14 +35,16 @@ const (
 	StrategyPatch = replay.Patch
 	// StrategyDevice records the graph once and moves its pointers on the
 	// device: every kernel node with a pointer into a param or output
-	// opts in to device-side updates, and a patcher kernel, the graph's
-	// root node, rewrites them from the updates the host writes, one per
-	// moved buffer: into the patcher's own parameters (one exec update of
-	// that node per moving step) when at most 16 buffers move, else (or
-	// with DeviceTables) into a table in mapped pinned memory, a step then
-	// being one launch and no other driver call. A rebound state records
-	// the graph afresh. Collectives, and copies it cannot
-	// make copy kernels, move from the host. It needs device-updatable
+	// opts in to device-side updates, and a patcher kernel, a node of the
+	// graph beside the step's first command, rewrites them from the
+	// updates the host writes, one per moved buffer: into the patcher's
+	// own parameters (one exec update of that node per moving step) when
+	// at most 16 buffers move, else (or with DeviceTables) into a table in
+	// mapped pinned memory. The step's first command, which the patcher
+	// could only delay, moves from the host (one exec update per moved
+	// node), as do collectives and copies it cannot make copy kernels;
+	// none of them needs the graph uploaded again. A rebound state records
+	// the graph afresh. It needs device-updatable
 	// graph nodes (CUDA 12.4) and the patcher built for the device
 	// (kernels/cuda/gen-patcher.sh); Compile fails with an error wrapping
 	// gpu.ErrNotSupported without them. See package replay, device.go.

@@ -17,10 +17,10 @@ type DevNode uint64
 // A kernel running on the device (for stablegraph, the patcher of package
 // kernels) changes the node's parameters through the device runtime
 // (DeviceRuntime, CUDA's cudaGraphKernelNodeSetParam); the change lives in
-// the executable graph on the device and holds for later launches too. When
-// the updating kernel is the graph's root node (GraphAddRootKernelNode),
-// every other node runs after it, so the change takes effect in the same
-// launch.
+// the executable graph on the device and holds for later launches too. The
+// updating kernel is added with GraphAddKernelNodeBefore: every node it
+// changes must run after it, so that the change takes effect in the same
+// launch; the nodes that need no change may run beside it.
 //
 // CUDA's rules, which every backend enforces with the same errors:
 //
@@ -41,7 +41,10 @@ type DevNode uint64
 //     ErrIllegalState. (CUDA requires it only when the graph updates its own
 //     nodes; the driver does not check, and a launch without it may lose the
 //     updates silently.) An upload resets the device-side parameters of
-//     every device-updatable node to the host-side ones.
+//     every device-updatable node to the host-side ones. A host-side change
+//     to a node that is not device-updatable needs no upload and leaves the
+//     device-side parameters of the others as they are (conformance group
+//     DeviceUpdates, HostChangeKeepsDeviceState).
 //   - Device-updatable nodes cannot be removed from their graph; package gpu
 //     has no node removal, so this rule cannot be broken through it.
 //
@@ -66,12 +69,13 @@ type DeviceUpdates interface {
 	// GraphKernelNodeDevNode returns kernel node n's DevNode, read back
 	// from the driver, or 0 when n has not opted in.
 	GraphKernelNodeDevNode(n GraphNode) (DevNode, error)
-	// GraphAddRootKernelNode adds a kernel node with parameters p on which
-	// every node of g that has no dependencies comes to depend, so that it
-	// runs first in every launch. Nodes added to g later must depend on it
-	// (or on a node after it) to keep it first. Where the new node is
-	// listed by GraphNodes is backend-specific.
-	GraphAddRootKernelNode(g Graph, p KernelParams) (GraphNode, error)
+	// GraphAddKernelNodeBefore adds a kernel node with parameters p and no
+	// dependencies of its own, and makes every node of before (nodes of g,
+	// each listed once) depend on it: it runs before them, and before
+	// every node after them, in every launch; other nodes may run beside
+	// it. With before empty it runs beside the whole graph. Where the new
+	// node is listed by GraphNodes is backend-specific.
+	GraphAddKernelNodeBefore(g Graph, p KernelParams, before []GraphNode) (GraphNode, error)
 	// GraphUpload uploads executable graph x to its device, ordered on
 	// stream s: see the rules above for when it is needed.
 	GraphUpload(x GraphExec, s Stream) error

@@ -11,8 +11,17 @@ import (
 
 // Device-side patching (RecordDevice, PatchDevice): the graph's kernel
 // nodes are opted in to device-side updates (gpu.DeviceUpdates), and a node
-// of the caller's, the root of the graph, rewrites their pointers on the
-// device at every launch. What the device cannot move stays on the host.
+// of the caller's, the patcher, rewrites their pointers on the device at
+// every launch. What the device cannot move stays on the host.
+//
+// Where the patcher runs: before the first command it moves
+// (DeviceRecording.Before), beside the commands ahead of that one. A node
+// that must wait for the patcher waits for all of it, so the patcher's
+// work is on the step's critical path when the step's first command is
+// one it moves. The step's first DeviceOptions.HostLead commands, when
+// they point into movable buffers, can move from the host instead (one
+// exec update per moved node, no upload: they are not opted in), and the
+// patcher then runs beside them.
 //
 // What moves where, for a buffer that moves:
 //
@@ -36,13 +45,17 @@ import (
 //   - Any other traced command (not flattened, flattened without a
 //     template, or HostPath: collectives) moves from the host, as Patch
 //     moves it.
+//   - A lead command (HostLead) moves from the host, whatever it is: a
+//     kernel's node is updated as Patch updates it, and a copy or memset
+//     stays a copy or memset node.
 //
-// After a move from the host the caller uploads the executable graph
-// again (gpu.DeviceUpdates.GraphUpload), which resets the device-side
-// parameters of every opted-in node to the host-side ones: the addresses
-// the graph was recorded at. The host-side parameters of the nodes with
-// slots are never changed, so that the caller always knows what an upload
-// restores.
+// What moves from the host is never an opted-in node, so it needs no
+// upload and leaves the device-side parameters of the opted-in nodes as
+// the patcher left them (CUDA documents the upload only after host-side
+// changes to device-updatable nodes; conformance group DeviceUpdates,
+// HostChangeKeepsDeviceState, checks the rest on every backend). The
+// host-side parameters of the nodes with slots are never changed, so that
+// an upload always restores the addresses the graph was recorded at.
 
 // DeviceOptions say how RecordDevice records.
 type DeviceOptions struct {
@@ -55,6 +68,11 @@ type DeviceOptions struct {
 	// that replace memcpy and memset commands over movable buffers. Zero
 	// keeps those commands copy and memset nodes, moved from the host.
 	Copy, Fill gpu.Function
+	// HostLead is how many of the step's first commands move from the
+	// host when they point into a movable buffer, so that the patcher need
+	// not run before them (see "Where the patcher runs"). 0 moves
+	// everything it can on the device.
+	HostLead int
 }
 
 // DeviceSlot is one pointer parameter of an opted-in kernel node: the 8
@@ -76,8 +94,10 @@ type SlotRange struct {
 
 // DeviceRecording is a step recorded for device-side patching and not yet
 // instantiated: its graph, with every kernel node that has a pointer into a
-// movable buffer opted in, and where those pointers are. The caller adds
-// the root node that moves them, then calls Instantiate or Destroy.
+// movable buffer opted in (but the lead commands'), where those pointers
+// are, and the nodes the patcher must run before. The caller adds the
+// patcher (gpu.DeviceUpdates.GraphAddKernelNodeBefore with Before), then
+// calls Instantiate or Destroy.
 type DeviceRecording struct {
 	cb    *CommandBuffer
 	r     recorded
@@ -88,6 +108,13 @@ type DeviceRecording struct {
 	// the buffers that have any, in buffer order.
 	Slots  []DeviceSlot
 	Ranges []SlotRange
+	// Before are the nodes the patcher must run before: the entry nodes
+	// of the first command with a slot. Every other slot's node comes
+	// after them. Empty when there are no slots.
+	Before []gpu.GraphNode
+	// Lead is how many commands moved from the host as lead commands
+	// (DeviceOptions.HostLead) because they point into a movable buffer.
+	Lead int
 	// HostPath says, for each flattened command whose kernel nodes the
 	// driver would not opt in to device-side updates, why: such a command
 	// is moved from the host instead.
@@ -148,10 +175,11 @@ type devPlan struct {
 }
 
 // kernelizer makes copy and fill kernels of memcpy and memset commands over
-// movable buffers (RecordDevice).
+// movable buffers (RecordDevice), but of the lead commands.
 type kernelizer struct {
 	movable    []bool
 	copy, fill gpu.Function
+	lead       []bool // per command: a lead command, moved from the host
 }
 
 // kernel returns the kernel that does c's copy or memset at addrs, when c
@@ -159,8 +187,8 @@ type kernelizer struct {
 // whole 4-byte elements, no more than an int32 of them, and, for a memset,
 // a pattern that is no NaN as a float32 (a fill kernel passes its value as
 // one; the bits would survive, but nothing needs the risk).
-func (k *kernelizer) kernel(c *Command, addrs []gpu.DevicePtr) (gpu.KernelParams, devMode, bool) {
-	if k == nil {
+func (k *kernelizer) kernel(i int, c *Command, addrs []gpu.DevicePtr) (gpu.KernelParams, devMode, bool) {
+	if k == nil || k.lead[i] {
 		return gpu.KernelParams{}, devNone, false
 	}
 	switch c.Kind {
@@ -206,20 +234,31 @@ func fillPattern(v uint32, elem int) (uint32, bool) {
 // but with memcpy and memset commands over movable buffers made kernels
 // where opts and their addresses allow, and with every kernel node that has
 // a pointer into a movable buffer opted in to device-side updates through
-// du (except the nodes of HostPath commands). Its Slots say where those
-// pointers are. The caller adds the node that moves them (a root node:
-// gpu.DeviceUpdates.GraphAddRootKernelNode), then instantiates the
-// recording or destroys it. On error nothing is left behind.
+// du (except the nodes of HostPath and lead commands). Its Slots say where
+// those pointers are. The caller adds the node that moves them, before
+// Before (gpu.DeviceUpdates.GraphAddKernelNodeBefore), then instantiates
+// the recording or destroys it. On error nothing is left behind.
 func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs []gpu.DevicePtr, opts DeviceOptions) (_ *DeviceRecording, err error) {
 	if len(opts.Movable) != cb.nbufs || len(addrs) != cb.nbufs {
 		return nil, gpu.Errorf("graph.RecordDevice", gpu.ErrInvalidValue, "%d movable flags and %d addresses for %d buffers",
 			len(opts.Movable), len(addrs), cb.nbufs)
 	}
-	r, err := cb.record(b, addrs, true, &kernelizer{movable: opts.Movable, copy: opts.Copy, fill: opts.Fill})
+	if opts.HostLead < 0 {
+		return nil, gpu.Errorf("graph.RecordDevice", gpu.ErrInvalidValue, "HostLead %d is negative", opts.HostLead)
+	}
+	kz := &kernelizer{movable: opts.Movable, copy: opts.Copy, fill: opts.Fill, lead: make([]bool, len(cb.cmds))}
+	lead := 0
+	for i := range min(opts.HostLead, len(cb.cmds)) {
+		if slices.ContainsFunc(cb.cmds[i].buffers(), func(b int) bool { return opts.Movable[b] }) {
+			kz.lead[i] = true
+			lead++
+		}
+	}
+	r, err := cb.record(b, addrs, true, kz)
 	if err != nil {
 		return nil, err
 	}
-	d := &DeviceRecording{cb: cb, r: r, addrs: slices.Clone(addrs)}
+	d := &DeviceRecording{cb: cb, r: r, addrs: slices.Clone(addrs), Lead: lead}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, d.Destroy(b))
@@ -260,6 +299,8 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 		cmd = i
 		c := &cb.cmds[i]
 		switch {
+		case kz.lead[i]:
+			plan.mode[i] = devHost
 		case c.Kind == KindKernel:
 			l, err := layout(c.Func, c.kernelParams(addrs).Args)
 			if err != nil {
@@ -272,7 +313,7 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 			}
 		case r.made[i] != devNone:
 			// A copy or fill kernel: (y, x, n) or (y, value, n).
-			p, _, _ := (&kernelizer{movable: opts.Movable, copy: opts.Copy, fill: opts.Fill}).kernel(c, addrs)
+			p, _, _ := kz.kernel(i, c, addrs)
 			l, err := layout(p.Func, p.Args)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", c.Name, err)
@@ -340,6 +381,9 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 			}
 		}
 	}
+	if len(slots) > 0 {
+		d.Before = r.entries(slots[0].cmd) // slots are in command order here
+	}
 	slices.SortStableFunc(slots, func(a, b DeviceSlot) int { return a.Buf - b.Buf })
 	for k := 0; k < len(slots); {
 		j := k
@@ -351,6 +395,23 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 	}
 	d.Slots, d.plan = slots, plan
 	return d, nil
+}
+
+// entries returns the nodes of command i that depend on no node of the
+// same command: those of a flattened command's trace without dependencies
+// there, else its node.
+func (r *recorded) entries(i int) []gpu.GraphNode {
+	fc := r.flat[i]
+	if fc == nil {
+		return []gpu.GraphNode{r.nodes[i]}
+	}
+	var e []gpu.GraphNode
+	for j := range fc.params {
+		if len(fc.params[j].Deps) == 0 {
+			e = append(e, fc.nodes[j])
+		}
+	}
+	return e
 }
 
 // naturalLayout lays typed arguments out as C does: each at the next
@@ -375,10 +436,9 @@ func naturalLayout(args []gpu.Arg) ([]gpu.ParamInfo, error) {
 // memset nodes that are not kernels, traced commands on the host path),
 // checks that what moves on the device still can (copy kernels at 4-byte
 // aligned addresses, flattened commands in their template's alignment
-// class), and returns how many nodes it updated from the host. When that
-// is not zero the caller must upload x again before launching it, and the
-// device-side parameters are then the ones x was recorded at. It changes
-// no opted-in node and allocates nothing when nothing moves on the host.
+// class), and returns how many nodes it updated from the host. None of
+// them is opted in, so x needs no upload. It changes no opted-in node and
+// allocates nothing when nothing moves on the host.
 //
 // On error x is in an unknown state and must be destroyed; an error
 // wrapping gpu.ErrGraphUpdate means recording again at addrs will succeed
@@ -452,6 +512,10 @@ func (cb *CommandBuffer) patchHost(b ExecPatcher, x *Exec, i int32, addrs []gpu.
 	c := &cb.cmds[i]
 	n := x.Nodes[i]
 	switch c.Kind {
+	case KindKernel: // a lead command
+		p := c.kernelParamsInto(addrs, x.args)
+		x.args = p.Args
+		return 1, b.GraphExecKernelNodeSetParams(x.X, n, p)
 	case KindMemcpy:
 		return 1, b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
 	case KindMemset:
@@ -496,9 +560,18 @@ const LibraryNodes = 1
 // library command LibraryNodes nodes, and each other traced command (and
 // every HostPath one) one traced command. Exec.Moves counts what a
 // recording holds. Buffers out of range are ignored.
-func (cb *CommandBuffer) Moves(bufs []int) Moves {
+func (cb *CommandBuffer) Moves(bufs []int) Moves { return cb.MovesIn(bufs, 0, len(cb.cmds)) }
+
+// MovesIn is Moves over the commands from index from up to, not including,
+// to: with RecordDevice's HostLead, MovesIn(bufs, 0, HostLead) is what
+// moves from the host as lead commands and MovesIn(bufs, HostLead, Len())
+// the rest.
+func (cb *CommandBuffer) MovesIn(bufs []int, from, to int) Moves {
 	var m Moves
 	for _, i := range cb.usersOf(bufs) {
+		if i < from || i >= to {
+			continue
+		}
 		c := &cb.cmds[i]
 		switch {
 		case c.Kind == KindKernel:

@@ -194,3 +194,120 @@ func TestRecordDeviceFlattenedGEMM(t *testing.T) {
 		t.Errorf("PatchDevice at another alignment class: %v, want ErrGraphUpdate", err)
 	}
 }
+
+// TestRecordDeviceHostLead: with HostLead 1 the step's first command (the
+// kernel, which points into x and y) is not opted in and moves from the
+// host, with no upload; the patcher goes before the next command with a
+// slot (the copy kernel), beside the first. HostLead 0 puts it before the
+// first command; HostLead 2 makes the copy a lead command too, left a copy
+// node, so that nothing is left for the device.
+func TestRecordDeviceHostLead(t *testing.T) {
+	m := newMLP(t, 2, 4, 1, trace.Options{})
+	cb, addrs, cp, fill := devStep(t, m)
+	du, err := gpu.DeviceUpdatesOf(m.b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := func(lead int) graph.DeviceOptions {
+		return graph.DeviceOptions{Movable: []bool{true, true, true, false}, Copy: cp, Fill: fill, HostLead: lead}
+	}
+	if _, err := cb.RecordDevice(m.b, du, addrs, opts(-1)); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("RecordDevice with HostLead -1: %v", err)
+	}
+	kernelNodes := func(g gpu.Graph) (all []gpu.GraphNode, opted int) {
+		nodes, err := m.b.GraphNodes(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			if typ, _ := m.b.GraphNodeType(n); typ == gpu.NodeKernel {
+				all = append(all, n)
+				if d, _ := du.GraphKernelNodeDevNode(n); d != 0 {
+					opted++
+				}
+			}
+		}
+		return all, opted
+	}
+
+	rec0, err := cb.RecordDevice(m.b, du, addrs, opts(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, opted := kernelNodes(rec0.Graph()); opted != 2 || rec0.Lead != 0 || len(rec0.Before) != 1 || rec0.Before[0] != rec0.Slots[0].Node {
+		t.Errorf("HostLead 0: %d opted in, lead %d, before %v; want 2, 0 and the kernel's node", opted, rec0.Lead, rec0.Before)
+	}
+	if err := rec0.Destroy(m.b); err != nil {
+		t.Fatal(err)
+	}
+
+	rec, err := cb.RecordDevice(m.b, du, addrs, opts(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, opted := kernelNodes(rec.Graph())
+	if opted != 1 || rec.Lead != 1 || len(rec.Slots) != 2 || len(rec.Before) != 1 {
+		t.Fatalf("HostLead 1: %d kernel nodes, %d opted in, lead %d, slots %+v, before %v; want the copy kernel alone opted in, before it",
+			len(all), opted, rec.Lead, rec.Slots, rec.Before)
+	}
+	copyNode := rec.Before[0]
+	for _, s := range rec.Slots {
+		if s.Node != copyNode {
+			t.Errorf("slot %+v is not the copy kernel's", s)
+		}
+	}
+	if d, err := m.b.GraphNodeDeps(copyNode); err != nil || len(d) != 1 || d[0] == copyNode {
+		t.Errorf("the copy kernel depends on %v, %v; want the first command's node", d, err)
+	}
+	// The patcher's place: here a fill of the copy's destination, which
+	// the copy overwrites only if it runs after.
+	z := addrs[2]
+	if _, err := du.GraphAddKernelNodeBefore(rec.Graph(), gpu.KernelParams{Func: fill, Config: kernels.Elementwise(16),
+		Args: []gpu.Arg{gpu.Ptr(z), gpu.F32(-1), gpu.I32(16)}}, rec.Before); err != nil {
+		t.Fatal(err)
+	}
+	x, err := rec.Instantiate(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Destroy(m.b)
+	if err := du.GraphUpload(x.X, m.s); err != nil {
+		t.Fatal(err)
+	}
+	// x and y move: the first command from the host, and the host-path
+	// traced command (it reads y); z stays, and so do the copy kernel and
+	// the memset.
+	in := make([]float32, 16)
+	for i := range in {
+		in[i] = float32(i)
+	}
+	moved := []gpu.DevicePtr{m.upload(in, 0), m.alloc(64, 0), addrs[2], addrs[3]}
+	n, err := cb.PatchDevice(m.b, x, moved)
+	if err != nil || n != 2 {
+		t.Fatalf("PatchDevice: %d nodes from the host, %v; want the first command's and the traced command's", n, err)
+	}
+	if err := x.Launch(m.b, m.s); err != nil {
+		t.Fatalf("launch after moving the lead command from the host, no upload: %v", err)
+	}
+	if err := m.b.StreamSynchronize(m.s); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 64)
+	if err := m.b.MemcpyDtoH(raw, moved[1]); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range gpu.BytesToF32(raw) {
+		if v != 2*float32(i)+1 {
+			t.Fatalf("y[%d] = %v at the moved address, want %v", i, v, 2*float32(i)+1)
+		}
+	}
+
+	rec2, err := cb.RecordDevice(m.b, du, addrs, opts(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec2.Destroy(m.b)
+	if _, opted := kernelNodes(rec2.Graph()); opted != 0 || rec2.Lead != 2 || len(rec2.Slots) != 0 || len(rec2.Before) != 0 {
+		t.Errorf("HostLead 2: %d opted in, lead %d, %d slots, before %v; want nothing on the device", opted, rec2.Lead, len(rec2.Slots), rec2.Before)
+	}
+}

@@ -316,7 +316,7 @@ func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool
 		case KindKernel:
 			n, err = b.GraphAddKernelNode(g, frontier, c.kernelParams(addrs))
 		case KindMemcpy, KindMemset:
-			if p, mode, ok := kern.kernel(c, addrs); ok {
+			if p, mode, ok := kern.kernel(i, c, addrs); ok {
 				n, err = b.GraphAddKernelNode(g, frontier, p)
 				r.made[i] = mode
 			} else if c.Kind == KindMemcpy {

@@ -13,8 +13,8 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// The patcher moves pointers inside a running graph: it is a kernel,
-// normally the graph's root node (gpu.DeviceUpdates.GraphAddRootKernelNode),
+// The patcher moves pointers inside a running graph: it is a kernel node of
+// the graph, before the nodes it moves (gpu.DeviceUpdates.GraphAddKernelNodeBefore),
 // that writes new values into the parameters of device-updatable kernel
 // nodes (gpu.DevNode) with the device runtime's cudaGraphKernelNodeSetParam,
 // one thread per parameter, so that the nodes after it run on the new

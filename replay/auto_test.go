@@ -170,7 +170,7 @@ func TestPersistentOptions(t *testing.T) {
 	for _, o := range []stablegraph.Options{
 		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},
 		{Costs: stablegraph.Costs{NodeUpdateUS: -1}}, {Costs: stablegraph.Costs{PoolMemoryFraction: 2}},
-		{Costs: stablegraph.Costs{PatcherUS: -1}}, {Costs: stablegraph.Costs{GraphUploadUS: -1}},
+		{Costs: stablegraph.Costs{PatcherUS: -1}}, {Costs: stablegraph.Costs{PatcherNodeUS: -1}},
 		{SlotPoll: vmm.WaitPolicy{MinSleep: -time.Microsecond}}, {AutoProbeSteps: stablegraph.MaxAutoProbeSteps + 1},
 	} {
 		if exe, err := stablegraph.Compile(context.Background(), b, p, o); err == nil {

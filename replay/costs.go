@@ -49,10 +49,6 @@ type Costs struct {
 	// node in (0.018: 965.4 against 947.4 µs for 1000 nodes) and its two
 	// pointer writes (0.013: 982.7 against 965.4 less PatcherUS); 0.03.
 	PatcherNodeUS float64
-	// GraphUploadUS is the cost of uploading an executable graph again,
-	// which the device strategy does after moving nodes from the host.
-	// Not measured; estimated at 10.
-	GraphUploadUS float64
 }
 
 // DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
@@ -67,7 +63,6 @@ func DefaultCosts() Costs {
 		PatcherUS:          4.4,
 		PatcherInlineUS:    2.2,
 		PatcherNodeUS:      0.03,
-		GraphUploadUS:      10,
 	}
 }
 
@@ -89,7 +84,6 @@ func (c Costs) WithDefaults() (Costs, error) {
 		{&c.PatcherUS, d.PatcherUS, math.Inf(1)},
 		{&c.PatcherInlineUS, d.PatcherInlineUS, math.Inf(1)},
 		{&c.PatcherNodeUS, d.PatcherNodeUS, math.Inf(1)},
-		{&c.GraphUploadUS, d.GraphUploadUS, math.Inf(1)},
 	} {
 		switch {
 		case *f.v == 0:

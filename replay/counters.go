@@ -89,9 +89,9 @@ type Counters struct {
 	// update per moved buffer. The host path of that strategy (copies it
 	// could not make kernels, collectives) counts in PatchedNodes.
 	DeviceUpdates int64
-	// GraphUploads counts the uploads of an executable graph after the
-	// device strategy moved nodes from the host: zero in a steady state
-	// where everything moves on the device.
+	// GraphUploads counts the device strategy's uploads of its executable
+	// graphs: one per recording, none in a steady state (what moves from
+	// the host is never a device-updatable node, and needs none).
 	GraphUploads int64
 }
 

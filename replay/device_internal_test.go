@@ -73,8 +73,11 @@ type noLaunch struct {
 	launches int
 	// The inline patcher's parameter updates: how many, and the table
 	// words of the last (copied, as the driver copies them).
+	inline  gpu.Function
 	updates int
 	words   [kernels.PatchInlineSize / 8]uint64
+	// Exec updates of other kernel nodes (the lead command's).
+	others int
 }
 
 func (b *noLaunch) GraphLaunch(gpu.GraphExec, gpu.Stream) error {
@@ -83,6 +86,10 @@ func (b *noLaunch) GraphLaunch(gpu.GraphExec, gpu.Stream) error {
 }
 
 func (b *noLaunch) GraphExecKernelNodeSetParams(_ gpu.GraphExec, _ gpu.GraphNode, p gpu.KernelParams) error {
+	if p.Func != b.inline {
+		b.others++
+		return nil
+	}
 	b.updates++
 	for i, a := range p.Args[len(p.Args)-len(b.words):] {
 		b.words[i] = a.AsU64()
@@ -140,9 +147,10 @@ func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gp
 }
 
 // TestDeviceHostStepAllocatesNothing: once recorded, a step whose buffers
-// all move allocates nothing and makes no driver call but the launch (and,
-// with the inline patcher, one exec update of the patcher node), and writes
-// one update per moved buffer (not one per pointer).
+// all move allocates nothing and makes no driver call but the launch, one
+// exec update of the first node (the lead command, moved from the host)
+// and, with the inline patcher, one of the patcher node; and it writes one
+// update per moved buffer (not one per pointer).
 func TestDeviceHostStepAllocatesNothing(t *testing.T) {
 	for _, tables := range []bool{true, false} {
 		t.Run(fmt.Sprintf("tables=%v", tables), func(t *testing.T) { hostStepAllocatesNothing(t, tables) })
@@ -163,7 +171,7 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	if st.rig.inline == tables {
 		t.Fatalf("inline patcher %v with DeviceTables %v", st.rig.inline, tables)
 	}
-	nl := &noLaunch{Backend: b}
+	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl
 	ctx := context.Background()
 	before := calls(b)
@@ -185,7 +193,11 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	if nl.launches != i {
 		t.Errorf("%d launches for %d steps", nl.launches, i)
 	}
-	// chain: x, y, t0, t1 move: 4 updates, 2 pointers per node.
+	if nl.others != i {
+		t.Errorf("%d exec updates of the first node for %d steps", nl.others, i)
+	}
+	// chain: y, t0, t1 move on the device (x only in the first node, from
+	// the host): 3 updates, 2 pointers per node but the first.
 	var count, total int
 	if tables {
 		tbl := st.rig.table(st.rig.launches - 1)
@@ -196,13 +208,13 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 		}
 		count, total = int(uint32(nl.words[1])), int(nl.words[1]>>32)
 	}
-	if count != 4 {
-		t.Errorf("last table has %d updates, want 4 (one per moved buffer)", count)
+	if count != 3 {
+		t.Errorf("last table has %d updates, want 3 (one per buffer moved on the device)", count)
 	}
-	if total != 2*k {
-		t.Errorf("last table moves %d pointers, want %d", total, 2*k)
+	if total != 2*(k-1) {
+		t.Errorf("last table moves %d pointers, want %d", total, 2*(k-1))
 	}
-	if c := st.Counters(); c.DeviceUpdates != int64(2*k*i) || c.Records != 1 || c.GraphUploads != 0 {
+	if c := st.Counters(); c.DeviceUpdates != int64(2*(k-1)*i) || c.PatchedNodes != int64(i) || c.Records != 1 || c.GraphUploads != 1 {
 		t.Errorf("counters %+v after %d moving steps", c, i)
 	}
 }

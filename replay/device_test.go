@@ -23,10 +23,11 @@ import (
 // TestDeviceMatchesEagerOnWorkloads runs the device strategy on every
 // workload, small, under every movement of the caller's buffers, fresh
 // addresses every step included: every output and state after every step
-// equals eager's, and after the first step nothing is recorded, captured,
-// moved from the host or uploaded again. Every pointer moves on the
-// device: the GEMMs' kernels at their templates' slots, the copies of
-// train and dp as copy kernels.
+// equals eager's, and after the first step nothing is recorded, captured
+// or uploaded again, and nothing moves from the host but the step's first
+// command (hostLead: a kernel's node, or a GEMM's one or two). Every other
+// pointer moves on the device: the GEMMs' kernels at their templates'
+// slots, the copies of train and dp as copy kernels.
 func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 	const steps = 6
 	for _, c := range []struct {
@@ -61,8 +62,9 @@ func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 						}
 						continue
 					}
-					if last.Records != 0 || last.TracesCaptured != 0 || last.PatchedNodes != 0 || last.GraphUploads != 0 ||
-						last.UpdateFallbacks != 0 || last.GraphLaunches != 1 || last.Launches != 0 {
+					if last.Records != 0 || last.TracesCaptured != 0 || last.PatchedNodes > 2 || last.GraphUploads != 0 ||
+						last.UpdateFallbacks != 0 || last.GraphLaunches != 1 || last.Launches != 0 ||
+						(pattern == workload.Fixed && last.PatchedNodes != 0) {
 						t.Errorf("step %d: %+v", i, last)
 					}
 					if last.DeviceUpdates > 0 {
@@ -121,10 +123,19 @@ func (sp *stepper) step(bind stablegraph.Bindings, in map[stablegraph.Buffer][]b
 	return res
 }
 
+// leadIn makes p's first command one over a temp, so that no command of
+// what follows is the step's first: the device strategy moves the first
+// command from the host when it points into a bound buffer (hostLead), and
+// these tests are about how the commands after it move.
+func leadIn(p *stablegraph.Program) {
+	t := p.Temp("lead-in", 4)
+	p.Memset(t.All(), 0, 4)
+}
+
 // TestDeviceHostPath: copies and memsets the device strategy cannot make
 // kernels (a size that is no whole number of 4-byte elements) move from
-// the host, and the graph is uploaded again at every step they move, after
-// which the table moves every pointer again; the bits are eager's.
+// the host, with no upload (they are not opted in), while the kernel's
+// pointers move on the device; the bits are eager's.
 func TestDeviceHostPath(t *testing.T) {
 	b := simtest.New(t, 1)
 	p := stablegraph.NewProgram("odd-copies")
@@ -133,6 +144,7 @@ func TestDeviceHostPath(t *testing.T) {
 	y := p.Output("y", 4*n)
 	raw := p.Output("raw", 6)
 	pad := p.Output("pad", 7)
+	leadIn(p)
 	p.Launch(kernels.Axpb, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(x.All()), stablegraph.F32(2), stablegraph.F32(1), stablegraph.I32(n))
 	p.Memcpy(raw.All(), x.Slice(2, 6))
 	p.Memset(pad.All(), 0xab, 1)
@@ -158,8 +170,8 @@ func TestDeviceHostPath(t *testing.T) {
 			}
 		}
 		last := dev.exe.Stats().Last
-		if i > 0 && (last.PatchedNodes != 2 || last.GraphUploads != 1 || last.DeviceUpdates != 2 || last.Records != 0) {
-			t.Errorf("step %d: %+v; want the copy and the memset moved from the host, an upload, both pointers of the kernel moved", i, last)
+		if i > 0 && (last.PatchedNodes != 2 || last.GraphUploads != 0 || last.DeviceUpdates != 2 || last.Records != 0) {
+			t.Errorf("step %d: %+v; want the copy and the memset moved from the host, no upload, both pointers of the kernel moved", i, last)
 		}
 	}
 }
@@ -173,6 +185,7 @@ func TestDeviceCopyKernelLeavesAlignment(t *testing.T) {
 	p := stablegraph.NewProgram("copy")
 	x := p.Param("x", 64)
 	y := p.Output("y", 64)
+	leadIn(p)
 	p.Memcpy(y.All(), x.All())
 	eager := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
 	dev := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
@@ -194,8 +207,8 @@ func TestDeviceCopyKernelLeavesAlignment(t *testing.T) {
 				t.Errorf("step %d: %+v; want a fallback to recording at unaligned addresses", i, last)
 			}
 		case 3, 4, 5:
-			if last.Records != 0 || last.PatchedNodes != 1 || last.GraphUploads != 1 {
-				t.Errorf("step %d: %+v; want the copy node moved from the host", i, last)
+			if last.Records != 0 || last.PatchedNodes != 1 || last.GraphUploads != 0 {
+				t.Errorf("step %d: %+v; want the copy node moved from the host, no upload", i, last)
 			}
 		}
 	}
@@ -211,6 +224,7 @@ func TestDeviceGEMMNewAlignmentClass(t *testing.T) {
 	x := p.Param("x", 4*m*k)
 	y := p.Output("y", 4*m*n)
 	wt := p.Constant("w", gpu.F32ToBytes(simtest.Ramp(k*n, 0.25)))
+	leadIn(p)
 	p.Gemm(y.All(), x.All(), wt.All(), stablegraph.GEMM{M: m, N: n, K: k, Alpha: 1})
 	eager := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
 	dev := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
@@ -251,21 +265,23 @@ func simOps() []string {
 
 // TestDeviceOneLaunchPerStep: in steady state with every buffer at a fresh
 // address every step, a step makes one graph launch and, besides, only the
-// executable's own step event and, when the moves go in the inline
-// patcher's parameters (at most 16 buffers move, as in all three, unless
-// DeviceTables), one exec update of the patcher node; no other driver call.
+// executable's own step event, one exec update of the step's first node
+// (hostLead: all three start with a command that reads x) and, when the
+// moves go in the inline patcher's parameters (at most 16 buffers move, as
+// in all three, unless DeviceTables), one of the patcher node; no other
+// driver call.
 func TestDeviceOneLaunchPerStep(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		tables bool
 		want   []string
 	}{
-		{"chain-moving", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
-		{"chain-moving", true, []string{"EventRecord×1", "GraphLaunch×1"}},
-		{"train", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
-		{"mlp", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
-		{"train", true, []string{"EventRecord×1", "GraphLaunch×1"}},
-		{"mlp", true, []string{"EventRecord×1", "GraphLaunch×1"}},
+		{"chain-moving", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
+		{"chain-moving", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"train", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
+		{"mlp", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
+		{"train", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"mlp", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
 	} {
 		t.Run(fmt.Sprintf("%s/tables=%v", tc.name, tc.tables), func(t *testing.T) {
 			name := tc.name
@@ -398,6 +414,7 @@ func ringProgram(t *testing.T, b gpu.Backend, steps, n int) (*stablegraph.Progra
 	p := stablegraph.NewProgram("ring")
 	x := p.Param("x", int64(4*n))
 	y := p.Output("y", int64(4*n))
+	leadIn(p) // else the kernel is the first command, moved from the host: no ring
 	p.Launch(kernels.Axpb, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(x.All()), stablegraph.F32(2), stablegraph.F32(1), stablegraph.I32(int32(n)))
 	var binds []stablegraph.Bindings
 	for i := range steps {
@@ -526,15 +543,15 @@ func TestDeviceConcurrentWorkers(t *testing.T) {
 		Options: stablegraph.Options{Strategy: stablegraph.StrategyDevice},
 		Workers: 4, Steps: 12,
 	}.Run(t, b)
-	if c := exe.Stats().Counters; c.Records != 1 || c.DeviceUpdates == 0 || c.GraphUploads != 0 {
+	if c := exe.Stats().Counters; c.Records != 1 || c.DeviceUpdates == 0 || c.GraphUploads != 1 {
 		t.Errorf("counters %+v", c)
 	}
 }
 
-// TestDeviceModel: the model prices the patcher's fixed cost and its cost
-// per node, so that a small graph with few moves keeps patch and a long
-// chain that moves everywhere takes device; a copy it cannot make a kernel
-// is priced on the host path, with the upload.
+// TestDeviceModel: the model prices the first command's host update (the
+// patcher runs beside it, hidden), the inline patcher's update and the
+// cost per node moved on the device, so that a small graph with few moves
+// keeps patch and a long chain that moves everywhere takes device.
 func TestDeviceModel(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
@@ -562,12 +579,13 @@ func TestDeviceModel(t *testing.T) {
 				continue
 			}
 			d := stablegraph.DefaultCosts()
-			nodes := 200
+			nodes := 199 // the first kernel moves from the host
 			if c.name == "chain" {
-				nodes = 2 // only the first and last kernels point into x and y
+				nodes = 1 // only the first and last kernels point into x and y
 			}
-			// Both move at most 16 buffers a step: the inline patcher.
-			if want := d.PatcherInlineUS + d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
+			// Both move at most 16 buffers a step: the inline patcher,
+			// beside the first kernel.
+			if want := 2*d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
 				t.Errorf("%s: device candidate %+v, want %.3f us", c.name, cand, want)
 			}
 		}
@@ -590,8 +608,8 @@ func (b libraryRefused) GraphKernelNodeSetDeviceUpdatable(n gpu.GraphNode, on bo
 }
 
 // TestDeviceLibraryKernelRefused: where the driver will not opt a GEMM's
-// kernels in, the GEMM moves from the host (and the graph is uploaded
-// again) while the rest moves on the device; the bits are eager's.
+// kernels in, the GEMM moves from the host (with no upload: its nodes are
+// not opted in) while the rest moves on the device; the bits are eager's.
 func TestDeviceLibraryKernelRefused(t *testing.T) {
 	raw := simtest.New(t, 1)
 	b := libraryRefused{raw}
@@ -600,8 +618,99 @@ func TestDeviceLibraryKernelRefused(t *testing.T) {
 	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, workload.Random, 5, true)
 	steptest.SameResults(t, got, want)
 	for i, st := range got.Steps[1:] {
-		if last := st.Stats.Last; st.Moved && (last.PatchedNodes == 0 || last.GraphUploads != 1 || last.DeviceUpdates == 0 || last.Records != 0) {
-			t.Errorf("step %d: %+v; want the GEMM from the host, an upload, the rest on the device", i+1, last)
+		if last := st.Stats.Last; st.Moved && (last.PatchedNodes == 0 || last.GraphUploads != 0 || last.DeviceUpdates == 0 || last.Records != 0) {
+			t.Errorf("step %d: %+v; want the GEMM from the host, no upload, the rest on the device", i+1, last)
+		}
+	}
+}
+
+// TestDevicePartialMoves: buffers move one or two at a time, so that the
+// device holds some where the patcher put them steps ago while the first
+// command (a GEMM, moved from the host with no upload) and others move;
+// every step's outputs are eager's. A host-side change that reset the
+// device-side parameters, or a patcher that rewrote buffers that did not
+// move, would show here and not with every buffer moving every step.
+func TestDevicePartialMoves(t *testing.T) {
+	devicePartialMoves(t, simtest.New(t, 1))
+}
+
+func devicePartialMoves(t *testing.T, b gpu.Backend) {
+	const m, k, n = 4, 16, 16
+	p := stablegraph.NewProgram("partial-moves")
+	x := p.Param("x", 4*m*k)
+	u := p.Param("u", 4*m*n)
+	y := p.Output("y", 4*m*n)
+	v := p.Output("v", 4*m*n)
+	wt := p.Constant("w", gpu.F32ToBytes(simtest.Ramp(k*n, 0.125)))
+	tmp := p.Temp("t", 4*m*n)
+	p.Gemm(tmp.All(), x.All(), wt.All(), stablegraph.GEMM{M: m, N: n, K: k, Alpha: 1})
+	p.Launch(kernels.Add, kernels.Elementwise(m*n), stablegraph.Out(y.All()), stablegraph.In(tmp.All()), stablegraph.In(u.All()), stablegraph.I32(m*n))
+	p.Launch(kernels.Axpb, kernels.Elementwise(m*n), stablegraph.Out(v.All()), stablegraph.In(u.All()), stablegraph.F32(0.5), stablegraph.F32(3), stablegraph.I32(m*n))
+	eager := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
+	dev := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
+	bufs := []stablegraph.Buffer{x, u, y, v}
+	bind := stablegraph.Bindings{}
+	for i, moves := range [][]stablegraph.Buffer{bufs, nil, {x}, {u}, {y}, nil, {v, x}, {u, y}, bufs, {v}, {x}} {
+		for _, buf := range moves {
+			bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size())) // fresh, and never freed during the test
+		}
+		in := map[stablegraph.Buffer][]byte{x: gpu.F32ToBytes(simtest.Ramp(m*k, float32(i))), u: gpu.F32ToBytes(simtest.Ramp(m*n, -float32(i)))}
+		want := eager.step(bind, in, y, v)
+		got := dev.step(bind, in, y, v)
+		for j := range want {
+			if !slices.Equal(got[j], want[j]) {
+				t.Fatalf("step %d (moved %v): output %d differs from eager", i, moves, j)
+			}
+		}
+		if last := dev.exe.Stats().Last; i > 0 && (last.Records != 0 || last.GraphUploads != 0 || (len(moves) == 0) != (last.DeviceUpdates == 0 && last.PatchedNodes == 0)) {
+			t.Errorf("step %d (moved %v): %+v", i, moves, last)
+		}
+	}
+}
+
+// TestDeviceNoPatcher: when the step's first command is the only one that
+// points into bound buffers, it moves from the host and the graph gets no
+// patcher (a node that would cost the step its time for nothing); the bits
+// are eager's.
+func TestDeviceNoPatcher(t *testing.T) {
+	b := simtest.New(t, 1)
+	p := stablegraph.NewProgram("one-kernel")
+	const n = 16
+	x := p.Param("x", 4*n)
+	y := p.Output("y", 4*n)
+	tmp := p.Temp("t", 4*n)
+	p.Launch(kernels.Axpb, kernels.Elementwise(n), stablegraph.Out(tmp.All()), stablegraph.In(x.All()), stablegraph.F32(2), stablegraph.F32(1), stablegraph.I32(n))
+	p.Launch(kernels.Axpb, kernels.Elementwise(n), stablegraph.Out(tmp.All()), stablegraph.In(tmp.All()), stablegraph.F32(3), stablegraph.F32(0), stablegraph.I32(n))
+	p.Memset(y.All(), 0, 4)
+	p.Launch(kernels.Copy, kernels.Elementwise(n), stablegraph.Out(y.All()), stablegraph.In(tmp.All()), stablegraph.I32(n))
+	// p: the first command reads x, later ones write y (the memset as a
+	// fill kernel): a patcher for y. q: its first command is the only
+	// one, and moves from the host: no patcher.
+	q := stablegraph.NewProgram("first-only")
+	xq := q.Param("x", 4*n)
+	yq := q.Output("y", 4*n)
+	q.Launch(kernels.Axpb, kernels.Elementwise(n), stablegraph.Out(yq.All()), stablegraph.In(xq.All()), stablegraph.F32(2), stablegraph.F32(1), stablegraph.I32(n))
+	for _, c := range []struct {
+		p       *stablegraph.Program
+		x, y    stablegraph.Buffer
+		patcher bool
+	}{{p, x, y, true}, {q, xq, yq, false}} {
+		before := b.Calls("GraphAddKernelNodeBefore")
+		eager := newStepper(t, b, c.p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
+		dev := newStepper(t, b, c.p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
+		for i := range 4 {
+			bind := stablegraph.Bindings{c.x: simtest.Alloc(t, b, 0, 4*n), c.y: simtest.Alloc(t, b, 0, 4*n)}
+			in := map[stablegraph.Buffer][]byte{c.x: gpu.F32ToBytes(simtest.Ramp(n, float32(i)))}
+			want := eager.step(bind, in, c.y)
+			if got := dev.step(bind, in, c.y); !slices.Equal(got[0], want[0]) {
+				t.Fatalf("%s step %d: y differs from eager", c.p.Name(), i)
+			}
+			if last := dev.exe.Stats().Last; i > 0 && (last.PatchedNodes != 1 || (last.DeviceUpdates > 0) != c.patcher || last.Records != 0) {
+				t.Errorf("%s step %d: %+v", c.p.Name(), i, last)
+			}
+		}
+		if added := b.Calls("GraphAddKernelNodeBefore") - before; (added == 1) != c.patcher || added > 1 {
+			t.Errorf("%s: %d patcher nodes added, want one: %v", c.p.Name(), added, c.patcher)
 		}
 	}
 }

@@ -180,7 +180,7 @@ func TestAutoProbeFaults(t *testing.T) {
 	}
 	ops := []string{"EventRecord", "EventQuery", "EventElapsed", "GraphLaunch", "GraphInstantiate",
 		"GraphExecMemcpyNodeSetParams", "GraphExecKernelNodeSetParams", "StreamWriteValue64", "StreamBeginCapture",
-		"GraphUpload", "GraphKernelNodeSetDeviceUpdatable", "GraphAddRootKernelNode", "HostAlloc"}
+		"GraphUpload", "GraphKernelNodeSetDeviceUpdatable", "GraphAddKernelNodeBefore", "HostAlloc"}
 	const steps = 23
 	compared := []int{0, 1, 3} // outputs that do not depend on the accumulator
 	b := simtest.New(t, 1)

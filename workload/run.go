@@ -284,8 +284,9 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 	if st.DeviceUpdates > 0 || st.GraphUploads > 0 {
 		// The device strategy: its pointer moves are no node updates.
-		r.Note = joinNote(r.Note, fmt.Sprintf("%d pointers moved on the device (%.0f per step), %d uploads after moves from the host",
-			st.DeviceUpdates, float64(st.DeviceUpdates)/float64(max(opts.Steps, 1)), st.GraphUploads))
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d pointers moved on the device (%.0f per step), %d nodes from the host (%.0f per step), %d uploads",
+			st.DeviceUpdates, float64(st.DeviceUpdates)/float64(max(opts.Steps, 1)),
+			st.PatchedNodes, float64(st.PatchedNodes)/float64(max(opts.Steps, 1)), st.GraphUploads))
 	}
 	if res.Mismatch >= 0 {
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))

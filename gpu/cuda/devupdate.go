@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -9,7 +10,7 @@ import (
 )
 
 // Device-updatable kernel nodes (gpu.DeviceUpdates) over CUDA 12.4's launch
-// attribute, and the graph edits behind GraphAddRootKernelNode.
+// attribute, and the graph edits behind GraphAddKernelNodeBefore.
 //
 // The backend enforces the rules of gpu.DeviceUpdates itself, before the
 // driver sees the call, with the errors the gpu package documents: the
@@ -31,7 +32,7 @@ const minDeviceUpdatesDriver = 12040
 // line).
 var deviceUpdateSymbols = [][]string{
 	{"cuGraphKernelNodeSetAttribute"}, {"cuGraphKernelNodeGetAttribute"}, {"cuGraphUpload"},
-	{"cuGraphGetRootNodes"}, {"cuGraphAddDependencies_v2", "cuGraphAddDependencies"}, {"cuGraphDestroyNode"},
+	{"cuGraphAddDependencies_v2", "cuGraphAddDependencies"}, {"cuGraphDestroyNode"},
 }
 
 // devExec is the device-update state of an exec with device-updatable
@@ -156,17 +157,22 @@ func (b *Backend) GraphKernelNodeDevNode(n gpu.GraphNode) (gpu.DevNode, error) {
 	return gpu.DevNode(cur), nil
 }
 
-// GraphAddRootKernelNode implements gpu.DeviceUpdates: the node is added
-// without dependencies and an edge from it to each node the driver lists as
-// a root (cuGraphGetRootNodes) is added; if that fails the node is removed
-// again. The driver lists the new node after the others.
-func (b *Backend) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
-	const op = "GraphAddRootKernelNode"
+// GraphAddKernelNodeBefore implements gpu.DeviceUpdates: the node is added
+// without dependencies, then an edge from it to each node of before
+// (cuGraphAddDependencies); if that fails the node is removed again. The
+// driver lists the new node after the others.
+func (b *Backend) GraphAddKernelNodeBefore(g gpu.Graph, p gpu.KernelParams, before []gpu.GraphNode) (gpu.GraphNode, error) {
+	const op = "GraphAddKernelNodeBefore"
 	fr := getFrame()
 	defer fr.release()
 	b.mu.Lock()
 	gi, ok := b.mu.graphs[g]
 	fi := b.mu.funcs[p.Func]
+	var toErr error
+	if ok {
+		// The nodes to come after it, looked up as dependencies are.
+		toErr = b.depsLocked(op, g, before, fr)
+	}
 	b.mu.Unlock()
 	if !ok {
 		return 0, errNoGraph(op, g)
@@ -174,29 +180,27 @@ func (b *Backend) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.G
 	if err := b.kernelParams(op, gi.dev, fi, p, fr); err != nil {
 		return 0, err
 	}
+	if toErr != nil {
+		return 0, toErr
+	}
+	to := slices.Clone(fr.deps)
+	for i, n := range to {
+		if slices.Contains(to[:i], n) {
+			return 0, errf(op, gpu.ErrInvalidValue, "node %#x is listed twice", uint64(before[i]))
+		}
+	}
 	err := b.onDevice(gi.dev, func() error {
-		var count uint64
-		if r := b.d.GraphGetRootNodes(gi.g, nil, &count); r != cu.Success {
-			return b.check("cuGraphGetRootNodes", r)
-		}
-		roots := make([]cu.GraphNode, count)
-		if count > 0 {
-			if r := b.d.GraphGetRootNodes(gi.g, roots, &count); r != cu.Success {
-				return b.check("cuGraphGetRootNodes", r)
-			}
-			roots = roots[:count]
-		}
 		if r := b.d.GraphAddKernelNode(&fr.node, gi.g, nil, &fr.kp); r != cu.Success {
 			return b.check("cuGraphAddKernelNode_v2", r)
 		}
-		if len(roots) == 0 {
+		if len(to) == 0 {
 			return nil
 		}
-		from := make([]cu.GraphNode, len(roots))
+		from := make([]cu.GraphNode, len(to))
 		for i := range from {
 			from[i] = fr.node
 		}
-		if r := b.d.GraphAddDependencies(gi.g, from, roots); r != cu.Success {
+		if r := b.d.GraphAddDependencies(gi.g, from, to); r != cu.Success {
 			err := b.check("cuGraphAddDependencies_v2", r)
 			if r := b.d.GraphDestroyNode(fr.node); r != cu.Success {
 				return fmt.Errorf("%w; and removing the new node failed: %w", err, b.check("cuGraphDestroyNode", r))

@@ -98,7 +98,7 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 	g := c.g
 	c.release = append(c.release, func() error { return b.GraphDestroy(g) })
 	var slots []kernels.PatchSlot
-	var prev gpu.GraphNode
+	var prev, first gpu.GraphNode
 	for i := range k {
 		var deps []gpu.GraphNode
 		if i > 0 {
@@ -108,6 +108,9 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 			Args: []gpu.Arg{gpu.Ptr(c.built[i+1]), gpu.Ptr(c.built[i]), gpu.F32(1), gpu.F32(1), gpu.I32(devChainN)}})
 		c.must(tb, err)
 		prev = n
+		if i == 0 {
+			first = n
+		}
 		if plain {
 			continue
 		}
@@ -125,8 +128,8 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 		c.must(tb, err)
 		h := c.tables.Handle
 		c.release = append(c.release, func() error { return b.HostFree(h) })
-		_, err = du.GraphAddRootKernelNode(c.g, gpu.KernelParams{Func: patcher, Config: kernels.PatcherConfig(c.capacity),
-			Args: kernels.PatcherArgs(c.ctl, sl, len(slots), c.tables.Ptr, c.stride, ntables, c.capacity)})
+		_, err = du.GraphAddKernelNodeBefore(c.g, gpu.KernelParams{Func: patcher, Config: kernels.PatcherConfig(c.capacity),
+			Args: kernels.PatcherArgs(c.ctl, sl, len(slots), c.tables.Ptr, c.stride, ntables, c.capacity)}, []gpu.GraphNode{first})
 		c.must(tb, err)
 	}
 	c.x, err = b.GraphInstantiate(c.g)

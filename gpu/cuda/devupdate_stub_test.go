@@ -73,21 +73,6 @@ func (s *devStub) call(name string, a cu.StubArgs) cu.Result {
 			s.deps[n] = slices.Clone(unsafe.Slice(out[uintptr](&a, 2), a.A[3]))
 		}
 		return r
-	case "cuGraphGetRootNodes": // (graph, nodes, count)
-		s.stubDriver.call(name, a)
-		var roots []uintptr
-		for n, g := range s.graphOf {
-			if g == a.A[0] && len(s.deps[n]) == 0 && !slices.Contains(s.destroyed, n) {
-				roots = append(roots, n)
-			}
-		}
-		slices.Sort(roots)
-		cnt := out[uint64](&a, 2)
-		if a.A[1] != 0 {
-			copy(unsafe.Slice(out[uintptr](&a, 1), *cnt), roots)
-		}
-		*cnt = uint64(len(roots))
-		return cu.Success
 	case "cuGraphAddDependencies_v2": // (graph, from, to, edges, n)
 		s.stubDriver.call(name, a)
 		if s.failAddDeps {
@@ -290,14 +275,14 @@ func TestStubDeviceUpdateRules(t *testing.T) {
 	b.GraphExecDestroy(x2)
 }
 
-func TestStubRootNode(t *testing.T) {
+func TestStubNodeBefore(t *testing.T) {
 	sd := newDevStub()
 	e := newDevEnv(t, sd)
 	b := e.b
 	g := e.graph(t)
 	a, c := e.kernel(t, g), e.kernel(t, g)
 	d := e.kernel(t, g, a, c)
-	r, err := b.GraphAddRootKernelNode(g, e.fill)
+	r, err := b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{a, c})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,36 +298,53 @@ func TestStubRootNode(t *testing.T) {
 	}
 	sd.mu.Unlock()
 	if typ, err := b.GraphNodeType(r); err != nil || typ != gpu.NodeKernel {
-		t.Errorf("root node type %v, %v", typ, err)
+		t.Errorf("new node type %v, %v", typ, err)
 	}
+	// Before a later node only: that node gains the edge, the roots none.
+	r2, err := b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd.mu.Lock()
+	if got := sd.deps[cn(d)]; len(got) != 3 || got[2] != cn(r2) || len(sd.deps[cn(r2)]) != 0 || len(sd.deps[cn(a)]) != 1 {
+		t.Errorf("before a later node: its deps %v, the new node's %v, a root's %v", got, sd.deps[cn(r2)], sd.deps[cn(a)])
+	}
+	sd.mu.Unlock()
 
 	// A failed edge leaves no node behind.
 	sd.failAddDeps = true
 	before := len(b.mu.nodes)
-	_, err = b.GraphAddRootKernelNode(g, e.fill)
+	_, err = b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{a})
 	var ge *gpu.Error
 	if !errors.Is(err, gpu.ErrOutOfMemory) || !errors.As(err, &ge) || ge.Op != "cuGraphAddDependencies_v2" {
 		t.Errorf("failing edges: %v", err)
 	}
 	if len(sd.destroyed) != 1 || len(b.mu.nodes) != before {
-		t.Errorf("the node of the failed root was not removed: destroyed %v, %d nodes known (was %d)", sd.destroyed, len(b.mu.nodes), before)
+		t.Errorf("the node of the failed edges was not removed: destroyed %v, %d nodes known (was %d)", sd.destroyed, len(b.mu.nodes), before)
 	}
 	sd.failAddDeps = false
-	// An empty graph: no edges to add.
+	// Before nothing: no edges to add.
 	empty := e.graph(t)
 	sd.startCounting()
-	if _, err := b.GraphAddRootKernelNode(empty, e.fill); err != nil {
+	if _, err := b.GraphAddKernelNodeBefore(empty, e.fill, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := sd.callCount("cuGraphAddDependencies_v2"); n != 0 {
-		t.Errorf("edges added in an empty graph")
+		t.Errorf("edges added before no node")
 	}
 	bad := e.fill
 	bad.Args = bad.Args[:1]
-	_, err = b.GraphAddRootKernelNode(g, bad)
+	_, err = b.GraphAddKernelNodeBefore(g, bad, []gpu.GraphNode{a})
 	wantSentinel(t, "bad arguments", err, gpu.ErrInvalidValue)
-	_, err = b.GraphAddRootKernelNode(0, e.fill)
+	_, err = b.GraphAddKernelNodeBefore(0, e.fill, nil)
 	wantSentinel(t, "graph 0", err, gpu.ErrInvalidHandle)
+	_, err = b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{a, a})
+	wantSentinel(t, "a node listed twice", err, gpu.ErrInvalidValue)
+	other := e.kernel(t, empty)
+	_, err = b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{other})
+	wantSentinel(t, "a node of another graph", err, gpu.ErrInvalidValue)
+	_, err = b.GraphAddKernelNodeBefore(g, e.fill, []gpu.GraphNode{0})
+	wantSentinel(t, "node 0", err, gpu.ErrInvalidHandle)
 }
 
 func TestStubDeviceUpdatesNeedCUDA124(t *testing.T) {

@@ -87,7 +87,7 @@
 // *Backend implements gpu.DeviceUpdates on drivers of CUDA 12.4 or newer
 // (devupdate.go): CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE set and
 // read back with cuGraphKernelNodeSetAttribute/GetAttribute, cuGraphUpload,
-// and root nodes through cuGraphGetRootNodes and cuGraphAddDependencies. The
+// and the patcher's edges through cuGraphAddDependencies. The
 // backend enforces the rules of gpu.DeviceUpdates itself, before the driver
 // sees the calls, from its handle tables. Modules with prebuilt code
 // (gpu.ModuleImage.Binary, the patcher of package kernels) are loaded as

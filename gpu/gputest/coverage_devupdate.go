@@ -9,6 +9,6 @@ var devUpdateCoverage = map[string][]string{
 	"DeviceUpdatesSupported":            {"DeviceUpdates/OptIn", "DeviceUpdates/Errors"},
 	"GraphKernelNodeSetDeviceUpdatable": {"DeviceUpdates/OptIn", "DeviceUpdates/NotNested", "DeviceUpdates/Errors"},
 	"GraphKernelNodeDevNode":            {"DeviceUpdates/OptIn", "DeviceUpdates/Errors"},
-	"GraphAddRootKernelNode":            {"DeviceUpdates/RootNode", "DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/Errors"},
+	"GraphAddKernelNodeBefore":          {"DeviceUpdates/NodeBefore", "DeviceUpdates/HostChangeKeepsDeviceState", "DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/Errors"},
 	"GraphUpload":                       {"DeviceUpdates/UploadBeforeLaunch", "DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/Errors"},
 }

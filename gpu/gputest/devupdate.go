@@ -10,14 +10,17 @@ import (
 )
 
 // The DeviceUpdates group tests the optional gpu.DeviceUpdates capability
-// and the patcher of package kernels running on it: opting nodes in, the
-// root node, pointers moved by the patcher within the same launch, and each
-// of CUDA's rules (gpu.DeviceUpdates lists them). The tests skip when the
+// and the patcher of package kernels running on it: opting nodes in, a
+// node added before others (the roots, or a later node), pointers moved by
+// the patcher within the same launch, a host-side change of a node that is
+// not device-updatable leaving the device's state alone, and each of
+// CUDA's rules (gpu.DeviceUpdates lists them). The tests skip when the
 // backend or device lacks the capability, and the patcher tests when the
 // patcher cannot load (on CUDA: not built, or not for this architecture).
 var devUpdateTests = []test{
 	{name: "OptIn", run: testDevOptIn},
-	{name: "RootNode", run: testDevRootNode},
+	{name: "NodeBefore", run: testDevNodeBefore},
+	{name: "HostChangeKeepsDeviceState", run: testDevHostChangeKeeps},
 	{name: "PatchChainSameLaunch", run: testDevPatchChain},
 	{name: "PatcherFromStream", run: testDevPatcherFromStream},
 	{name: "PatcherCounts", run: testDevPatcherCounts},
@@ -65,9 +68,9 @@ func (r devUpdatesRecorder) GraphKernelNodeDevNode(n gpu.GraphNode) (gpu.DevNode
 	return r.d.GraphKernelNodeDevNode(n)
 }
 
-func (r devUpdatesRecorder) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
-	r.note("GraphAddRootKernelNode")
-	return r.d.GraphAddRootKernelNode(g, p)
+func (r devUpdatesRecorder) GraphAddKernelNodeBefore(g gpu.Graph, p gpu.KernelParams, before []gpu.GraphNode) (gpu.GraphNode, error) {
+	r.note("GraphAddKernelNodeBefore")
+	return r.d.GraphAddKernelNodeBefore(g, p, before)
 }
 
 func (r devUpdatesRecorder) GraphUpload(x gpu.GraphExec, s gpu.Stream) error {
@@ -256,53 +259,145 @@ func testDevOptIn(h *h) {
 	h.wantChainOut("launch", bufs, 4, 0, 2)
 }
 
-func testDevRootNode(h *h) {
+// roots returns g's nodes without dependencies.
+func (h *h) roots(g gpu.Graph) []gpu.GraphNode {
+	h.Helper()
+	all, err := h.b.GraphNodes(g)
+	h.ok("GraphNodes", err)
+	var r []gpu.GraphNode
+	for _, n := range all {
+		d, err := h.b.GraphNodeDeps(n)
+		h.ok("GraphNodeDeps", err)
+		if len(d) == 0 {
+			r = append(r, n)
+		}
+	}
+	return r
+}
+
+// testDevNodeBefore: a node added before the roots runs first; one added
+// before a later node runs beside the nodes before that one; one added
+// before nothing runs beside the whole graph.
+func testDevNodeBefore(h *h) {
 	du := h.devUpdates(0)
-	bufs := h.bufsF32(0, 4, devChainN)
-	W, X, Y, Z := bufs[0], bufs[1], bufs[2], bufs[3]
+	bufs := h.bufsF32(0, 5, devChainN)
+	W, X, Y, Z, V := bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]
 	copyP := func(y, x gpu.DevicePtr) gpu.KernelParams {
 		return gpu.KernelParams{Func: h.fn(0, kernels.Copy), Config: kernels.Elementwise(devChainN),
 			Args: []gpu.Arg{gpu.Ptr(y), gpu.Ptr(x), gpu.I32(devChainN)}}
 	}
-	// Two roots copy W, a third node adds their outputs; the root node
-	// fills W, so Z = 2*3 only if it runs before both.
+	addP := func(z, x, y gpu.DevicePtr) gpu.KernelParams {
+		return gpu.KernelParams{Func: h.fn(0, kernels.Add), Config: kernels.Elementwise(devChainN),
+			Args: []gpu.Arg{gpu.Ptr(z), gpu.Ptr(x), gpu.Ptr(y), gpu.I32(devChainN)}}
+	}
+	s := h.stream(0)
+	// Before the roots: two roots copy W, a third node adds their
+	// outputs; the new node fills W, so Z = 2*3 only if it runs before
+	// both.
 	g := h.graph(0)
 	A := h.addKernel(g, nil, copyP(X, W))
 	B := h.addKernel(g, nil, copyP(Y, W))
-	C := h.addKernel(g, deps(A, B), gpu.KernelParams{Func: h.fn(0, kernels.Add), Config: kernels.Elementwise(devChainN),
-		Args: []gpu.Arg{gpu.Ptr(Z), gpu.Ptr(X), gpu.Ptr(Y), gpu.I32(devChainN)}})
-	R, err := du.GraphAddRootKernelNode(g, h.fillParams(0, W, 3, devChainN))
-	h.ok("GraphAddRootKernelNode", err)
-	h.wantNodes("after the root node", g, A, B, C, R)
+	C := h.addKernel(g, deps(A, B), addP(Z, X, Y))
+	R, err := du.GraphAddKernelNodeBefore(g, h.fillParams(0, W, 3, devChainN), h.roots(g))
+	h.ok("GraphAddKernelNodeBefore(the roots)", err)
+	h.wantNodes("after the node before the roots", g, A, B, C, R)
 	h.wantType(R, gpu.NodeKernel)
-	for _, c := range []struct {
-		n    gpu.GraphNode
-		want []gpu.GraphNode
-	}{{R, nil}, {A, deps(R)}, {B, deps(R)}, {C, deps(A, B)}} {
-		got, err := h.b.GraphNodeDeps(c.n)
-		h.ok("GraphNodeDeps", err)
-		if !slices.Equal(sortedNodes(got), sortedNodes(c.want)) {
-			h.Errorf("GraphNodeDeps(%#x) = %v, want %v", uint64(c.n), got, c.want)
-		}
-	}
+	h.wantDeps(R)
+	h.wantDeps(A, R)
+	h.wantDeps(B, R)
+	h.wantDeps(C, A, B)
 	h.wantKernelParams(R, h.fillParams(0, W, 3, devChainN))
 	x := h.instantiate(g)
-	s := h.stream(0)
 	for step := range 3 {
 		h.setAll(bufs, -1, devChainN)
 		h.launchGraph(x, s)
 		h.wantAllF32(fmt.Sprintf("launch %d: Z", step), h.downloadF32(Z, devChainN), 6)
 	}
-	// On an empty graph it is the only node.
+
+	// Before a later node: A copies V to X, then C adds X and W; the new
+	// node fills W and only C waits for it.
+	g2 := h.graph(0)
+	A2 := h.addKernel(g2, nil, copyP(X, V))
+	C2 := h.addKernel(g2, deps(A2), addP(Z, X, W))
+	R2, err := du.GraphAddKernelNodeBefore(g2, h.fillParams(0, W, 4, devChainN), deps(C2))
+	h.ok("GraphAddKernelNodeBefore(a later node)", err)
+	h.wantNodes("after the node before a later node", g2, A2, C2, R2)
+	h.wantDeps(R2)
+	h.wantDeps(A2)
+	h.wantDeps(C2, A2, R2)
+	h.setAll(bufs, -1, devChainN)
+	h.setF32(V, 2, devChainN)
+	h.launchGraph(h.instantiate(g2), s)
+	h.wantAllF32("before a later node: Z", h.downloadF32(Z, devChainN), 6)
+
+	// Before nothing, and on an empty graph: a node of its own.
 	e := h.graph(0)
-	R2, err := du.GraphAddRootKernelNode(e, h.fillParams(0, W, 9, devChainN))
-	h.ok("GraphAddRootKernelNode(empty graph)", err)
-	h.wantNodes("empty graph with a root node", e, R2)
+	R3, err := du.GraphAddKernelNodeBefore(e, h.fillParams(0, W, 9, devChainN), nil)
+	h.ok("GraphAddKernelNodeBefore(empty graph)", err)
+	h.wantNodes("empty graph with the new node", e, R3)
 	h.launchGraph(h.instantiate(e), s)
-	h.wantAllF32("root node of an empty graph", h.downloadF32(W, devChainN), 9)
+	h.wantAllF32("the node of an empty graph", h.downloadF32(W, devChainN), 9)
 }
 
-// testDevPatchChain: the patcher as the root node moves every pointer of a
+// testDevHostChangeKeeps: a host-side change of a node that is not
+// device-updatable, in an exec that has such nodes, takes effect at the
+// next launch without an upload and leaves the device-side parameters of
+// the device-updatable nodes as the device last set them. (The device
+// strategy moves the step's first command from the host this way while
+// the patcher moves the others beside it.)
+func testDevHostChangeKeeps(h *h) {
+	du := h.devUpdates(0)
+	f := h.patcher(0)
+	const K = 4
+	built := h.devChainBufs(K, 0)
+	F := h.bufsF32(0, 2, devChainN)
+	g := h.graph(0)
+	lead := h.addKernel(g, nil, h.fillParams(0, F[0], 1, devChainN)) // not device-updatable
+	var c devChain
+	for i := range K {
+		d := deps(lead)
+		if i > 0 {
+			d = deps(c.nodes[i-1])
+		}
+		c.nodes = append(c.nodes, h.addKernel(g, d, h.chainArgs(0, built, i)))
+		c.devs = append(c.devs, h.optIn(du, c.nodes[i]))
+	}
+	r := h.patchRig(0, 2*K, chainSlots(c.devs), 2, 2*K)
+	P, err := du.GraphAddKernelNodeBefore(g, r.params(f), deps(c.nodes[0]))
+	h.ok("GraphAddKernelNodeBefore(patcher, the chain's first node)", err)
+	h.wantDeps(P)
+	h.wantDeps(lead)
+	h.wantDeps(c.nodes[0], lead, P)
+	x := h.instantiate(g)
+	s := h.stream(0)
+	h.ok("GraphUpload", du.GraphUpload(x, s))
+
+	moved := h.devChainBufs(K, 10)
+	h.nextTable(r, moveChain(moved, 0, K))
+	h.launchGraph(x, s)
+	h.wantChainOut("launch 0: moved by the patcher", moved, 10, 0, K)
+	h.wantAllF32("launch 0: the plain node", h.downloadF32(F[0], devChainN), 1)
+
+	for step := 1; step <= 3; step++ {
+		// The plain node moves from the host, nothing on the device, no
+		// upload.
+		v := float32(10 * step)
+		h.ok("GraphExecKernelNodeSetParams(plain node)", h.b.GraphExecKernelNodeSetParams(x, lead, h.fillParams(0, F[step%2], v, devChainN)))
+		h.setAll(built, -1, devChainN)
+		h.setF32(moved[0], v, devChainN)
+		h.setAll(moved[1:], -1, devChainN)
+		h.nextTable(r, nil)
+		h.launchGraph(x, s)
+		h.wantAllF32(fmt.Sprintf("launch %d: the host-side change", step), h.downloadF32(F[step%2], devChainN), v)
+		h.wantChainOut(fmt.Sprintf("launch %d: the device-side addresses kept", step), moved, v, 0, K)
+		h.wantAllF32(fmt.Sprintf("launch %d: the recorded addresses unused", step), h.downloadF32(built[K], devChainN), -1)
+	}
+	if got := h.patchCtl(r); got != (kernels.PatchCtl{Seq: 4}) {
+		h.Errorf("patcher control block after 4 launches: %+v, want seq 4 and no failure", got)
+	}
+}
+
+// testDevPatchChain: the patcher before the roots moves every pointer of a
 // chain to fresh buffers each launch; the chain runs on the new buffers in
 // the same launch, and device-side changes hold for later launches.
 func testDevPatchChain(h *h) {
@@ -321,8 +416,8 @@ func testDevPatchChain(h *h) {
 		c.devs = append(c.devs, h.optIn(du, c.nodes[i]))
 	}
 	r := h.patchRig(0, 2*K, chainSlots(c.devs), 2, 2*K)
-	_, err := du.GraphAddRootKernelNode(g, r.params(f))
-	h.ok("GraphAddRootKernelNode(patcher)", err)
+	_, err := du.GraphAddKernelNodeBefore(g, r.params(f), h.roots(g))
+	h.ok("GraphAddKernelNodeBefore(patcher, the roots)", err)
 	x := h.instantiate(g)
 	s := h.stream(0)
 	h.ok("GraphUpload", du.GraphUpload(x, s))
@@ -408,11 +503,11 @@ func testDevPatcherCounts(h *h) {
 	g := h.graph(0)
 	n0 := h.addKernel(g, nil, h.chainArgs(0, built, 0))
 	n1 := h.addKernel(g, deps(n0), h.chainArgs(0, built, 1))
-	// Here the root node comes before the nodes opt in (PatchChainSameLaunch
+	// Here the patcher is added before the nodes opt in (PatchChainSameLaunch
 	// does it the other way round).
 	r := h.patchRig(0, 2*K, nil, 2, 8)
-	_, err := du.GraphAddRootKernelNode(g, r.params(f))
-	h.ok("GraphAddRootKernelNode(patcher)", err)
+	_, err := du.GraphAddKernelNodeBefore(g, r.params(f), h.roots(g))
+	h.ok("GraphAddKernelNodeBefore(patcher, the roots)", err)
 	h.setSlots(r, chainSlots([]gpu.DevNode{h.optIn(du, n0), h.optIn(du, n1)}))
 	x := h.instantiate(g)
 	s := h.stream(0)
@@ -595,15 +690,25 @@ func testDevErrors(h *h) {
 	h.wantErr("DeviceUpdatesSupported(-1)", du.DeviceUpdatesSupported(-1), gpu.ErrInvalidValue)
 
 	p := h.fillParams(0, bufs[0], 1, devChainN)
-	_, err = du.GraphAddRootKernelNode(0, p)
-	h.wantErr("root node of graph 0", err, gpu.ErrInvalidHandle)
+	_, err = du.GraphAddKernelNodeBefore(0, p, nil)
+	h.wantErr("a node before others in graph 0", err, gpu.ErrInvalidHandle)
 	short := p
 	short.Args = p.Args[:2]
-	_, err = du.GraphAddRootKernelNode(g, short)
-	h.wantErr("root node with too few arguments", err, gpu.ErrInvalidValue)
-	h.wantNodes("after the refused root nodes", g, k, m)
-	if d, err := h.b.GraphNodeDeps(k); err != nil || len(d) != 0 {
-		h.Errorf("refused root node changed the dependencies of %#x: %v, %v", uint64(k), d, err)
+	_, err = du.GraphAddKernelNodeBefore(g, short, deps(k))
+	h.wantErr("a node before others with too few arguments", err, gpu.ErrInvalidValue)
+	_, err = du.GraphAddKernelNodeBefore(g, p, deps(k, k))
+	h.wantErr("a node before a node listed twice", err, gpu.ErrInvalidValue)
+	other := h.graph(0)
+	o := h.addKernel(other, nil, h.chainArgs(0, bufs, 0))
+	_, err = du.GraphAddKernelNodeBefore(g, p, deps(k, o))
+	h.wantErr("a node before a node of another graph", err, gpu.ErrInvalidValue)
+	_, err = du.GraphAddKernelNodeBefore(g, p, deps(k, 0))
+	h.wantErr("a node before node 0", err, gpu.ErrInvalidHandle)
+	h.wantNodes("after the refused nodes", g, k, m)
+	for _, n := range []gpu.GraphNode{k, m} {
+		if d, err := h.b.GraphNodeDeps(n); err != nil || (n == k && len(d) != 0) || (n == m && !slices.Equal(d, deps(k))) {
+			h.Errorf("a refused node changed the dependencies of %#x: %v, %v", uint64(n), d, err)
+		}
 	}
 
 	x := h.instantiate(g)

@@ -43,10 +43,11 @@ func (m launchUploads) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	return m.Backend.GraphLaunch(x, s)
 }
 
-// rootUnordered adds the root kernel node with no dependents.
+// rootUnordered adds the node that should run before others with no
+// dependents.
 type rootUnordered struct{ *sim.Backend }
 
-func (m rootUnordered) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
+func (m rootUnordered) GraphAddKernelNodeBefore(g gpu.Graph, p gpu.KernelParams, _ []gpu.GraphNode) (gpu.GraphNode, error) {
 	return m.Backend.GraphAddKernelNode(g, nil, p)
 }
 
@@ -78,9 +79,9 @@ var devUpdateMutants = []mutant{
 		func(b *sim.Backend) gpu.Backend { return optInIgnored{b} }},
 	{"opt-out-allowed", []string{"DeviceUpdates/OptIn"},
 		func(b *sim.Backend) gpu.Backend { return optOutAllowed{b} }},
-	{"launch-uploads", []string{"DeviceUpdates/UploadBeforeLaunch"},
+	{"launch-uploads", []string{"DeviceUpdates/UploadBeforeLaunch", "DeviceUpdates/HostChangeKeepsDeviceState"},
 		func(b *sim.Backend) gpu.Backend { return launchUploads{b} }},
-	{"root-unordered", []string{"DeviceUpdates/RootNode", "DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/PatcherCounts"},
+	{"before-unordered", []string{"DeviceUpdates/NodeBefore", "DeviceUpdates/HostChangeKeepsDeviceState", "DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/PatcherCounts"},
 		func(b *sim.Backend) gpu.Backend { return rootUnordered{b} }},
 	{"patcher-inert", []string{"DeviceUpdates/PatchChainSameLaunch", "DeviceUpdates/PatcherFromStream", "DeviceUpdates/PatcherCounts"},
 		func(b *sim.Backend) gpu.Backend { return patcherInert{b} }},

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"reflect"
+	"slices"
 	"sync"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -228,11 +229,11 @@ func (b *Backend) GraphKernelNodeDevNode(nh gpu.GraphNode) (gpu.DevNode, error) 
 	return readNode(b, op, nh, gpu.NodeKernel, func(n *node) gpu.DevNode { return n.devNode })
 }
 
-// GraphAddRootKernelNode implements gpu.DeviceUpdates. The node is inserted
-// first in g's node list, so creation order stays a topological order; on
-// CUDA it is listed last.
-func (b *Backend) GraphAddRootKernelNode(gh gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
-	const op = "GraphAddRootKernelNode"
+// GraphAddKernelNodeBefore implements gpu.DeviceUpdates. The node is
+// inserted first in g's node list, so creation order stays a topological
+// order; on CUDA it is listed last.
+func (b *Backend) GraphAddKernelNodeBefore(gh gpu.Graph, p gpu.KernelParams, before []gpu.GraphNode) (gpu.GraphNode, error) {
+	const op = "GraphAddKernelNodeBefore"
 	return onGraph(b, op, gh, func(g *graph) (gpu.GraphNode, error) {
 		k, err := b.kernelParamsLocked(op, p)
 		if err != nil {
@@ -241,21 +242,25 @@ func (b *Backend) GraphAddRootKernelNode(gh gpu.Graph, p gpu.KernelParams) (gpu.
 		if k.fn.dev != g.dev {
 			return 0, gpu.Errorf(op, gpu.ErrInvalidValue, "kernel %s of device %d in a graph of device %d", k.fn.spec.Name, k.fn.dev, g.dev)
 		}
-		root := &node{handle: gpu.GraphNode(b.newHandleLocked()), g: g, typ: gpu.NodeKernel}
-		root.p.kern = k
-		for _, n := range g.nodes {
-			if len(n.deps) == 0 {
-				n.deps = []*node{root}
-			}
+		// The nodes to come after it: nodes of g, each once, as
+		// dependencies are.
+		after, err := b.depsLocked(op, g, before)
+		if err != nil {
+			return 0, err
 		}
-		g.nodes = append([]*node{root}, g.nodes...)
+		first := &node{handle: gpu.GraphNode(b.newHandleLocked()), g: g, typ: gpu.NodeKernel}
+		first.p.kern = k
+		for _, n := range after {
+			n.deps = append(slices.Clip(n.deps), first)
+		}
+		g.nodes = append([]*node{first}, g.nodes...)
 		for i, n := range g.nodes {
 			n.index = i
 		}
 		if g.registered {
-			b.mu.nodes[root.handle] = root
+			b.mu.nodes[first.handle] = first
 		}
-		return root.handle, nil
+		return first.handle, nil
 	})
 }
 

@@ -314,7 +314,7 @@ func TestDevUpdateRingBackToBack(t *testing.T) {
 		slots = append(slots, kernels.PatchSlot{Node: d, Offset: 0}, kernels.PatchSlot{Node: d, Offset: 8})
 	}
 	r.setSlots(t, slots...)
-	_, err := b.GraphAddRootKernelNode(g, r.params())
+	_, err := b.GraphAddKernelNodeBefore(g, r.params(), nodes[:1])
 	must(t, err)
 	x := r.exec(t, g)
 	must(t, b.GraphUpload(x, r.s))
@@ -364,7 +364,7 @@ func TestDevUpdateInjectedFaults(t *testing.T) {
 		{"DeviceUpdatesSupported", func() error { return b.DeviceUpdatesSupported(0) }},
 		{"GraphKernelNodeSetDeviceUpdatable", func() error { _, err := b.GraphKernelNodeSetDeviceUpdatable(n, true); return err }},
 		{"GraphKernelNodeDevNode", func() error { _, err := b.GraphKernelNodeDevNode(n); return err }},
-		{"GraphAddRootKernelNode", func() error { _, err := b.GraphAddRootKernelNode(g, r.params()); return err }},
+		{"GraphAddKernelNodeBefore", func() error { _, err := b.GraphAddKernelNodeBefore(g, r.params(), nil); return err }},
 	}
 	for _, c := range calls {
 		b.InjectFault(c.op, 0, nil)

@@ -151,7 +151,7 @@
 // (on a GPU, a race) fails with a sticky gpu.ErrIllegalState. Stricter than
 // CUDA: an upload is required before every launch that follows a host-side
 // change of such a node, not only when the graph updates itself; and the
-// root node of GraphAddRootKernelNode is listed first by GraphNodes.
+// node of GraphAddKernelNodeBefore is listed first by GraphNodes.
 //
 // # Collectives
 //

@@ -124,13 +124,13 @@ func (b *Backend) GraphKernelNodeDevNode(n gpu.GraphNode) (gpu.DevNode, error) {
 	return du.GraphKernelNodeDevNode(n)
 }
 
-// GraphAddRootKernelNode is the sim's.
-func (b *Backend) GraphAddRootKernelNode(g gpu.Graph, p gpu.KernelParams) (gpu.GraphNode, error) {
-	du, err := b.devUpdates("GraphAddRootKernelNode")
+// GraphAddKernelNodeBefore is the sim's.
+func (b *Backend) GraphAddKernelNodeBefore(g gpu.Graph, p gpu.KernelParams, before []gpu.GraphNode) (gpu.GraphNode, error) {
+	du, err := b.devUpdates("GraphAddKernelNodeBefore")
 	if err != nil {
 		return 0, err
 	}
-	return du.GraphAddRootKernelNode(g, p)
+	return du.GraphAddKernelNodeBefore(g, p, before)
 }
 
 // GraphUpload is the sim's.
