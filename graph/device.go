@@ -188,7 +188,7 @@ type kernelizer struct {
 // a pattern that is no NaN as a float32 (a fill kernel passes its value as
 // one; the bits would survive, but nothing needs the risk).
 func (k *kernelizer) kernel(i int, c *Command, addrs []gpu.DevicePtr) (gpu.KernelParams, devMode, bool) {
-	if k == nil || k.lead[i] {
+	if k == nil || (i < len(k.lead) && k.lead[i]) {
 		return gpu.KernelParams{}, devNone, false
 	}
 	switch c.Kind {
