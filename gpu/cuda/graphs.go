@@ -910,20 +910,7 @@ func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 		return err
 	}
 	// Refused: a change of function, or bad parameters? Ask the node.
-	var kp cu.KernelNodeParams
-	if b.onDevice(xi.dev, func() error {
-		if r := b.d.GraphKernelNodeGetParams(cn, &kp); r != cu.Success {
-			return b.check("cuGraphKernelNodeGetParams_v2", r)
-		}
-		if kp.Func == 0 && kp.Kern != 0 {
-			return b.check("cuKernelGetFunction", b.d.KernelGetFunction(&kp.Func, kp.Kern))
-		}
-		return nil
-	}) != nil || kp.Func == fi.f {
-		return err
-	}
-	return refused(op, gpu.UpdateFunctionChanged, n, err,
-		"the driver refused to change the node's function (CUDA allows no change of context, nor to a function using dynamic parallelism, device-side graph launch or device-side update)")
+	return b.kernelUpdateRefusal(op, xi.dev, n, cn, fi, err)
 }
 
 // isInvalidValue reports whether err is CUDA_ERROR_INVALID_VALUE from the
