@@ -260,6 +260,9 @@ type Executable struct {
 		tr       *trace.Tracer
 		stats    Stats // Counters as of the last step, Last, Steps, SlotWaits
 		rebound  int   // states bound to the caller's memory (BindState)
+		// probeTrace is the tracer's work in StrategyAuto's probe steps,
+		// which counts in no counter (Counters.ProbeSteps).
+		probeTrace trace.Stats
 		// ov and ids are the scratch of the overlap check (bindLocked).
 		ov  replay.Overlaps
 		ids []int
@@ -384,6 +387,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		}
 	}
 	e.trMu.Lock()
+	traced := e.mu.tr.Stats
 	res, err := e.strat.Run(ctx, s, e.mu.addrs)
 	e.trMu.Unlock()
 	// Record even after a failure: part of the step may be enqueued, and
@@ -397,6 +401,10 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		}
 	} else {
 		e.mu.last = s
+	}
+	if c := e.strat.Counters(); c.ProbeSteps != before.ProbeSteps {
+		// A probe step: what the tracer did for it counts nowhere either.
+		e.mu.probeTrace = e.mu.probeTrace.Plus(e.mu.tr.Stats.Minus(traced))
 	}
 	e.mu.stats.Counters = e.countersLocked()
 	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
@@ -585,7 +593,7 @@ func (e *Executable) describe(id int) string {
 // tracer's and its own slot waits.
 func (e *Executable) countersLocked() Counters {
 	c := e.strat.Counters()
-	t := e.mu.tr.Stats
+	t := e.mu.tr.Stats.Minus(e.mu.probeTrace)
 	c.TracesCaptured = t.Captures
 	c.TracesSynthesized = t.Synthesized
 	c.TracesMoved = t.Moved
