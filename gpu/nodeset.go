@@ -39,7 +39,8 @@ type KernelNodeSet interface {
 	// nodes idx, in order, as GraphExecKernelNodeSetParams would (the
 	// same refusals, as *UpdateError), and returns how many it set: on
 	// error, idx[n] is the node that failed, those before it are set and
-	// the rest are not.
+	// the rest are not. An index out of range is ErrInvalidValue before
+	// anything is set.
 	Apply(idx []int32) (n int, err error)
 	// ApplyGraph sets them on the graph the exec was instantiated from,
 	// so that a whole-graph update from it (GraphExecUpdate) carries
@@ -175,11 +176,21 @@ func sameKinds(prepared, args []Arg) error {
 	return nil
 }
 
-func (s *nodeSet) Apply(idx []int32) (int, error) {
-	for k, i := range idx {
+// inRange refuses, before anything is set, a node out of range.
+func (s *nodeSet) inRange(op string, idx []int32) error {
+	for _, i := range idx {
 		if i < 0 || int(i) >= len(s.nodes) {
-			return k, Errorf("KernelNodeSet.Apply", ErrInvalidValue, "node %d out of range", i)
+			return Errorf(op, ErrInvalidValue, "node %d out of range", i)
 		}
+	}
+	return nil
+}
+
+func (s *nodeSet) Apply(idx []int32) (int, error) {
+	if err := s.inRange("KernelNodeSet.Apply", idx); err != nil {
+		return 0, err
+	}
+	for k, i := range idx {
 		if err := s.b.GraphExecKernelNodeSetParams(s.x, s.nodes[i], s.params[i]); err != nil {
 			return k, err
 		}
@@ -192,10 +203,10 @@ func (s *nodeSet) ApplyGraph(idx []int32) (int, error) {
 	if !ok {
 		return 0, Errorf("KernelNodeSet.ApplyGraph", ErrNotSupported, "the backend cannot set the parameters of a graph's node in place")
 	}
+	if err := s.inRange("KernelNodeSet.ApplyGraph", idx); err != nil {
+		return 0, err
+	}
 	for k, i := range idx {
-		if i < 0 || int(i) >= len(s.nodes) {
-			return k, Errorf("KernelNodeSet.ApplyGraph", ErrInvalidValue, "node %d out of range", i)
-		}
 		if err := gs.GraphKernelNodeSetParams(s.nodes[i], s.params[i]); err != nil {
 			return k, err
 		}
