@@ -70,11 +70,13 @@ type RunOptions struct {
 	// probe (24 plus a multiple of 8). Default 360, about a cuBLAS GEMM
 	// kernel's.
 	ProbeParamBytes int
-	// Costs and AutoBound are the executable options of the same names
-	// (stablegraph.Options): the cost model of auto and patch, and what
-	// auto ranks its candidates by. Zero: the defaults.
-	Costs     sg.Costs
-	AutoBound sg.AutoBound
+	// Costs, AutoBound and DeviceTables are the executable options of the
+	// same names (stablegraph.Options): the cost model of auto and patch,
+	// what auto ranks its candidates by, and device's ring of tables for
+	// every step. Zero: the defaults.
+	Costs        sg.Costs
+	AutoBound    sg.AutoBound
+	DeviceTables bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -192,7 +194,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 
 	baseUsed, memInfo := usedMemory(b, opts.Device)
 	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
-		Remappable: caller.Remappable(), Costs: opts.Costs, AutoBound: opts.AutoBound})
+		Remappable: caller.Remappable(), Costs: opts.Costs, AutoBound: opts.AutoBound, DeviceTables: opts.DeviceTables})
 	if err != nil {
 		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
 	}

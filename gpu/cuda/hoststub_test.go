@@ -136,7 +136,7 @@ func (h *hostStub) captureKernel(c *stubCapture, a cu.StubArgs) {
 	layout, _ := stubLayout(h.funcName[a.A[0]])
 	h.hmu.Unlock()
 	k := &stubKernel{words: make([]uint64, len(layout)), ptrs: make([]unsafe.Pointer, len(layout))}
-	params := unsafe.Slice((*unsafe.Pointer)(unsafe.Pointer(a.A[9])), len(layout))
+	params := unsafe.Slice(out[unsafe.Pointer](&a, 9), len(layout))
 	for i, p := range layout {
 		if p.Size == 4 {
 			k.words[i] = uint64(*(*uint32)(params[i]))

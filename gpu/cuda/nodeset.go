@@ -115,6 +115,11 @@ func (b *Backend) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode, par
 			Func: sn.fi.f, GridDimX: c.Grid.X, GridDimY: c.Grid.Y, GridDimZ: c.Grid.Z,
 			BlockDimX: c.Block.X, BlockDimY: c.Block.Y, BlockDimZ: c.Block.Z, SharedMemBytes: c.SharedMem,
 		}
+		if b.setByKernel && sn.fi.kern != 0 {
+			// The node as the library made it: its context-independent
+			// kernel, in the device's context.
+			sn.kp.Func, sn.kp.Kern, sn.kp.Ctx = 0, sn.fi.kern, b.devs[xi.dev].ctx
+		}
 		if len(sn.ptrs) > 0 {
 			sn.kp.KernelParams = unsafe.Pointer(&sn.ptrs[0])
 		}
