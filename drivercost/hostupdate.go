@@ -240,7 +240,7 @@ func (c *chain) flip() error {
 
 // updateSteps are the m of the step rows: updates per step before the
 // launch.
-var updateSteps = []int{0, 1, 2, 8, 16}
+var updateSteps = []int{0, 1, 2, 8, 16, 48}
 
 // hostUpdates measures, for every P of opts.ParamBytes and K of
 // opts.UpdateNodes, the node update rows.
