@@ -49,6 +49,8 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -87,6 +89,9 @@ type Options struct {
 	// UpdateIterations is the number of samples of each node update row.
 	// Default 20.
 	UpdateIterations int
+	// Sections names the sections to run (SectionNames); nil runs every
+	// one.
+	Sections []string
 	// PollTimeout is how long the host waits to see a stream value write
 	// before the run fails. Default 1 s.
 	PollTimeout time.Duration
@@ -234,6 +239,11 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 			return nil, fmt.Errorf("drivercost: node update chain of K=%d: must be positive", k)
 		}
 	}
+	for _, name := range opts.Sections {
+		if !slices.Contains(SectionNames(), name) {
+			return nil, fmt.Errorf("drivercost: no section %q (sections: %s)", name, strings.Join(SectionNames(), ", "))
+		}
+	}
 	before, counted := gpu.LiveHandles(b)
 	m := &bench{ctx: ctx, b: b, dev: opts.Device, opts: opts, props: props, rows: map[string]*Row{}}
 	start := time.Now()
@@ -247,22 +257,10 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		}
 	}()
 
-	sections := []struct {
-		name string
-		fn   func() error
-	}{
-		{"streams", m.streams},
-		{"events", m.events},
-		{"virtual memory", m.vmm},
-		{"remap", m.remap},
-		{"device memory", m.memAlloc},
-		{"stream value writes", m.writeValue},
-		{"device copies", m.copies},
-		{"graphs", m.graphs},
-		{"node updates", m.hostUpdates},
-		{"kernel parameter info", m.paramInfo},
-	}
-	for _, s := range sections {
+	for _, s := range m.sections() {
+		if opts.Sections != nil && !slices.Contains(opts.Sections, s.name) {
+			continue
+		}
 		m.progress("%s", s.name)
 		if err := s.fn(); err != nil {
 			return nil, fmt.Errorf("drivercost: %s: %w", s.name, err)
@@ -287,6 +285,37 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
+}
+
+// section is one section of a run: its name and what measures it.
+type section struct {
+	name string
+	fn   func() error
+}
+
+// sections are the sections of a run, in order.
+func (m *bench) sections() []section {
+	return []section{
+		{"streams", m.streams},
+		{"events", m.events},
+		{"virtual memory", m.vmm},
+		{"remap", m.remap},
+		{"device memory", m.memAlloc},
+		{"stream value writes", m.writeValue},
+		{"device copies", m.copies},
+		{"graphs", m.graphs},
+		{"node updates", m.hostUpdates},
+		{"kernel parameter info", m.paramInfo},
+	}
+}
+
+// SectionNames lists the sections of a run, in order (Options.Sections).
+func SectionNames() []string {
+	var out []string
+	for _, s := range (&bench{}).sections() {
+		out = append(out, s.name)
+	}
+	return out
 }
 
 // bench holds one run's state.

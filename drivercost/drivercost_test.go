@@ -441,6 +441,22 @@ func TestNodeUpdateRows(t *testing.T) {
 			t.Errorf("a step of 8 updates on a chain of 4")
 		}
 	}
+	// One section alone.
+	o := quick()
+	o.Sections = []string{"node updates"}
+	only, err := Run(context.Background(), b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range only.Rows {
+		if !strings.HasPrefix(r.Name, "node update") && !strings.HasPrefix(r.Name, "whole update") {
+			t.Errorf("row %q of another section", r.Name)
+		}
+	}
+	o.Sections = []string{"no such section"}
+	if _, err := Run(context.Background(), b, o); err == nil || !strings.Contains(err.Error(), "no such section") {
+		t.Errorf("an unknown section: %v", err)
+	}
 	pr, err := MeasureNodeUpdates(context.Background(), b, 0, 360, 4, 3)
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -46,6 +47,7 @@ is still live at the end.`,
 			paramBytes := fs.String("param-bytes", "24,152,360,1024", "parameter block sizes `P` of the node update rows, comma-separated (24 plus a multiple of 8)")
 			updateNodes := fs.String("update-nodes", "16,200", "chain lengths `K` of the node update rows, comma-separated")
 			fs.IntVar(&o.UpdateIterations, "update-iters", 20, "samples of each node update row")
+			sections := fs.String("sections", "", "comma-separated `list` of the sections to run (default all: "+strings.Join(drivercost.SectionNames(), ", ")+")")
 			fs.DurationVar(&o.PollTimeout, "poll-timeout", time.Second, "deadline for the host to see a stream value write")
 			jsonPath := fs.String("json", "", "also write the results as JSON to `file` (\"-\": stdout, instead of the table)")
 			return func(e *env) error {
@@ -66,6 +68,15 @@ is still live at the end.`,
 				}
 				if o.UpdateNodes, err = parseInts(*updateNodes); err != nil {
 					return usagef("--update-nodes: %v", err)
+				}
+				for _, name := range strings.Split(*sections, ",") {
+					if name = strings.TrimSpace(name); name == "" {
+						continue
+					}
+					if !slices.Contains(drivercost.SectionNames(), name) {
+						return usagef("--sections: no section %q (%s)", name, strings.Join(drivercost.SectionNames(), ", "))
+					}
+					o.Sections = append(o.Sections, name)
 				}
 				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 || o.UpdateIterations <= 0 {
 					return usagef("iteration counts must be positive")
