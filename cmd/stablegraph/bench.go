@@ -142,7 +142,10 @@ the command line. Rank 0 reports.`,
 				if err != nil {
 					return err
 				}
-				if err := checkOutput("json", *jsonPath); err != nil {
+				if wf.run.Dump == "-" {
+					return usagef("--dump: the dump is a safetensors file, not for stdout")
+				}
+				if err := errors.Join(checkOutput("json", *jsonPath), checkOutput("dump", wf.run.Dump)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,9 +27,16 @@ import (
 
 // TestMain runs the command itself when the environment asks for it, so
 // that a test can start this test binary as the stablegraph process and
-// signal it (TestSIGINT).
+// signal it (TestSIGINT) or limit it (TestFileSizeLimit:
+// STABLEGRAPH_TEST_FSIZE, the RLIMIT_FSIZE in bytes).
 func TestMain(m *testing.M) {
 	if os.Getenv("STABLEGRAPH_TEST_RUN_MAIN") == "1" {
+		if n, err := strconv.ParseUint(os.Getenv("STABLEGRAPH_TEST_FSIZE"), 10, 64); err == nil {
+			if err := limitFileSize(n); err != nil {
+				fmt.Fprintln(os.Stderr, "setrlimit:", err)
+				os.Exit(3)
+			}
+		}
 		main()
 		return
 	}

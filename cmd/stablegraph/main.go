@@ -22,10 +22,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -36,6 +36,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/atomicfile"
 )
 
 // Exit statuses.
@@ -309,21 +310,22 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 // startCPUProfile starts writing a CPU profile to path (none when path is
-// empty) and returns what stops it and closes the file.
+// empty) and returns what stops it and puts the file in place, whole
+// (atomicfile: a profile that cannot be written leaves the old one).
 func startCPUProfile(path string) (stop func() error, err error) {
 	if path == "" {
 		return func() error { return nil }, nil
 	}
-	f, err := os.Create(path)
+	f, err := atomicfile.Create(path)
 	if err != nil {
 		return nil, err
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
-		return nil, errors.Join(err, f.Close())
+		return nil, errors.Join(err, f.Abort())
 	}
 	return func() error {
 		pprof.StopCPUProfile()
-		return f.Close()
+		return f.Commit()
 	}, nil
 }
 
@@ -466,51 +468,28 @@ func (e *env) writeOutput(path string, fn func(io.Writer) error) error {
 }
 
 // checkOutput checks, before a run, that the file a flag names can be
-// written, so that a bad path fails at once rather than after the run. An
-// existing file is opened for writing and left as it was; for a new one, a
-// scratch file of its own in the same directory is created and removed, so
-// that processes given the same path (the ranks of one job) never remove
-// each other's files.
+// written, so that a bad path fails at once rather than after the run.
+// Nothing that exists is changed (atomicfile.Check): processes given the
+// same path (the ranks of one job) never remove each other's files.
 func checkOutput(flagName, path string) error {
 	if path == "" || path == "-" {
 		return nil
 	}
-	var f *os.File
-	_, err := os.Stat(path)
-	if err == nil {
-		f, err = os.OpenFile(path, os.O_WRONLY, 0)
-	} else {
-		f, err = os.CreateTemp(filepath.Dir(path), ".stablegraph-check-*")
-	}
-	if err != nil {
-		return usagef("--%s: cannot write %s: %v", flagName, path, errors.Unwrap(err))
-	}
-	err = f.Close()
-	if f.Name() != path {
-		err = errors.Join(err, os.Remove(f.Name()))
-	}
-	if err != nil {
-		return fmt.Errorf("--%s: %w", flagName, err)
+	if err := atomicfile.Check(path); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return usagef("--%s: cannot write %s: %v", flagName, path, err)
 	}
 	return nil
 }
 
-// writeFile writes to path with fn, reporting the first error, and removes a
-// partly written file.
-func writeFile(path string, fn func(io.Writer) error) (err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-		if err != nil {
-			err = errors.Join(err, os.Remove(path))
-		}
-	}()
-	return fn(f)
+// writeFile writes the file at path with fn, whole or not at all
+// (atomicfile.WriteFile): on any error the file that was there is left as
+// it was, and a device or FIFO is written in place and never removed.
+func writeFile(path string, fn func(io.Writer) error) error {
+	return atomicfile.WriteFile(path, fn)
 }
 
 // closeBackend closes b, first checking that the command released every
