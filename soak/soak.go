@@ -263,6 +263,14 @@ type Trend struct {
 	Flat       bool    `json:"flat"`
 }
 
+// samples is "1 sample", "n samples".
+func samples(n int) string {
+	if n == 1 {
+		return "1 sample"
+	}
+	return fmt.Sprintf("%d samples", n)
+}
+
 // minTrendSamples is the fewest samples a trend is taken over.
 const minTrendSamples = 3
 
@@ -324,14 +332,14 @@ func segmentTrend(samples []Sample, strategy string, val func(Sample) float64, a
 // segmentTrendString is t and the segment it was taken in.
 func segmentTrendString(t Trend, seg int) string {
 	if seg < 0 {
-		return fmt.Sprintf("%d samples (too few in every segment for a trend)", t.Samples)
+		return samples(t.Samples) + " (too few in every segment for a trend)"
 	}
 	return fmt.Sprintf("%s in segment %d", t, seg)
 }
 
 func (t Trend) String() string {
 	if t.Samples < minTrendSamples {
-		return fmt.Sprintf("%d samples (too few for a trend)", t.Samples)
+		return samples(t.Samples) + " (too few for a trend)"
 	}
 	verdict := "flat"
 	if !t.Flat {

@@ -12,8 +12,12 @@
 //
 // Conventions: results go to stdout, progress and errors to stderr; a file
 // flag given "-" (--json -) writes to stdout instead of the table; files are
-// checked for writing before a run starts; JSON keys are snake_case; times
-// measured on the sim backend are labelled simulated.
+// checked for writing before a run starts and written whole or not at all
+// (internal/atomicfile: a failed write leaves the file that was there, a
+// device or FIFO is written in place and never removed); a flag that does
+// not shape the chosen workload is a usage error, like every usage error
+// found before a backend opens; JSON keys are snake_case; times measured on
+// the sim backend are labelled simulated.
 package main
 
 import (
