@@ -237,7 +237,7 @@ func (p Progress) String() string {
 	return s + fmt.Sprintf(", Go heap %s", report.FormatBytes(p.HeapBytes))
 }
 
-// Sample is one memory sample, taken after a checked step.
+// Sample is one memory sample, taken after a step (see the package doc).
 type Sample struct {
 	ElapsedS float64 `json:"elapsed_s"`
 	Step     int64   `json:"step"`
