@@ -268,7 +268,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	var addrErr error
 	if c.World > 1 && c.Rank != 0 && c.Addr != "" {
-		addrErr = checkAddr(c.Addr)
+		addrErr = CheckAddr(c.Addr)
 	}
 	switch {
 	case c.World < 1 || c.World > maxWorld:
