@@ -39,12 +39,11 @@
 // Flood: rank 0 greets at most Config.MaxPending connections at a time
 // (sends the challenge and waits for the hello); further connections wait,
 // in the order they arrived, in the listen queue of the kernel, unaccepted.
-// A connection has a few seconds (helloWait) to answer its challenge, but
-// while every place is taken only one second (answerWait): silent
-// connections then make way for the next in the queue at that pace, and a
-// real rank, which answers within a round trip, gets in after at most the
-// queue ahead of it divided by MaxPending seconds, whatever the rate of the
-// flood. No connection is dropped early for a newcomer. A flood larger
+// A connection has five seconds to answer its challenge, but while every
+// place is taken only one: silent connections then make way for the next in
+// the queue at that pace, and a real rank, which answers within a round
+// trip, gets in after at most the queue ahead of it divided by MaxPending
+// seconds, whatever the rate of the flood. No connection is dropped early for a newcomer. A flood larger
 // than the kernel's listen queue (net.core.somaxconn) makes new
 // connections wait for the kernel's retries instead; keep the port behind
 // a firewall that only the job's hosts pass. Accept errors such as EMFILE
@@ -97,8 +96,8 @@
 // # Failure
 //
 // Nothing waits forever. Join waits at most Config.Timeout for every rank;
-// on rank 0 the error names the ranks that never arrived and the last
-// connection refused (and the ranks that did arrive are told, with abort),
+// on rank 0 the error names the ranks that never arrived (or whose
+// connection ended before the start) and the last connection refused (and the ranks that did arrive are told, with abort),
 // on the others it says which address could not be reached or what rank 0
 // answered. After Join every connection is read by its own goroutine: a peer
 // whose connection ends without bye (its process died), or whose frames are
