@@ -22,7 +22,10 @@ import (
 func (g *Group) dial(ctx context.Context) error {
 	cfg := g.cfg
 	backoff := 10 * time.Millisecond
-	var last, waiting error
+	// last is the last failure, answer the last thing a peer said (a
+	// reject, an abort, garbage): a later refused connection must not hide
+	// it.
+	var last, answer, waiting error
 	for {
 		d := net.Dialer{Timeout: time.Second, KeepAlive: 15 * time.Second}
 		conn, err := d.DialContext(ctx, "tcp", cfg.Addr)
@@ -40,12 +43,15 @@ func (g *Group) dial(ctx context.Context) error {
 			waiting = err // the deadline came during this attempt
 		case ctx.Err() == nil || last == nil:
 			last = err
+			if isAnswer(err) {
+				answer = err
+			}
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return g.gaveUp(ctx, waiting, last)
+			return g.gaveUp(ctx, waiting, answer, last)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -58,9 +64,21 @@ type waitError struct{ what string }
 
 func (e *waitError) Error() string { return "waited for " + e.what }
 
+// isAnswer reports whether a failed attempt ended on something the peer
+// said, rather than on a connection refused or closed.
+func isAnswer(err error) bool {
+	for _, e := range []error{ErrRejected, ErrAborted, ErrAuth, ErrMalformed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
 // gaveUp is the error of a rank that did not join by the deadline: what it
-// was waiting for when the deadline came, and the last failure before.
-func (g *Group) gaveUp(ctx context.Context, waiting, last error) error {
+// was waiting for when the deadline came, the last answer a peer gave, and
+// the last failure.
+func (g *Group) gaveUp(ctx context.Context, waiting, answer, last error) error {
 	cfg := g.cfg
 	what := fmt.Sprintf("rank %d could not join rank 0 at %s within %v", cfg.Rank, cfg.Addr, cfg.Timeout)
 	if waiting != nil {
@@ -70,8 +88,11 @@ func (g *Group) gaveUp(ctx context.Context, waiting, last error) error {
 	if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		sentinel = ctx.Err()
 	}
-	if last == nil {
+	switch {
+	case last == nil:
 		return fmt.Errorf("rendezvous: %s: %w", what, sentinel)
+	case answer != nil && answer != last:
+		return fmt.Errorf("rendezvous: %s: %w; the last answer: %w; the last attempt: %v", what, sentinel, answer, last)
 	}
 	return fmt.Errorf("rendezvous: %s: %w; the last attempt: %w", what, sentinel, last)
 }

@@ -756,3 +756,26 @@ func TestPeerText(t *testing.T) {
 		}
 	}
 }
+
+// TestLastAnswerIsKept: a rank with another job's token is refused until
+// rank 0 gives up; its later attempts find nobody listening. Its error at
+// the deadline still says what rank 0 answered, not only that the last
+// connection was refused.
+func TestLastAnswerIsKept(t *testing.T) {
+	l := listen(t)
+	addr := l.Addr().String()
+	root := make(chan error, 1)
+	go func() {
+		_, err := Join(context.Background(), Config{Listener: l, World: 2, Token: testToken, Timeout: 300 * time.Millisecond, Logger: quiet()})
+		root <- err
+	}()
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: "another-job-token-0123456789", Timeout: 1500 * time.Millisecond})
+	if rerr := <-root; !errors.Is(rerr, ErrTimeout) {
+		t.Fatalf("rank 0: %v", rerr)
+	}
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrRejected) ||
+		!strings.Contains(err.Error(), "not authenticated (is the job token the same on every rank?)") ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("rank 1: %v; want a timeout that names rank 0's answer and the refused connection after it", err)
+	}
+}
