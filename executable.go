@@ -402,11 +402,12 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	} else {
 		e.mu.last = s
 	}
-	if c := e.strat.Counters(); c.ProbeSteps != before.ProbeSteps {
+	e.mu.stats.Counters = e.countersLocked()
+	if e.mu.stats.Counters.ProbeSteps != before.ProbeSteps {
 		// A probe step: what the tracer did for it counts nowhere either.
 		e.mu.probeTrace = e.mu.probeTrace.Plus(e.mu.tr.Stats.Minus(traced))
+		e.mu.stats.Counters = e.countersLocked()
 	}
-	e.mu.stats.Counters = e.countersLocked()
 	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
 	if err != nil {
 		e.publishLocked(e.mu.stats.Last.UpdateFallbacks != 0)

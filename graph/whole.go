@@ -67,6 +67,23 @@ type Whole struct {
 	Why string
 }
 
+// MovedNodes counts, without changing anything, the nodes Patch would
+// update to bring x to addrs (Whole.Nodes, without the template's count):
+// with GraphNodes, enough for a caller to find a whole-graph update out of
+// the question before it asks WholeCounts.
+func (cb *CommandBuffer) MovedNodes(x *Exec, addrs []gpu.DevicePtr) int {
+	x.dirty = x.markAgainst(x.dirty[:0], x.addrs, cb.used, cb.byBuf, addrs)
+	n := 0
+	for _, i := range x.dirty {
+		n += cb.movedNodes(x, i)
+	}
+	return n
+}
+
+// GraphNodes is the number of nodes of x's graph: what a whole-graph update
+// of it applies.
+func (x *Exec) GraphNodes() int { return x.tmpl.nodes }
+
 // WholeCounts counts, without changing anything, what Patch and PatchWhole
 // would update to bring x to addrs.
 func (cb *CommandBuffer) WholeCounts(x *Exec, addrs []gpu.DevicePtr) Whole {
@@ -101,10 +118,10 @@ func (cb *CommandBuffer) WholeCounts(x *Exec, addrs []gpu.DevicePtr) Whole {
 		w.Template += cb.movedNodes(x, i)
 	}
 	// The exec's moved commands must stay in their class too, for their
-	// parameters to follow.
+	// parameters to follow (those the template moves were checked above).
 	for _, i := range x.dirty {
 		c := &cb.cmds[i]
-		if fc := x.flatAt(i); c.Kind == KindTraced && fc != nil && fc.tmpl != nil {
+		if fc := x.flatAt(i); c.Kind == KindTraced && fc != nil && fc.tmpl != nil && x.mark[i] != x.gen {
 			x.key = c.operandAddrs(addrs, x.key)
 			if cb.tr.TemplateFor(c.Trace, x.key) != fc.tmpl {
 				w.Why = c.Name + " moves to another alignment class"

@@ -67,7 +67,9 @@ func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Re
 // move brings the exec graph to addrs: per node, or with one whole-graph
 // update from the template when that is priced cheaper.
 func (st *patch) move(addrs []gpu.DevicePtr) error {
-	if st.whole {
+	// The per-node updates first: when they cost less than the update of
+	// the whole graph alone, the template is not asked.
+	if st.whole && float64(st.cb.MovedNodes(st.x, addrs))*st.costs.NodeUpdateUS > st.costs.wholeUS(graph.Whole{Graph: st.x.GraphNodes()}) {
 		if w := st.cb.WholeCounts(st.x, addrs); w.Why == "" && st.costs.wholeCheaper(w) {
 			if _, err := st.cb.PatchWhole(st.b, st.x, addrs); err != nil {
 				return err
