@@ -66,6 +66,7 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
         continue
     base = name.split("-pingpong")[0]
     pingpong = name.endswith("-pingpong")
+    variant = name.endswith("-tables")  # one strategy with an option: no best-of verdict
     bad = [st for st, r in rows.items() if not r.get("outputs_match_eager") and "not supported" not in r.get("note", "")]
     verdicts.append((name, "bit-identical to eager", not bad, ",".join(bad) or "all match"))
     if not pingpong:
@@ -78,7 +79,7 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
         if d and d.get("host_over_floor_us") is not None:
             verdicts.append((name, "device host <= floor+2", d["host_over_floor_us"] <= 2, "%+.2f us" % d["host_over_floor_us"]))
         lims = 1.05 if base == "mlp" else 1.03
-        best = min(((ratio(r, "latency_us"), st) for st, r in rows.items() if st not in single_skip and ratio(r, "latency_us")), default=None)
+        best = None if variant else min(((ratio(r, "latency_us"), st) for st, r in rows.items() if st not in single_skip and ratio(r, "latency_us")), default=None)
         if best:
             verdicts.append((name, "best latency <= %.2fx floor" % lims, best[0] <= lims, "%s %.3f" % (best[1], best[0])))
     a = rows.get("auto")

@@ -34,6 +34,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.cfg.Weights, "weights", "", "safetensors `file` of gpt2-decode's weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
+	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
 	f.ranks.register(fs)
 }
 
