@@ -153,11 +153,20 @@ func PatcherInlineSpec() gpu.KernelSpec {
 }
 
 // PatcherModule returns the patcher's module image: its spec and, through
-// Binary, the prebuilt cubins (the patcher calls the device runtime, so it
-// must be linked with cudadevrt when built; it is never JIT-compiled). The
-// sim runs its Go reference and needs no binary.
+// Code, the prebuilt cubins (the patcher calls the device runtime, so it
+// must be linked with cudadevrt when built; it is never JIT-compiled, and
+// ships as no PTX). The sim runs its Go reference and needs no code.
 func PatcherModule() *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec(), PatcherInlineSpec()}, Binary: PatcherBinary}
+	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec(), PatcherInlineSpec()}, Code: patcherCode}
+}
+
+// patcherCode is the patcher module's Code: a cubin for the device
+// (PatcherBinary), nothing else.
+func patcherCode(t gpu.Target) ([]byte, error) {
+	if t.Format != gpu.CodeCubin {
+		return nil, fmt.Errorf("kernels: the patcher ships as cubins only (it links the device runtime), not as %s: %w", t.Format, gpu.ErrNotSupported)
+	}
+	return PatcherBinary(t.Major, t.Minor)
 }
 
 // PatcherConfig is the patcher's launch for up to writes slot writes per

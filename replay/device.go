@@ -559,6 +559,7 @@ type patchRig struct {
 	// lock, while Close may free it (see pool's timeline).
 	life   sync.RWMutex
 	host   gpu.HostMem
+	hostOf gpu.StreamMemOps // what allocated host
 	closed bool
 }
 
@@ -588,7 +589,10 @@ func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []grap
 	}
 	capacity := max(len(ranges), 1)
 	stride := kernels.PatchTableStride(capacity)
-	if r.host, err = b.HostAlloc(rigMirrorBytes + deviceTables*stride); err != nil {
+	if r.hostOf, err = gpu.StreamMemOpsOf(b, dev); err != nil {
+		return nil, fmt.Errorf("device: patch tables: %w", err)
+	}
+	if r.host, err = r.hostOf.HostAlloc(rigMirrorBytes + deviceTables*stride); err != nil {
 		return nil, fmt.Errorf("device: patch tables: %w", err)
 	}
 	if uint64(len(r.host.Bytes)) < rigMirrorBytes+deviceTables*stride {
@@ -636,7 +640,7 @@ func (r *patchRig) free(b gpu.Backend) error {
 	r.life.Lock()
 	defer r.life.Unlock()
 	if r.host.Handle != 0 {
-		if err := b.HostFree(r.host.Handle); err != nil {
+		if err := r.hostOf.HostFree(r.host.Handle); err != nil {
 			errs = append(errs, fmt.Errorf("device: free the patch tables: %w", err))
 		}
 		r.host = gpu.HostMem{}

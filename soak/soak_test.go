@@ -44,7 +44,7 @@ func TestShortSoak(t *testing.T) {
 	}
 	for name, d := range workloads {
 		t.Run(name, func(t *testing.T) {
-			b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -99,7 +99,7 @@ func TestShortSoak(t *testing.T) {
 // TestShortSoakTooFewSamples: a soak too short for a trend says so, and
 // does not pass, instead of calling memory flat on two samples.
 func TestShortSoakTooFewSamples(t *testing.T) {
-	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
 // as such, its segments skipped, and the soak judges the others; a soak of
 // unsupported strategies only fails at once.
 func TestSoakSkipsUnsupported(t *testing.T) {
-	raw, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	raw, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

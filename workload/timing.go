@@ -96,7 +96,15 @@ func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions) (_ *ste
 		t.why = err.Error()
 		return t, release, nil
 	}
-	gate, err := b.HostAlloc(8)
+	host, err := gpu.StreamMemOpsOf(b, dev)
+	if err != nil {
+		if !errors.Is(err, gpu.ErrNotSupported) {
+			return nil, nil, fmt.Errorf("workload: step gate: %w", err)
+		}
+		t.why = err.Error()
+		return t, release, nil
+	}
+	gate, err := host.HostAlloc(8)
 	if err != nil {
 		if !errors.Is(err, gpu.ErrNotSupported) {
 			return nil, nil, fmt.Errorf("workload: step gate: %w", err)
@@ -108,7 +116,7 @@ func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions) (_ *ste
 		// Open for every ticket handed out, let the stream pass, then
 		// free the word it polls.
 		gate.Store64(0, t.ticket)
-		return errors.Join(b.StreamSynchronize(s), b.HostFree(gate.Handle))
+		return errors.Join(b.StreamSynchronize(s), host.HostFree(gate.Handle))
 	})
 	if t.pre, err = event(); err != nil {
 		return nil, nil, err

@@ -532,6 +532,20 @@ func (b *Backend) HostFree(h gpu.HostAlloc) error {
 	return err
 }
 
+// StreamMemOpsSupported implements gpu.StreamMemOps: dev must report
+// 64-bit stream memory operations and the driver have cuStreamWriteValue64.
+func (b *Backend) StreamMemOpsSupported(dev int) error {
+	const op = "StreamMemOpsSupported"
+	d, err := b.device(op, dev)
+	if err != nil {
+		return err
+	}
+	if !d.props.StreamMemOps {
+		return errf(op, gpu.ErrNotSupported, "device %d (%s) has no 64-bit stream memory operations", dev, d.props.Name)
+	}
+	return nil
+}
+
 // StreamWriteValue64 implements gpu.StreamMemOps.
 func (b *Backend) StreamWriteValue64(s gpu.Stream, p gpu.DevicePtr, v uint64) error {
 	const op = "StreamWriteValue64"
