@@ -17,9 +17,11 @@ func plotCommand() *command {
 		detail: `Reads a report written by "stablegraph bench --json" and draws each strategy's
 time per step against the floor (replay-fixed) to a .png or .svg file: wall
 time when measured, and GPU time per step as p50 with p10-p90 whiskers. It
-opens no backend. The README's chart is drawn by:
+opens no backend. For example (README.md names the report its chart is
+drawn from):
 
-  stablegraph plot bench/results/h100-final/mlp.json bench/results/h100-final/mlp.png`,
+  stablegraph bench --workload mlp --json mlp.json
+  stablegraph plot mlp.json mlp.png`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			return func(e *env) error {
 				if fs.NArg() != 2 {
