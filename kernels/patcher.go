@@ -174,8 +174,8 @@ func patcherCode(t gpu.Target) ([]byte, error) {
 // thread has at most two writes to make (up to 2048 writes); blocks of 1024
 // beyond. The patcher is every node's dependency, so its latency is the
 // step's: with one block, its threads finish together at a barrier, where
-// several blocks would count themselves done with device-wide atomics
-// (about a microsecond more on an H100).
+// several blocks would count themselves done with device-wide atomics,
+// which cost more (bench/probes/patcher).
 func PatcherConfig(writes int) gpu.LaunchConfig {
 	const maxBlock, perThread = 1024, 2
 	writes = max(writes, 1)

@@ -199,8 +199,8 @@ func (b *Backend) AllocationGranularity(dev int) (uint64, error) {
 }
 
 // MemCreate implements gpu.VirtualMemory. The chunk is made of one driver
-// allocation per granule (size/granularity cuMemCreate calls, about 8 µs
-// each for 2 MiB on an H100), because cuMemMap maps only whole allocations
+// allocation per granule (size/granularity cuMemCreate calls, each priced
+// in docs/GPU-MACHINE.md), because cuMemMap maps only whole allocations
 // from offset 0 while MemMap may map any granule-aligned part of a chunk.
 func (b *Backend) MemCreate(dev int, size uint64) (gpu.PhysMem, error) {
 	gran, err := b.vmmDev("MemCreate", dev)
