@@ -482,3 +482,51 @@ func wantRankReports(t *testing.T, reps []*report.Report) {
 		}
 	}
 }
+
+// TestDPBatchPerRank: a batch per rank makes the global batch that many
+// rows times the ranks (each rank's shard is BatchPerRank rows, the same
+// rows as the global batch split), and is refused with a global batch or
+// on a workload without ranks.
+func TestDPBatchPerRank(t *testing.T) {
+	const world = 2
+	b := openSimN(t, world, 30*time.Second)
+	comms := commtest.Comms(t, b, world)
+	weak, err := ForRanks("dp", Config{Layers: 2, Width: 16, BatchPerRank: 3}, comms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strong, err := ForRanks("dp", Config{Layers: 2, Width: 16, Batch: 6}, comms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range world {
+		if !strings.Contains(weak[r].Desc, "batch=6") || !strings.Contains(weak[r].Desc, "with 3 rows") {
+			t.Errorf("rank %d: %q", r, weak[r].Desc)
+		}
+		if weak[r].Desc != strong[r].Desc {
+			t.Errorf("rank %d: batch per rank %q, global batch %q", r, weak[r].Desc, strong[r].Desc)
+		}
+		for i := range weak[r].Params {
+			if string(weak[r].Input(5, i)) != string(strong[r].Input(5, i)) {
+				t.Errorf("rank %d: param %d differs", r, i)
+			}
+		}
+	}
+	one, err := New("dp", Config{Layers: 2, Width: 16, BatchPerRank: 3})
+	if err != nil || !strings.Contains(one.Desc, "batch=3") {
+		t.Errorf("one rank: %v, %v", one, err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"dp", Config{Batch: 8, BatchPerRank: 4}, "both given"},
+		{"train", Config{BatchPerRank: 4}, "dp's alone"},
+		{"dp", Config{BatchPerRank: -1}, "negative"},
+	} {
+		if _, err := New(tc.name, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %+v: %v, want %q", tc.name, tc.cfg, err, tc.want)
+		}
+	}
+}

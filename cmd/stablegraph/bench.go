@@ -26,6 +26,7 @@ type workloadFlags struct {
 func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", "))
 	registerShape(fs, &f.cfg, "mlp and train")
+	fs.IntVar(&f.cfg.BatchPerRank, "batch-per-rank", 0, "dp: `rows` per rank; the global batch is this times the ranks (weak scaling). Not with --batch, which is the global batch the ranks share (strong scaling)")
 	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong, random, or swap (gpt2-decode: sequences and their KV caches swap in and out of the batch)")
@@ -48,7 +49,7 @@ func registerShape(fs *flag.FlagSet, cfg *workload.Config, which string) {
 // positive (left out, the workload's default applies), k at most
 // workload.MaxChainK.
 func checkShape(fs *flag.FlagSet, cfg workload.Config) error {
-	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K}
+	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K, "batch-per-rank": cfg.BatchPerRank}
 	var err error
 	fs.Visit(func(fl *flag.Flag) {
 		v, ok := vals[fl.Name]
