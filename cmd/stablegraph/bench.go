@@ -337,6 +337,9 @@ func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
 		if err := rep.WriteTable(e.stdout); err != nil {
 			return err
 		}
+		if err := rep.WriteRanksTable(e.stdout); err != nil {
+			return err
+		}
 	}
 	if jsonPath != "" {
 		if err := e.writeOutput(jsonPath, func(w io.Writer) error { return rep.WriteJSON(w, true) }); err != nil {
