@@ -190,8 +190,8 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	total := opts.Warmup + opts.Steps
 	var (
 		stepUS, hostUS, latencyUS, skewUS []float64
-		before                    sg.Counters
-		peak                      uint64
+		before                            sg.Counters
+		peak                              uint64
 	)
 	for step := range total {
 		if err := ctx.Err(); err != nil {
