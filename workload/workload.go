@@ -54,7 +54,10 @@
 // A workload with collectives (dp) runs on several ranks: in one process
 // on the sim's devices (ForRanks, RunRanks, BenchRanks), or one process per
 // GPU, each setting its rank up with JoinRank or NewRank from a rendezvous
-// (see ranks.go and docs/MULTI-GPU.md).
+// (see ranks.go and docs/MULTI-GPU.md). Run aligns the ranks of a
+// communicator with barriers before each step, behind the step's gate and
+// before each wall batch, so that no rank's times hold its wait for a late
+// peer; GatherReports brings every rank's report to each.
 //
 // # Concurrency
 //
