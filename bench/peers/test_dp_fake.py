@@ -103,5 +103,23 @@ class DPPeerOnFakesTest(unittest.TestCase):
         self.assertIn("does not split into 2", results[0][1])
 
 
+class DPPeerWithoutGPUTest(unittest.TestCase):
+    def test_records_why_it_cannot_run(self):
+        # No fakes: torch is missing here, or has no GPU. Either way the JSON
+        # says why and the exit status is 2.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "dp.json")
+            env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PYTHONPATH")}
+            p = subprocess.run([sys.executable, os.path.join(HERE, "torch_dp.py"), "--steps", "2", "--json", out],
+                               capture_output=True, text=True, timeout=300, env=env)
+            self.assertEqual(p.returncode, 2, p.stderr[-2000:])
+            with open(out) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["system"], "pytorch")
+            self.assertEqual(doc["workload"], "dp")
+            self.assertTrue(doc["error"])
+            self.assertEqual(doc["results"], [])
+
+
 if __name__ == "__main__":
     unittest.main()
