@@ -228,6 +228,7 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 		ck.add(i, op, "", "kernel %s takes %d arguments, got %d", c.kernel, len(spec.Params), len(c.args))
 		return
 	}
+	kindsOK := true
 	for j, want := range spec.Params {
 		a := c.args[j]
 		switch {
@@ -239,6 +240,45 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 			ck.add(i, op, "", "argument %d is %s; kernel %s wants %s", j, a.val.Kind, c.kernel, want)
 		case a.IsSlice() && a.slice.off%ptrAlign != 0:
 			ck.add(i, op, a.slice.buf.Name(), "argument %d: slice %s is not %d-byte aligned", j, a.slice, ptrAlign)
+			continue // of the right kind: its extent can still be checked
+		default:
+			continue
+		}
+		kindsOK = false
+	}
+	if !kindsOK {
+		return // the extents need the arguments of the right kinds
+	}
+	if sig, ok := kernels.SignatureOf(c.kernel); ok {
+		p.checkExtents(ck, i, c, op, sig)
+	}
+}
+
+// checkExtents checks a launch of a built-in kernel against its signature
+// (package kernels, "Extents"): its scalars in range, and every pointer
+// argument's slice holding what the kernel reads or writes through it for
+// those scalars. Device code cannot tell where a buffer ends, so a launch
+// asking for more would overrun it on the device.
+func (p *Program) checkExtents(ck *checker, i int, c *cmdDecl, op string, sig kernels.Signature) {
+	args := make([]gpu.Arg, len(c.args))
+	for j, a := range c.args {
+		args[j] = a.val
+	}
+	if msgs := sig.CheckScalars(args); len(msgs) > 0 {
+		for _, m := range msgs {
+			ck.add(i, op, "", "%s", m)
+		}
+		return
+	}
+	for _, e := range sig.Extents {
+		need, used, ok := e.Bytes(args)
+		if !used {
+			continue
+		}
+		s := c.args[e.Param].slice
+		if !ok || s.n < need {
+			ck.add(i, op, s.buf.Name(), "argument %d (%s): %s %s %s, but the slice %s holds %d bytes",
+				e.Param, sig.Name(e.Param), c.kernel, e.Access, sig.Formula(e, args), s, s.n)
 		}
 	}
 }
