@@ -10,29 +10,9 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// # Extents
-//
-// Device code cannot tell how long the memory behind a pointer is: a launch
-// whose size arguments ask for more than its buffers hold reads or writes
-// past them (on a GPU an out-of-bounds access, on sim a sticky fault). So
-// every built-in kernel has a Signature that says, declaratively, how much
-// of each pointer argument a launch touches as a function of its scalar
-// arguments (an Extent: element bytes times a product of scalars and
-// constants), and which values its scalars may take (Bound). Package
-// stablegraph checks every launch of a built-in kernel against its
-// signature at Compile, before anything is allocated.
-//
-// Where the memory a kernel touches depends on device data (Embed's token
-// ids and positions, KVAppend's and DecodeAttention's positions), the
-// extent is the most that the scalars the data is checked against allow
-// (vocab, npos): the kernels check the data at run time (see "Bad input"
-// in gpt2.go), so memory of that extent is never overrun whatever the data
-// holds. Caches of KVAppend and DecodeAttention past nseq are not used and
-// have no extent (Extent.When).
-//
-// The patcher kernels (patcher.go) have no signature: runtimes launch them
-// themselves, never through a program, with records laid out by
-// PatcherMemory.
+// Signatures: what each built-in kernel's launch touches (see "Extents" in
+// the package doc). The patcher kernels (patcher.go) have none: runtimes
+// launch them themselves with records laid out by PatcherMemory.
 
 // Access says whether a kernel reads or writes a pointer argument's memory.
 type Access uint8
