@@ -794,8 +794,8 @@ func (t *trial) body(ctx context.Context) {
 		t.fail("open backend: %v", err)
 		return
 	}
-	fi, ok1 := b.(gpu.FaultInjector)
-	hc, ok2 := b.(gpu.HandleCounter)
+	fi, ok1 := gpu.FaultInjectorOf(b)
+	hc, ok2 := gpu.HandleCounterOf(b)
 	if !ok1 || !ok2 {
 		t.fail("backend %s implements neither gpu.FaultInjector nor gpu.HandleCounter", b.Name())
 		t.fired = t.fault != nil // nothing to classify

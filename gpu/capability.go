@@ -20,7 +20,7 @@ import "fmt"
 //	GEMM            gemm.go       GemmOf: the traced GEMM kernel
 //	GraphNodeReader gemm.go       GraphNodeReaderOf: nodes kept in a child graph
 //	AddressRanger   extent.go     AddressRangerOf: bindings not checked
-//	HandleCounter   backend.go    LiveHandles: no leak check
+//	HandleCounter   backend.go    HandleCounterOf, LiveHandles: no leak check
 //	DeviceResetter  backend.go    DeviceResetterOf: a fault ends the device
 //	FaultInjector   backend.go    FaultInjectorOf: error-path sweeps skip
 //	DeviceRuntime   devupdate.go  DeviceRuntimeOf: a reference needing it fails
@@ -166,6 +166,13 @@ func LiveHandles(b Backend) (Counters, bool) {
 		return hc.LiveHandles(), true
 	}
 	return Counters{}, false
+}
+
+// HandleCounterOf returns b's live-handle counter, and false when b does
+// not count its handles (see LiveHandles for one reading).
+func HandleCounterOf(b Backend) (HandleCounter, bool) {
+	hc, ok := b.(HandleCounter)
+	return hc, ok
 }
 
 // DeviceResetterOf returns b's device reset, and false when a fault is

@@ -390,7 +390,7 @@ func ReadPatchMirror(h gpu.HostMem, off int) PatchMirror {
 // a slot write it refuses with gpu.ErrInvalidValue is counted in failed, as
 // cudaErrorInvalidValue; any other error (a fault) ends the kernel.
 func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	rt, ok := mem.(gpu.DeviceRuntime)
+	rt, ok := gpu.DeviceRuntimeOf(mem)
 	if !ok {
 		return fmt.Errorf("kernel %s calls the device runtime (cudaGraphKernelNodeSetParam), which this backend does not model: %w", Patcher, gpu.ErrNotSupported)
 	}
@@ -499,7 +499,7 @@ func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots 
 // last argument applied as refPatcher applies a ring's, failures counted in
 // the control block and, when there are any, written to the mirror.
 func refPatcherInline(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	rt, ok := mem.(gpu.DeviceRuntime)
+	rt, ok := gpu.DeviceRuntimeOf(mem)
 	if !ok {
 		return fmt.Errorf("kernel %s calls the device runtime (cudaGraphKernelNodeSetParam), which this backend does not model: %w", PatcherInline, gpu.ErrNotSupported)
 	}

@@ -20,7 +20,7 @@ var faultTests = []test{
 // GPU an illegal address poisons the CUDA context for the rest of the process.
 func (h *h) resetter() gpu.DeviceResetter {
 	h.Helper()
-	r, ok := h.raw.(gpu.DeviceResetter)
+	r, ok := gpu.DeviceResetterOf(h.raw)
 	if !ok {
 		h.Skip("faults are fatal to a CUDA context: the backend has no ResetDevice")
 	}
@@ -141,7 +141,7 @@ var lifecycleTests = []test{
 // chosen call fails with ErrInjected and the given error, creates nothing,
 // and the calls around it work.
 func testInjectedFaults(h *h) {
-	inj, ok := h.raw.(gpu.FaultInjector)
+	inj, ok := gpu.FaultInjectorOf(h.raw)
 	if !ok {
 		h.Skip("the backend does not implement gpu.FaultInjector")
 	}
