@@ -250,7 +250,7 @@ func (b *Backend) stickyErr(op string, dev int) error {
 // interface the sim implements.
 func stickyDetail(dev int) string {
 	return fmt.Sprintf("this error, from earlier work, is sticky on device %d: its later work is skipped and every call that submits or waits on it fails; "+
-		"to recover, reset the device through gpu.DeviceResetter, which the sim backend implements (b.(gpu.DeviceResetter).ResetDevice(%d)), "+
+		"to recover, reset the device through gpu.DeviceResetter, which the sim backend implements (r, _ := gpu.DeviceResetterOf(b); r.ResetDevice(%d)), "+
 		"or close the backend and open a new one", dev, dev)
 }
 
