@@ -113,7 +113,13 @@ $L_%[1]s_done:
 }
 `, name)
 	}
-	img.PTX = []byte(ptx.String())
+	code := []byte(ptx.String())
+	img.Code = func(t gpu.Target) ([]byte, error) {
+		if t.Format != gpu.CodePTX {
+			return nil, fmt.Errorf("drivercost: the probe kernels are PTX only, not %s: %w", t, gpu.ErrNotSupported)
+		}
+		return code, nil
+	}
 	return img, nil
 }
 

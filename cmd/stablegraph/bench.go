@@ -28,6 +28,7 @@ type workloadFlags struct {
 func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", "))
 	registerShape(fs, &f.cfg)
+	fs.IntVar(&f.cfg.BatchPerRank, "batch-per-rank", 0, "dp: `rows` per rank; the global batch is this times the ranks (weak scaling). Not with --batch, which is the global batch the ranks share (strong scaling)")
 	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong, random, or swap (gpt2-decode: sequences and their KV caches swap in and out of the batch)")
@@ -322,6 +323,9 @@ func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
 	}
 	if jsonPath != "-" {
 		if err := rep.WriteTable(e.stdout); err != nil {
+			return err
+		}
+		if err := rep.WriteRanksTable(e.stdout); err != nil {
 			return err
 		}
 	}

@@ -25,6 +25,8 @@ var workloadsTaking = map[string][]string{
 	"batch":   mlpLike,
 	"k":       {"chain", "chain-moving"},
 	"weights": {"gpt2-decode", "gpt2-decode-tiny"},
+	// batch-per-rank: workload.Config.BatchPerRank, which only dp reads.
+	"batch-per-rank": {"dp"},
 }
 
 // swapWorkloads are the workloads with per-sequence state, which the swap
@@ -53,7 +55,7 @@ func flagName(name string) string {
 // out, the workload's default applies), k at most workload.MaxChainK. An
 // unknown workload is left to workload.New to report.
 func checkShape(fs *flag.FlagSet, name string, cfg workload.Config) error {
-	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K}
+	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K, "batch-per-rank": cfg.BatchPerRank}
 	known := slices.Contains(workload.Names(), name)
 	var err error
 	fs.Visit(func(fl *flag.Flag) {

@@ -273,6 +273,13 @@ func (f *workloadFlags) inProcess(e *env, cmd string, b gpu.Backend, reason stri
 	}
 	wg.Wait()
 	err = errors.Join(errs...)
+	if reps[0] != nil && err == nil {
+		for _, r := range reps {
+			own := *r
+			own.Ranks = nil
+			reps[0].Ranks = append(reps[0].Ranks, own)
+		}
+	}
 	if reps[0] != nil {
 		err = errors.Join(output(reps[0]), err)
 	}
@@ -528,6 +535,12 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 		stop()
 		return abort(err)
 	}
+	// Rank 0 reports every rank's times (Report.Ranks).
+	ranks, gerr := workload.GatherReports(e.ctx, g, rep)
+	if lead {
+		rep.Ranks = ranks
+	}
+	err = errors.Join(err, gerr)
 	// Every rank finishes its collectives before any destroys its
 	// communicator.
 	berr := g.Barrier(e.ctx)

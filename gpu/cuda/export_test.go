@@ -3,7 +3,6 @@ package cuda
 import (
 	"testing"
 
-	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
@@ -17,7 +16,7 @@ import (
 func OpenHostStub(tb testing.TB) (b *Backend, calls func(name string) int64) {
 	tb.Helper()
 	h := newHostStub()
-	b, err := openDriver(cu.NewStub("stub-libcuda", h.call), resolveOptions(gpu.Config{CUBLASLibrary: "/nonexistent/stablegraph-stub/libcublas.so"}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", h.call), resolveOptions(Config{LibCUBLAS: "/nonexistent/stablegraph-stub/libcublas.so"}))
 	if err != nil {
 		tb.Fatalf("open over the host stub: %v", err)
 	}

@@ -61,7 +61,7 @@ func (s *setStub) call(name string, a cu.StubArgs) cu.Result {
 // the entry point.
 func TestStubKernelNodeSet(t *testing.T) {
 	sd := &setStub{stubDriver: newStubDriver()}
-	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(gpu.Config{}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}

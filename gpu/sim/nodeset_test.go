@@ -12,7 +12,7 @@ import (
 // after a GraphExecUpdate from the graph; a node of another type, or bad
 // parameters, are refused.
 func TestGraphNodeSetters(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	const n = 16
