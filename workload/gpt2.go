@@ -9,8 +9,8 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/models/gpt2"
 	"github.com/stablegraph/stablegraph/internal/safetensors"
+	"github.com/stablegraph/stablegraph/models/gpt2"
 )
 
 // gpt2-decode: one decode step of GPT-2 over a batch of sequences, each with
