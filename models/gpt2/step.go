@@ -27,10 +27,10 @@ const (
 	// Logits outputs the rows' logits: an output "logits" of rows×vocab
 	// float32, for sampling on the host.
 	Logits Head = iota
-	// Argmax keeps the logits on the device and outputs each row's
-	// greedy token, "next" (rows int32), and its two largest logits,
-	// "top" (rows×2 float32): 12 bytes a row to read back instead of
-	// 4·vocab.
+	// Argmax outputs the logits and, beside them, each row's greedy
+	// token, "next" (rows int32), and its two largest logits, "top"
+	// (rows×2 float32): a greedy decoder reads 12 bytes a row back
+	// instead of 4·vocab, and a sampling one still finds the logits.
 	Argmax
 )
 
@@ -75,8 +75,7 @@ type StepProgram struct {
 	// Caches are the cache params: Rows of them (RowCaches) or one
 	// (SharedCache).
 	Caches []sg.Buffer
-	// Logits is the rows' logits (Rows×Vocab float32): an output with
-	// Head Logits, a temp with Argmax.
+	// Logits is the rows' logits (Rows×Vocab float32), an output.
 	Logits sg.Buffer
 	// Next and Top are Argmax's outputs (zero Buffers with Logits).
 	Next, Top sg.Buffer
@@ -146,12 +145,9 @@ func (s Step) Build(name string) (*StepProgram, error) {
 			sp.Caches = append(sp.Caches, p.Param(fmt.Sprintf("kv%d", r), s.CacheBytes))
 		}
 	}
-	logits := 4 * R * int64(s.Config.Vocab)
+	sp.Logits = p.Output("logits", 4*R*int64(s.Config.Vocab))
 	if s.Head == Argmax {
-		sp.Logits = p.Temp("logits", logits)
 		sp.Next, sp.Top = p.Output("next", 4*R), p.Output("top", 8*R)
-	} else {
-		sp.Logits = p.Output("logits", logits)
 	}
 	w := map[string]sg.Buffer{}
 	for _, spec := range specs {
