@@ -702,14 +702,17 @@ func (bt *Batcher) decodeStep(rows []*seqState) (*stepExe, []*seqState) {
 			packed = append(packed, s)
 		}
 	}
-	for _, se := range bt.decode {
-		if se.sp.Step.Rows >= len(packed) {
-			out := make([]*seqState, se.sp.Step.Rows)
-			copy(out, packed)
-			return se, out
+	// The largest bucket is Rows, and at most Rows sequences run.
+	se := bt.decode[len(bt.decode)-1]
+	for _, b := range bt.decode {
+		if b.sp.Step.Rows >= len(packed) {
+			se = b
+			break
 		}
 	}
-	panic("unreachable: the largest bucket holds Rows sequences")
+	out := make([]*seqState, se.sp.Step.Rows)
+	copy(out, packed)
+	return se, out
 }
 
 // readRows reads back what the sequences of order need from se's last

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io/fs"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -346,5 +345,3 @@ func (w *Weights) Save(dir string, metadata map[string]string) error {
 	return WriteConfig(filepath.Join(dir, ConfigFile), w.Config)
 }
 
-// errNotExist reports whether err says a file is missing.
-func errNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
