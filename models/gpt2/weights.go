@@ -344,4 +344,3 @@ func (w *Weights) Save(dir string, metadata map[string]string) error {
 	}
 	return WriteConfig(filepath.Join(dir, ConfigFile), w.Config)
 }
-
