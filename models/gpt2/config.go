@@ -210,6 +210,9 @@ func writeWhole(path string, data []byte) (err error) {
 	if _, err := f.Write(data); err != nil {
 		return errors.Join(fmt.Errorf("gpt2: write %s: %w", path, err), f.Close())
 	}
+	if err := f.Chmod(0o644); err != nil { // CreateTemp's 0600 is for secrets
+		return errors.Join(fmt.Errorf("gpt2: write %s: %w", path, err), f.Close())
+	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("gpt2: write %s: %w", path, err)
 	}
