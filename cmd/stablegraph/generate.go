@@ -217,6 +217,9 @@ func (g *generation) run(weights string) (err error) {
 		}
 		g.opts.PrefillRows = min(g.opts.PrefillRows, 1<<bitsLen(longest-1))
 	}
+	if err := g.opts.Validate(w.Config); err != nil {
+		return usagef("%v", err)
+	}
 	b, reason, err := e.open()
 	if err != nil {
 		return err

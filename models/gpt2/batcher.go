@@ -72,6 +72,13 @@ const (
 	DefaultPrefillRows = 32
 )
 
+// Validate reports options NewBatcher would refuse for a model of shape
+// c, without touching a device.
+func (o Options) Validate(c Config) error {
+	_, err := o.withDefaults(c)
+	return err
+}
+
 func (o Options) withDefaults(c Config) (Options, error) {
 	if o.MaxPositions == 0 {
 		o.MaxPositions = c.Positions
