@@ -303,3 +303,55 @@ func TestBadRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestBatcherFaults fails each driver call of a kind in turn, through
+// NewBatcher and Generate: every failure is an error wrapping the injected
+// one (or, where the runtime falls back past it, the right tokens), Close
+// releases everything (the sim's live handles return to zero) and no cache
+// stays allocated.
+func TestBatcherFaults(t *testing.T) {
+	b := openSim(t)
+	w := microWeights(t)
+	reqs := []Request{{Prompt: []int32{3, 1, 4, 1, 5}, MaxNewTokens: 3}, {Prompt: []int32{9}, MaxNewTokens: 2}}
+	want := generate(t, newBatcher(t, b, w, Options{Rows: 1, PrefillRows: 4}), reqs)
+	for _, op := range []string{"MemAlloc", "MemcpyHtoD", "MemcpyHtoDAsync", "MemcpyDtoHAsync", "GraphLaunch"} {
+		for nth := 0; ; nth++ {
+			b.ClearFaults()
+			b.InjectFault(op, nth, gpu.ErrOutOfMemory)
+			before := b.Calls(op)
+			bt, err := NewBatcher(context.Background(), b, w, Options{Rows: 1, PrefillRows: 4})
+			absorbed := false
+			if err == nil {
+				var res []Result
+				res, err = bt.Generate(context.Background(), reqs, nil)
+				absorbed = err == nil && slices.EqualFunc(res, want, func(a, b Result) bool { return slices.Equal(a.Tokens, b.Tokens) })
+				b.ClearFaults()
+				if bt.alloc != nil && err != nil {
+					if serr := bt.cl.Synchronize(context.Background()); serr != nil {
+						t.Fatal(serr)
+					}
+					if a := bt.alloc.Stats(); a.Allocations != 0 {
+						t.Errorf("%s call %d failed: %d caches left allocated", op, nth, a.Allocations)
+					}
+				}
+				if cerr := bt.Close(); cerr != nil {
+					t.Fatalf("%s call %d: close: %v", op, nth, cerr)
+				}
+			}
+			calls := b.Calls(op) - before
+			if nth >= calls {
+				if err != nil {
+					t.Fatalf("%s: no fault injected at call %d of %d, yet: %v", op, nth, calls, err)
+				}
+				if calls == 0 {
+					t.Errorf("the Batcher never calls %s", op)
+				}
+				break
+			}
+			if !errors.Is(err, gpu.ErrInjected) && !absorbed {
+				t.Errorf("%s call %d failed, the Batcher said %v", op, nth, err)
+			}
+		}
+	}
+	b.ClearFaults() // openSim's cleanup checks that nothing leaked
+}
