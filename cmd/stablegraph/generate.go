@@ -59,7 +59,7 @@ exits 130.`,
 			seed := fs.Uint64("seed", 0, "seed of the sampling")
 			var stops stringList
 			fs.Var(&stops, "stop", "end a sequence when its text contains `string` (repeatable); the end-of-text token always ends it")
-			strategy := fs.String("strategy", string(sg.StrategyAuto), "replay `strategy`: auto, eager, record, update, patch or device")
+			strategy := fs.String("strategy", string(sg.StrategyAuto), "replay `strategy`: "+strategyList())
 			rows := fs.Int("rows", gpt2.DefaultRows, "decode `B` sequences at once")
 			prefill := fs.Int("prefill-rows", gpt2.DefaultPrefillRows, "prefill prompts `n` tokens a step")
 			buckets := fs.String("buckets", "", "comma-separated row counts: a decode graph per count instead of one of --rows masked rows (e.g. 1,2,4,8)")
@@ -217,6 +217,13 @@ func (g *generation) run(weights string) (err error) {
 		}
 		g.opts.PrefillRows = min(g.opts.PrefillRows, 1<<bitsLen(longest-1))
 	}
+	// The steps' bound: the longest sequence asked for, not the whole
+	// context (the attention's scratch and the caches' declared size
+	// follow it).
+	g.opts.MaxPositions = 2
+	for _, r := range reqs {
+		g.opts.MaxPositions = max(g.opts.MaxPositions, len(r.Prompt)+r.MaxNewTokens)
+	}
 	if err := g.opts.Validate(w.Config); err != nil {
 		return usagef("%v", err)
 	}
@@ -240,8 +247,8 @@ func (g *generation) run(weights string) (err error) {
 	}
 	defer func() { err = errors.Join(err, bt.Close()) }()
 	st := bt.Stats()
-	e.progress("generate: ready in %v: %d graphs recorded (strategy %s), %d decode rows, caches from a region of %s",
-		st.Startup.Round(time.Millisecond), st.Records, st.Strategy, bt.Options().Rows, byteSize(st.CacheRegion))
+	e.progress("generate: ready in %v: %d graphs recorded (strategy %s), %d decode rows, %d positions at most, caches from a region of %s",
+		st.Startup.Round(time.Millisecond), st.Records, st.Requested, bt.Options().Rows, bt.Options().MaxPositions, byteSize(st.CacheRegion))
 
 	n := len(reqs)
 	g.decs, g.text, g.printed = make([]*tokenizer.Decoder, n), make([]strings.Builder, n), make([]bool, n)
@@ -339,6 +346,8 @@ type genSummary struct {
 	Simulated    bool    `json:"simulated"`
 	RandomModel  bool    `json:"random_model"`
 	Strategy     string  `json:"strategy"`
+	Requested    string  `json:"strategy_requested"`
+	MaxPositions int     `json:"max_positions"`
 	Rows         int     `json:"rows"`
 	Buckets      []int   `json:"buckets,omitempty"`
 	Sequences    int     `json:"sequences"`
@@ -368,6 +377,7 @@ type genSummary struct {
 func (g *generation) summary(backend string, bt *gpt2.Batcher, res []gpt2.Result, elapsed, total time.Duration) genSummary {
 	st := bt.Stats()
 	s := genSummary{Backend: backend, Simulated: backend == "sim", RandomModel: g.random, Strategy: string(st.Strategy),
+		Requested: string(st.Requested), MaxPositions: bt.Options().MaxPositions,
 		Rows: bt.Options().Rows, Buckets: bt.Options().Buckets, Sequences: len(res), Seconds: elapsed.Seconds(),
 		StartupMS: ms(st.Startup), TotalMS: ms(total), Graphs: st.Graphs, Records: st.Records, Rerecords: st.Rerecords,
 		PatchedNodes: st.PatchedNodes, DecodeSteps: st.DecodeSteps, PrefillSteps: st.PrefillSteps,
@@ -420,8 +430,8 @@ func (g *generation) printSummary(s genSummary) {
 	}
 	e.progress("generate: %d sequences, %d tokens in %.2f s (%s): %.1f tokens/s", s.Sequences, s.Tokens, s.Seconds, clock, s.TokensPerS)
 	e.progress("  time to first token p50 %.2f ms, p90 %.2f ms; per output token p50 %.2f ms, p90 %.2f ms", s.TTFTP50MS, s.TTFTP90MS, s.TPOTP50MS, s.TPOTP90MS)
-	e.progress("  start-up %.0f ms; %d graphs recorded for %d steps, %d re-recorded, %d nodes patched; %d decode steps (%.1f rows active on average), %d prefill steps",
-		s.StartupMS, s.Records, s.Graphs, s.Rerecords, s.PatchedNodes, s.DecodeSteps, s.RowsActive, s.PrefillSteps)
+	e.progress("  start-up %.0f ms; strategy %s (%s); %d graphs recorded for %d step programs, %d re-recorded, %d nodes patched; %d decode steps (%.1f rows active on average), %d prefill steps",
+		s.StartupMS, s.Strategy, s.Requested, s.Records, s.Graphs, s.Rerecords, s.PatchedNodes, s.DecodeSteps, s.RowsActive, s.PrefillSteps)
 	e.progress("  device memory %s: weights %s, executables %s, KV-cache region %s (peak in use %s)",
 		byteSize(s.DeviceBytes), byteSize(s.WeightBytes), byteSize(s.ExeBytes), byteSize(s.CacheRegion), byteSize(s.CachePeak))
 	if s.RandomModel {

@@ -46,7 +46,7 @@ func TestGenerateTiny(t *testing.T) {
 		}
 	}
 	sum := doc.Summary
-	if !sum.RandomModel || !sum.Simulated || sum.Tokens != 8 || sum.Records != sum.Graphs || sum.Rerecords != 0 || sum.Rows != 2 || sum.Strategy != "patch" {
+	if !sum.RandomModel || !sum.Simulated || sum.Tokens != 8 || sum.Rerecords != 0 || sum.Rows != 2 || sum.Requested != "auto" || sum.Strategy == "" || sum.MaxPositions != 4+4 {
 		t.Errorf("summary %+v", sum)
 	}
 	for _, want := range []string{"text is random", "tokens/s", "time to first token p50", "graphs recorded", "start-up", "not a GPU measurement"} {
@@ -109,7 +109,7 @@ func TestGenerateBadInput(t *testing.T) {
 				os.Mkdir(p, 0o755)
 				return func() { os.Remove(p) }
 			}},
-		{name: "strategy", args: []string{"--prompt", "hi", "--strategy", "stable"}, code: exitUsage, want: `strategy "stable"`},
+		{name: "strategy", args: []string{"--prompt", "hi", "--strategy", "bogus"}, code: exitUsage, want: `bogus`},
 		{name: "sampling", args: []string{"--prompt", "hi", "--top-p", "3"}, code: exitUsage, want: "top-p"},
 	} {
 		cfg := c

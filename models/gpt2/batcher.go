@@ -35,19 +35,15 @@ type Options struct {
 	// MaxPositions is the most positions a sequence may take, prompt and
 	// new tokens: the steps' bound. Default Config.Positions.
 	MaxPositions int
-	// Strategy replays the steps. Only strategies that work in the
-	// caller's memory can run them (eager, record, update, patch,
-	// device): a KV cache is bound sized to its sequence, smaller than
-	// the positions a step may reach, so a strategy that copies params
-	// (stable, pool) or maps them (remap) would copy or map too little;
-	// those are refused. Default (and StrategyAuto): patch, since a
-	// sequence's cache stays bound to its row for its whole life and
-	// most steps move nothing (doc.go).
+	// Strategy replays the steps (every strategy can: see doc.go, KV
+	// caches). Default StrategyAuto, which measures its candidates on the
+	// first steps of the first Generate.
 	Strategy sg.Strategy
 	// Device is the device ordinal. Default 0.
 	Device int
 	// CacheMemory is the size of the region the KV caches are allocated
-	// from (a bfc allocator over one device allocation). Default room for
+	// from (a bfc allocator over one device allocation, which holds one
+	// cache of MaxPositions more as a tail: see doc.go). Default room for
 	// Rows + Rows/2 + 2 caches of MaxPositions: the running sequences'
 	// caches are sized to their need, and those just freed wait in the
 	// retirement queue until the device is done with them.
@@ -105,12 +101,11 @@ func (o Options) withDefaults(c Config) (Options, error) {
 	if o.Rows < 1 || o.Rows > 4096 || o.PrefillRows < 1 || o.PrefillRows > 4096 {
 		return o, fmt.Errorf("gpt2: %d rows and %d prefill rows (1 to 4096)", o.Rows, o.PrefillRows)
 	}
-	switch o.Strategy {
-	case "", sg.StrategyAuto:
-		o.Strategy = sg.StrategyPatch
-	case sg.StrategyEager, sg.StrategyRecord, sg.StrategyUpdate, sg.StrategyPatch, sg.StrategyDevice:
-	default:
-		return o, fmt.Errorf("gpt2: strategy %q copies or maps the params it is given at their declared size, and a KV cache is bound sized to its sequence, smaller than the positions a step may reach: use eager, record, update, patch or device (auto: patch)", o.Strategy)
+	if o.Strategy == "" {
+		o.Strategy = sg.StrategyAuto
+	}
+	if _, err := sg.ParseStrategy(string(o.Strategy)); err != nil {
+		return o, fmt.Errorf("gpt2: %w", err)
 	}
 	if o.CacheMemory == 0 {
 		o.CacheMemory = uint64(o.Rows+o.Rows/2+2) * uint64(c.CacheBytes(o.MaxPositions))
@@ -213,8 +208,10 @@ type Stats struct {
 	// workspaces), the KV-cache region and the most of it in use, and
 	// the inputs and outputs the Batcher binds.
 	WeightBytes, ExecutableBytes, CacheRegion, CachePeak, IOBytes uint64
-	// Strategy is what the steps run.
-	Strategy sg.Strategy
+	// Strategy is what the decode step runs (auto's choice, once made:
+	// auto measures its candidates over the first steps); Requested what
+	// Options asked for.
+	Strategy, Requested sg.Strategy
 }
 
 // DeviceBytes is all the device memory the Batcher holds.
@@ -251,9 +248,12 @@ type Batcher struct {
 	weights []gpu.DevicePtr // per tensor, Specs order
 	prefill *stepExe
 	decode  []*stepExe // one, or one per bucket
+	// region holds the caches: bfc manages its first CacheMemory bytes;
+	// the tail of one whole cache keeps every cache's declared range
+	// (MaxPositions) inside the allocation. Inactive rows are bound to its
+	// start.
 	region  gpu.DevicePtr
 	alloc   *bfc.Allocator
-	idle    gpu.DevicePtr // what inactive rows' caches are bound to
 	io      []gpu.DevicePtr
 	stats   Stats
 }
@@ -295,25 +295,22 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 		}
 		bt.stats.WeightBytes += uint64(len(t.Data))
 	}
-	if bt.region, err = b.MemAlloc(bt.dev, opts.CacheMemory); err != nil {
-		return nil, fmt.Errorf("gpt2: KV-cache region of %d bytes: %w", opts.CacheMemory, err)
+	tail := uint64(c.CacheBytes(opts.MaxPositions))
+	if bt.region, err = b.MemAlloc(bt.dev, opts.CacheMemory+tail); err != nil {
+		return nil, fmt.Errorf("gpt2: KV-cache region of %d bytes: %w", opts.CacheMemory+tail, err)
+	}
+	bt.stats.CacheRegion = opts.CacheMemory + tail
+	// Zeroed once: strategies that copy params copy the declared ranges,
+	// and the sim checks reads of memory never written.
+	if err := b.Memset(gpu.Memset{Dst: bt.region, ElemSize: 4, Count: (opts.CacheMemory + tail) / 4}); err != nil {
+		return nil, fmt.Errorf("gpt2: clear the KV-cache region: %w", err)
 	}
 	if bt.alloc, err = bfc.New(bt.region, opts.CacheMemory, bfc.Options{Name: "gpt2 KV caches"}); err != nil {
 		return nil, fmt.Errorf("gpt2: %w", err)
 	}
-	bt.stats.CacheRegion = opts.CacheMemory
-	declared := c.CacheBytes(1) // every cache holds at least one position
-	if bt.idle, err = bt.ioAlloc(uint64(declared)); err != nil {
-		return nil, err
-	}
-	// Zero it: the kernels never read it, but a step's first record may
-	// copy nothing from it and sim checks reads of unwritten memory.
-	if err := b.Memset(gpu.Memset{Dst: bt.idle, ElemSize: 4, Count: uint64(declared / 4)}); err != nil {
-		return nil, fmt.Errorf("gpt2: %w", err)
-	}
 	head := Argmax
 	if bt.prefill, err = bt.compile(ctx, "gpt2-prefill", Step{Config: c, Rows: opts.PrefillRows, Caches: SharedCache,
-		MaxPositions: opts.MaxPositions, CacheBytes: declared, Head: head}); err != nil {
+		MaxPositions: opts.MaxPositions, Head: head}); err != nil {
 		return nil, err
 	}
 	sizes := opts.Buckets
@@ -322,7 +319,7 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 	}
 	for _, rows := range sizes {
 		se, err := bt.compile(ctx, fmt.Sprintf("gpt2-decode-%d", rows), Step{Config: c, Rows: rows, Caches: RowCaches,
-			MaxPositions: opts.MaxPositions, CacheBytes: declared, Head: head})
+			MaxPositions: opts.MaxPositions, Head: head})
 		if err != nil {
 			return nil, err
 		}
@@ -338,7 +335,7 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 	if err := bt.cl.Synchronize(ctx); err != nil {
 		return nil, fmt.Errorf("gpt2: warm-up: %w", err)
 	}
-	bt.stats.Strategy = opts.Strategy
+	bt.stats.Requested = opts.Strategy
 	bt.stats.Graphs = int64(1 + len(bt.decode))
 	bt.stats.Startup = time.Since(start)
 	return bt, nil
@@ -394,7 +391,7 @@ func (bt *Batcher) compile(ctx context.Context, name string, st Step) (_ *stepEx
 }
 
 // run writes the rows' tokens and positions (rows past len(toks) are
-// inactive) and runs se with caches bound per row (nil: the idle buffer),
+// inactive) and runs se with caches bound per row (0: the region's start),
 // then marks the submission on the client's timeline.
 func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, caches []gpu.DevicePtr) error {
 	rows := se.sp.Step.Rows
@@ -415,7 +412,7 @@ func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, cach
 	bind := sg.Bindings{se.sp.Tokens: se.tokens, se.sp.Positions: se.positions, se.sp.Logits: se.logits,
 		se.sp.Next: se.next, se.sp.Top: se.top}
 	for i, cb := range se.sp.Caches {
-		bind[cb] = bt.idle
+		bind[cb] = bt.region
 		if i < len(caches) && caches[i] != 0 {
 			bind[cb] = caches[i]
 		}
@@ -780,6 +777,9 @@ func (bt *Batcher) Stats() Stats {
 	}
 	if bt.alloc != nil {
 		st.CachePeak = max(st.CachePeak, bt.alloc.Stats().Peak)
+	}
+	if len(bt.decode) > 0 && bt.decode[0].exe != nil {
+		st.Strategy = bt.decode[0].exe.Stats().Strategy
 	}
 	return st
 }

@@ -43,15 +43,20 @@
 // and one of the whole context run the same graph; each layer's launch gets
 // the cache pointer offset to the layer and the stride between positions.
 //
-// A step declares each cache param with a size (Step.CacheBytes). The
-// whole context is honest for every strategy: stable and pool copy params
-// at their declared size, remap maps it. A Batcher sizes each cache to its
-// sequence (prompt + budget) and declares one position, the least a bound
-// cache holds; the kernels reach the later positions by the stride. Only
-// strategies that work in the caller's memory are then correct (eager,
-// record, update, patch, device), and the Batcher refuses the others. That
-// is no loss: copying every cache into a static batch every step is what
-// the static-cache frameworks pay and what this runtime exists to avoid.
+// A step declares each cache param at its bound, Step.MaxPositions
+// positions: every byte a row may touch, so that every strategy, those
+// that copy params (stable, pool) or map them (remap) included, runs the
+// step with eager's results. A Batcher still sizes each sequence's cache
+// to its need (prompt + budget): it allocates the caches from one region
+// whose last MaxPositions-cache of bytes no cache is given (a tail), so
+// that the declared range of every cache lies inside the region, over the
+// caches after it and the tail. The kernels never reach past a
+// sequence's need (its positions stay below it); the declared ranges of
+// the rows overlap, which every strategy handles as eager does (the root
+// package's overlapping bindings). Inactive rows are bound to the region's
+// start. Strategies that work in the caller's memory pay nothing for the
+// overlap; stable and pool copy the declared ranges every step, which auto
+// measures and rules out.
 //
 // # Batcher
 //
@@ -67,8 +72,8 @@
 //     the prompt waits for a sequence to end), prefill it in chunks
 //     (rows past the prompt inactive) and pick its first token;
 //  2. decode: one step over the rows, each active row bound to its
-//     sequence's cache, the others inactive and bound to a small idle
-//     buffer; tokens and positions are written into the step's inputs on
+//     sequence's cache, the others inactive and bound to the region's
+//     start; tokens and positions are written into the step's inputs on
 //     the stream;
 //  3. read back: greedy rows read the device argmax (12 bytes a row),
 //     sampling rows their logits row; Client.Readback synchronizes the
@@ -82,9 +87,10 @@
 // A sequence's cache stays bound to its row for its whole life, so in the
 // steady state no binding moves and no graph is re-recorded; a joining
 // sequence moves one row's cache binding (patch updates that row's KV
-// append and attention nodes, device one pointer). That is why the
-// Batcher's default strategy is patch. The stream is the client's, from the
-// stream cache (package streamcache).
+// append and attention nodes, device one pointer). The default strategy is
+// auto, which measures patch, device, stable and pool over the first steps
+// and keeps the fastest. The stream is the client's, from the stream cache
+// (package streamcache).
 //
 // Sampling is per sequence with its own random stream (Sampling.Seed and
 // the request's index), so a sequence's tokens do not depend on which

@@ -48,16 +48,12 @@ type Step struct {
 	// one.
 	Caches Caches
 	// MaxPositions bounds the positions the rows may take (positions
-	// outside are bad input, kernels/gpt2.go) and sizes the attention's
-	// shared memory. Default Config.Positions; at most that.
+	// outside are bad input, kernels/gpt2.go), sizes the attention's
+	// shared memory and the cache params: each is declared
+	// Config.CacheBytes(MaxPositions), every byte a row may touch, so
+	// that every strategy (those that copy or map params included) can run
+	// the step. Default Config.Positions; at most that.
 	MaxPositions int
-	// CacheBytes is the declared size of each cache param. Default the
-	// whole of MaxPositions (Config.CacheBytes(MaxPositions)): every byte
-	// the step may touch, as a strategy that copies params (stable, pool,
-	// remap) needs. A caller that binds caches sized to each sequence's
-	// need declares less (at least one position) and must run a strategy
-	// that works in the caller's memory (see Batcher).
-	CacheBytes int64
 	// Head is what the step outputs.
 	Head Head
 	// Shard is the tensor-parallel part of the model the step computes;
@@ -102,17 +98,11 @@ func (s Step) withDefaults() (Step, error) {
 	if s.MaxPositions == 0 {
 		s.MaxPositions = s.Config.Positions
 	}
-	full := s.Config.CacheBytes(s.MaxPositions)
-	if s.CacheBytes == 0 {
-		s.CacheBytes = full
-	}
 	switch {
 	case s.Rows <= 0 || s.Rows > 1<<16:
 		return s, fmt.Errorf("gpt2: step of %d rows (1 to 65536)", s.Rows)
 	case s.MaxPositions < 0 || s.MaxPositions > s.Config.Positions:
 		return s, fmt.Errorf("gpt2: step's %d positions outside the model's context of %d", s.MaxPositions, s.Config.Positions)
-	case s.CacheBytes < s.Config.CacheBytes(1) || s.CacheBytes > full:
-		return s, fmt.Errorf("gpt2: cache params of %d bytes: from one position (%d bytes) to MaxPositions (%d)", s.CacheBytes, s.Config.CacheBytes(1), full)
 	case s.Caches > SharedCache || s.Head > Argmax:
 		return s, fmt.Errorf("gpt2: unknown caches %d or head %d", s.Caches, s.Head)
 	case int64(s.Rows)*int64(s.Config.Vocab) > 1<<31-1 || int64(s.Rows)*4*int64(s.Config.Width) > 1<<31-1:
@@ -138,11 +128,12 @@ func (s Step) Build(name string) (*StepProgram, error) {
 	p := sg.NewProgram(name)
 	R := int64(s.Rows)
 	sp := &StepProgram{Program: p, Step: s, Tokens: p.Param("tokens", 4*R), Positions: p.Param("positions", 4*R)}
+	cacheBytes := s.Config.CacheBytes(s.MaxPositions)
 	if s.Caches == SharedCache {
-		sp.Caches = []sg.Buffer{p.Param("kv", s.CacheBytes)}
+		sp.Caches = []sg.Buffer{p.Param("kv", cacheBytes)}
 	} else {
 		for r := range s.Rows {
-			sp.Caches = append(sp.Caches, p.Param(fmt.Sprintf("kv%d", r), s.CacheBytes))
+			sp.Caches = append(sp.Caches, p.Param(fmt.Sprintf("kv%d", r), cacheBytes))
 		}
 	}
 	sp.Logits = p.Output("logits", 4*R*int64(s.Config.Vocab))
@@ -195,9 +186,9 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	// rows is rows [r0, r0+n) of a buffer of B rows of cols 4-byte elements.
 	rows := func(b sg.Buffer, r0, n, cols int) sg.Slice { return b.Slice(4*int64(r0*cols), 4*int64(n*cols)) }
 	// layer is the slice of row r's cache a launch over layer l sees: from
-	// the layer's keys at position 0 (kernels/gpt2.go, KV caches). The
-	// slice is what the program declares; the kernels reach the positions
-	// after it by the stride, within the memory the caller bound.
+	// the layer's keys at position 0 (kernels/gpt2.go, KV caches) to the
+	// cache's end, which holds the layer's last position: the kernels reach
+	// each position by the stride.
 	layer := func(r, l int) sg.Slice {
 		cb := sp.CacheFor(r)
 		off := 4 * int64(l) * 2 * int64(d)
