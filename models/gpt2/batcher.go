@@ -252,10 +252,10 @@ type Batcher struct {
 	// the tail of one whole cache keeps every cache's declared range
 	// (MaxPositions) inside the allocation. Inactive rows are bound to its
 	// start.
-	region  gpu.DevicePtr
-	alloc   *bfc.Allocator
-	io      []gpu.DevicePtr
-	stats   Stats
+	region gpu.DevicePtr
+	alloc  *bfc.Allocator
+	io     []gpu.DevicePtr
+	stats  Stats
 }
 
 // NewBatcher uploads w to device opts.Device of b, compiles the steps and
