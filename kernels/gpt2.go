@@ -24,11 +24,11 @@ import (
 // so that the address of a position does not depend on how many positions
 // the cache holds: a cache sized to its sequence's need and one of the
 // model's whole context have the same layout, and one graph serves both. A
-// kernel sees one layer of a cache through a pointer to the layer's keys at
-// position 0 (cache + l·2·d) and the stride between positions, stride =
-// layers·2·d floats. Within a row the heads lie one after another (head h
-// at columns h·headDim..(h+1)·headDim-1), as the query and the attention
-// output do.
+// kernel gets each cache's start, the model's layer count and the layer
+// it works on; a cache of npos positions is npos·layers·2·d floats, which
+// is what a launch may touch through each cache argument. Within a row the
+// heads lie one after another (head h at columns h·headDim..(h+1)·headDim-1),
+// as the query and the attention output do.
 //
 // KVAppend and DecodeAttention serve up to MaxSeqsPerLaunch rows in one
 // launch. Their caches are separate typed pointer arguments (c0..c7),
@@ -76,20 +76,21 @@ const (
 	// in place (the residual stream of a transformer block). Launch
 	// Elementwise(rows*cols).
 	BiasResidual = "sg_bias_residual"
-	// KVAppend is (q, qkv, bias, positions, c0..c7, nseq, d, stride, npos):
-	// for each row i < nseq, with qkv's row i = [q | k | v] (3d columns)
-	// and bias the 3d biases, q[i] = qkv_q + bias_q, and k + bias_k,
-	// v + bias_v are written at position positions[i] of cache ci's layer
-	// (keys at ci + positions[i]·stride, values d floats further; see KV
-	// caches); nothing is written to the cache of an inactive row. Launch
-	// Elementwise(nseq*d).
+	// KVAppend is (q, qkv, bias, positions, c0..c7, nseq, d, layers, layer,
+	// npos): for each row i < nseq, with qkv's row i = [q | k | v] (3d
+	// columns) and bias the 3d biases, q[i] = qkv_q + bias_q, and
+	// k + bias_k, v + bias_v are written at position positions[i] of layer
+	// layer of cache ci (keys at ci + (positions[i]·layers + layer)·2·d,
+	// values d floats further; see KV caches); nothing is written to the
+	// cache of an inactive row. Launch Elementwise(nseq*d).
 	KVAppend = "sg_kv_append"
 	// DecodeAttention is (out, q, positions, c0..c7, nseq, heads, headDim,
-	// stride, npos, scale f32): for each row i < nseq and head h, one query
-	// q[i] over the first positions[i]+1 keys and values of cache ci's
-	// layer: s_t = scale·q·k_t, p = softmax(s), out[i] = Σ_t p_t·v_t; zeros
-	// for an inactive row, whose cache is not read. npos bounds the
-	// positions and sizes the shared memory. Launch DecodeAttentionConfig.
+	// layers, layer, npos, scale f32): for each row i < nseq and head h,
+	// one query q[i] over the first positions[i]+1 keys and values of
+	// layer layer of cache ci: s_t = scale·q·k_t, p = softmax(s),
+	// out[i] = Σ_t p_t·v_t; zeros for an inactive row, whose cache is not
+	// read. npos bounds the positions and sizes the shared memory. Launch
+	// DecodeAttentionConfig.
 	DecodeAttention = "sg_decode_attention"
 	// Argmax is (next, top, logits, rows, vocab): for each row r, next[r]
 	// (int32) is the index of the largest of logits[r, 0..vocab-1], the
@@ -165,8 +166,8 @@ func gpt2Specs() []gpu.KernelSpec {
 		{Name: LayerNorm, Params: []gpu.ArgKind{p, p, p, p, i32, i32, f32}, Ref: refLayerNorm},
 		{Name: BiasGelu, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: bias(gelu32)},
 		{Name: BiasResidual, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: refBiasResidual},
-		{Name: KVAppend, Params: append(append([]gpu.ArgKind{p, p, p, p}, caches...), i32, i32, i32, i32), Ref: refKVAppend},
-		{Name: DecodeAttention, Params: append(append([]gpu.ArgKind{p, p, p}, caches...), i32, i32, i32, i32, i32, f32), Ref: refDecodeAttention},
+		{Name: KVAppend, Params: append(append([]gpu.ArgKind{p, p, p, p}, caches...), i32, i32, i32, i32, i32), Ref: refKVAppend},
+		{Name: DecodeAttention, Params: append(append([]gpu.ArgKind{p, p, p}, caches...), i32, i32, i32, i32, i32, i32, f32), Ref: refDecodeAttention},
 		{Name: Argmax, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: refArgmax},
 	}
 }
@@ -360,17 +361,18 @@ func checkPositions(name string, pos []int32, npos int) error {
 	return nil
 }
 
-// checkStride fails for a stride between positions that cannot hold a
-// position's keys and values (2·d floats).
-func checkStride(name string, stride, d int) error {
-	if stride < 2*d {
-		return fmt.Errorf("kernel %s: stride %d between positions is less than 2·d = %d: %w", name, stride, 2*d, gpu.ErrInvalidValue)
+// checkLayer fails for a layer outside [0, layers), and returns the
+// offset of the layer's keys at position 0 and the stride between
+// positions, in floats.
+func checkLayer(name string, layers, layer, d int) (off, stride int, err error) {
+	if layers <= 0 || layer < 0 || layer >= layers {
+		return 0, 0, fmt.Errorf("kernel %s: layer %d outside [0, %d): %w", name, layer, layers, gpu.ErrInvalidValue)
 	}
-	return nil
+	return layer * 2 * d, layers * 2 * d, nil
 }
 
 func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	nseq, d, stride, npos := int(a[12].AsI32()), int(a[13].AsI32()), int(a[14].AsI32()), int(a[15].AsI32())
+	nseq, d, layers, layer, npos := int(a[12].AsI32()), int(a[13].AsI32()), int(a[14].AsI32()), int(a[15].AsI32()), int(a[16].AsI32())
 	caches, err := seqCaches(KVAppend, a, 4, nseq)
 	if err != nil {
 		return err
@@ -378,7 +380,8 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := positive(KVAppend, size{"d", d}, size{"npos", npos}); err != nil {
 		return err
 	}
-	if err := checkStride(KVAppend, stride, d); err != nil {
+	off, stride, err := checkLayer(KVAppend, layers, layer, d)
+	if err != nil {
 		return err
 	}
 	if err := need(cfg, nseq*d, KVAppend); err != nil {
@@ -411,7 +414,7 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if pos[i] == InactiveRow {
 			continue
 		}
-		if err := gpu.WriteF32(mem, caches[i].Add(uint64(pos[i])*uint64(4*stride)), kv); err != nil {
+		if err := gpu.WriteF32(mem, caches[i].Add(4*(uint64(pos[i])*uint64(stride)+uint64(off))), kv); err != nil {
 			return err
 		}
 	}
@@ -422,8 +425,8 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 // float64 and rounds each output once to float32.
 func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	nseq, heads, hd := int(a[11].AsI32()), int(a[12].AsI32()), int(a[13].AsI32())
-	stride, npos := int(a[14].AsI32()), int(a[15].AsI32())
-	scale := float64(a[16].AsF32())
+	layers, layer, npos := int(a[14].AsI32()), int(a[15].AsI32()), int(a[16].AsI32())
+	scale := float64(a[17].AsF32())
 	caches, err := seqCaches(DecodeAttention, a, 3, nseq)
 	if err != nil {
 		return err
@@ -432,7 +435,8 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 		return err
 	}
 	d := heads * hd
-	if err := checkStride(DecodeAttention, stride, d); err != nil {
+	off, stride, err := checkLayer(DecodeAttention, layers, layer, d)
+	if err != nil {
 		return err
 	}
 	if err := checkRowBlocks(DecodeAttention, cfg, heads, nseq); err != nil {
@@ -466,7 +470,7 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 		n := int(pos[i]) + 1
 		keys, vals = keys[:0], vals[:0]
 		for t := range n {
-			kv, err := gpu.ReadF32(mem, caches[i].Add(uint64(t)*uint64(4*stride)), 2*d)
+			kv, err := gpu.ReadF32(mem, caches[i].Add(4*(uint64(t)*uint64(stride)+uint64(off))), 2*d)
 			if err != nil {
 				return err
 			}

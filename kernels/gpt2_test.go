@@ -36,8 +36,8 @@ func i32s(v ...int32) []byte {
 func f32s(v ...float32) []byte { return gpu.F32ToBytes(v) }
 
 // attention runs DecodeAttention's reference on one sequence of one head
-// (headDim 2) over a one-layer cache of npos positions (stride 4: each
-// position's key then value) and returns the output.
+// (headDim 2) over a one-layer cache of npos positions (each position's
+// key then value) and returns the output.
 func attention(t *testing.T, q []float32, cache []float32, npos int, pos int32, scale float32) ([]float32, error) {
 	t.Helper()
 	mem := gputest.NewMapMemory()
@@ -47,7 +47,7 @@ func attention(t *testing.T, q []float32, cache []float32, npos int, pos int32, 
 	for range kernels.MaxSeqsPerLaunch {
 		args = append(args, gpu.Ptr(cp))
 	}
-	args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.I32(int32(npos)), gpu.F32(scale))
+	args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(int32(npos)), gpu.F32(scale))
 	err := spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, npos), args)
 	return gpu.BytesToF32(mem.Bytes(out)), err
 }
@@ -146,19 +146,19 @@ func TestLayerNormByHand(t *testing.T) {
 
 func TestKVAppendByHand(t *testing.T) {
 	mem := gputest.NewMapMemory()
-	// Two layers (stride 2·2·d = 8 floats), the launch over layer 1 (the
-	// caches' pointers 2·d floats in); the third row is inactive.
+	// Two layers (2·2·d = 8 floats a position), the launch over layer 1;
+	// the third row is inactive.
 	const d, npos, stride = 2, 3, 8
 	q := mem.Alloc(make([]byte, 4*3*d))
 	qkv := mem.Alloc(f32s(1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60, 7, 7, 7, 7, 7, 7)) // three rows of [q|k|v]
 	bias := mem.Alloc(f32s(0.5, 0.5, 1, 1, 2, 2))
 	pos := mem.Alloc(i32s(2, 0, kernels.InactiveRow))
 	c0, c1 := mem.Alloc(make([]byte, 4*stride*npos)), mem.Alloc(make([]byte, 4*stride*npos))
-	args := []gpu.Arg{gpu.Ptr(q), gpu.Ptr(qkv), gpu.Ptr(bias), gpu.Ptr(pos), gpu.Ptr(c0.Add(4 * 2 * d)), gpu.Ptr(c1.Add(4 * 2 * d))}
+	args := []gpu.Arg{gpu.Ptr(q), gpu.Ptr(qkv), gpu.Ptr(bias), gpu.Ptr(pos), gpu.Ptr(c0), gpu.Ptr(c1)}
 	for range 6 {
 		args = append(args, gpu.Ptr(c0)) // the inactive row's cache among them: not written
 	}
-	args = append(args, gpu.I32(3), gpu.I32(d), gpu.I32(stride), gpu.I32(npos))
+	args = append(args, gpu.I32(3), gpu.I32(d), gpu.I32(2), gpu.I32(1), gpu.I32(npos))
 	if err := spec(t, kernels.KVAppend).Ref(mem, kernels.Elementwise(3*d), args); err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.I32(4), gpu.F32(1))
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(4), gpu.F32(1))
 			cfg := kernels.DecodeAttentionConfig(1, 1, 2, 4)
 			cfg.SharedMem = 16
 			return spec(t, kernels.DecodeAttention).Ref(mem, cfg, args)
@@ -217,7 +217,7 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.I32(20000), gpu.F32(1))
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(20000), gpu.F32(1))
 			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, 20000), args)
 		}, "more than the 49152"},
 		{"attention nseq 9", func() error {
@@ -227,19 +227,19 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(9), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.I32(4), gpu.F32(1))
+			args = append(args, gpu.I32(9), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(4), gpu.F32(1))
 			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(9, 1, 2, 4), args)
 		}, "nseq = 9"},
-		{"attention stride", func() error {
+		{"attention layer", func() error {
 			mem := gputest.NewMapMemory()
 			p := mem.Alloc(make([]byte, 64))
 			args := []gpu.Arg{gpu.Ptr(p), gpu.Ptr(p), gpu.Ptr(p)}
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(3), gpu.I32(4), gpu.F32(1))
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(2), gpu.I32(2), gpu.I32(4), gpu.F32(1))
 			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, 4), args)
-		}, "stride 3"},
+		}, "layer 2 outside [0, 2)"},
 		{"embed token", func() error { return embed(t, 5, 0) }, "token id 5 outside [0, 5)"},
 		{"embed position", func() error { return embed(t, 0, 3) }, "position 3 outside [0, 3)"},
 		{"embed position -2", func() error { return embed(t, 0, -2) }, "position -2 outside [0, 3)"},

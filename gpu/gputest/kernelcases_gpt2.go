@@ -32,14 +32,13 @@ func exactOut(v []float32) kbuf {
 }
 
 // cacheArgs are the eight cache arguments of a launch over the n caches at
-// p[first:first+n], each off bytes in (the layer's keys at position 0):
-// the unused ones repeat the first cache.
-func cacheArgs(p []gpu.DevicePtr, first, n int, off uint64) []gpu.Arg {
+// p[first:first+n]: the unused ones repeat the first cache.
+func cacheArgs(p []gpu.DevicePtr, first, n int) []gpu.Arg {
 	a := make([]gpu.Arg, kernels.MaxSeqsPerLaunch)
 	for i := range a {
-		a[i] = gpu.Ptr(p[first].Add(off))
+		a[i] = gpu.Ptr(p[first])
 		if i < n {
-			a[i] = gpu.Ptr(p[first+i].Add(off))
+			a[i] = gpu.Ptr(p[first+i])
 		}
 	}
 	return a
@@ -166,7 +165,7 @@ func kvShape(r *rand.Rand) (heads, hd, npos int) {
 func makeKVAppend(r *rand.Rand, nseq int) kernelInst {
 	heads, hd, npos := kvShape(r)
 	d := heads * hd
-	_, layer, stride := kvLayers(r, d)
+	layers, layer, stride := kvLayers(r, d)
 	pos := randPositions(r, nseq, npos)
 	bufs := []kbuf{exactOut(randF32(r, nseq*d)), in(randF32(r, nseq*3*d)), in(randF32(r, 3*d)), i32Buf(pos)}
 	for range nseq {
@@ -175,8 +174,8 @@ func makeKVAppend(r *rand.Rand, nseq int) kernelInst {
 	return kernelInst{
 		bufs: bufs,
 		args: func(p []gpu.DevicePtr) []gpu.Arg {
-			a := append(ptrs(p[:4]), cacheArgs(p, 4, nseq, uint64(4*layer*2*d))...)
-			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(d)), gpu.I32(int32(stride)), gpu.I32(int32(npos)))
+			a := append(ptrs(p[:4]), cacheArgs(p, 4, nseq)...)
+			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(d)), gpu.I32(int32(layers)), gpu.I32(int32(layer)), gpu.I32(int32(npos)))
 		},
 		cfg: kernels.Elementwise(nseq * d),
 	}
@@ -188,7 +187,7 @@ func makeDecodeAttention(r *rand.Rand, nseq int) kernelInst {
 	// that ignores it.
 	hd = max(hd, 2)
 	d := heads * hd
-	_, layer, stride := kvLayers(r, d)
+	layers, layer, stride := kvLayers(r, d)
 	pos := randPositions(r, nseq, npos)
 	q := randF32(r, nseq*d)
 	scale := float32(1 / math.Sqrt(float64(hd)))
@@ -201,8 +200,8 @@ func makeDecodeAttention(r *rand.Rand, nseq int) kernelInst {
 	return kernelInst{
 		bufs: bufs,
 		args: func(p []gpu.DevicePtr) []gpu.Arg {
-			a := append(ptrs(p[:3]), cacheArgs(p, 3, nseq, uint64(4*layer*2*d))...)
-			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(heads)), gpu.I32(int32(hd)), gpu.I32(int32(stride)), gpu.I32(int32(npos)), gpu.F32(scale))
+			a := append(ptrs(p[:3]), cacheArgs(p, 3, nseq)...)
+			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(heads)), gpu.I32(int32(hd)), gpu.I32(int32(layers)), gpu.I32(int32(layer)), gpu.I32(int32(npos)), gpu.F32(scale))
 		},
 		cfg: kernels.DecodeAttentionConfig(nseq, heads, hd, npos),
 		check: func(h *h, in, ref, got [][]byte) {

@@ -278,22 +278,23 @@ extern "C" __global__ void sg_bias_residual(float* x, const float* a, const floa
 }
 
 // One thread per (row, column): q gets its bias; k and v, with theirs, go
-// to position positions[i] of cache i's layer (keys at ci + pos·stride,
-// values d floats further: kernels/gpt2.go, KV caches). An inactive row
-// writes no cache.
+// to position positions[i] of layer `layer` of cache i (keys at
+// ci + (pos·layers + layer)·2·d, values d floats further: kernels/gpt2.go,
+// KV caches). An inactive row writes no cache.
 extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float* bias, const int* positions,
                                         float* c0, float* c1, float* c2, float* c3,
                                         float* c4, float* c5, float* c6, float* c7,
-                                        int nseq, int d, int stride, int npos) {
+                                        int nseq, int d, int layers, int layer, int npos) {
     unsigned long long t = sg_index();
-    if (nseq <= 0 || nseq > SG_MAX_SEQS || d <= 0 || stride < 2 * d) return;
+    if (nseq <= 0 || nseq > SG_MAX_SEQS || d <= 0 || layer < 0 || layer >= layers) return;
     if (t >= (unsigned long long)nseq * (unsigned long long)d) return;
     int i = (int)(t / d), c = (int)(t % d);
     const float* row = qkv + (unsigned long long)i * 3 * d;
     q[(unsigned long long)i * d + c] = __fadd_rn(row[c], bias[c]);
     int pos = positions[i];
     if (pos < 0 || pos >= npos) return; // inactive, or the attention writes NaN for this row
-    float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7) + (unsigned long long)pos * stride;
+    float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7) +
+                   ((unsigned long long)pos * layers + layer) * 2ULL * (unsigned long long)d;
     cache[c] = __fadd_rn(row[d + c], bias[d + c]);
     cache[(unsigned long long)d + c] = __fadd_rn(row[2 * d + c], bias[2 * d + c]);
 }
@@ -309,11 +310,12 @@ extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float*
 extern "C" __global__ void sg_decode_attention(float* out, const float* q, const int* positions,
                                                float* c0, float* c1, float* c2, float* c3,
                                                float* c4, float* c5, float* c6, float* c7,
-                                               int nseq, int heads, int headDim, int stride, int npos, float scale) {
+                                               int nseq, int heads, int headDim, int layers, int layer, int npos,
+                                               float scale) {
     extern __shared__ float sm[];
     int h = blockIdx.x, i = blockIdx.y;
     if (i >= nseq || i >= SG_MAX_SEQS || h >= heads || headDim <= 0 || npos <= 0) return;
-    if ((long long)stride < 2LL * heads * headDim) return;
+    if (layer < 0 || layer >= layers) return;
     int tid = threadIdx.x, nthreads = blockDim.x;
     float* qs = sm;
     float* sc = qs + headDim;
@@ -332,9 +334,9 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
     }
     int len = pos + 1;
     const float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7);
-    const float* K = cache + (unsigned long long)h * headDim;
-    const float* V = cache + d + (unsigned long long)h * headDim;
-    unsigned long long st = (unsigned long long)stride;
+    const float* K = cache + (unsigned long long)layer * 2ULL * d + (unsigned long long)h * headDim;
+    const float* V = K + d;
+    unsigned long long st = (unsigned long long)layers * 2ULL * d; // floats between positions
     for (int j = tid; j < headDim; j += nthreads) qs[j] = q[(unsigned long long)i * d + (unsigned long long)h * headDim + j];
     __syncthreads();
 

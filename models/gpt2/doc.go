@@ -41,7 +41,7 @@
 // cache + (t·layers + l)·2·d floats. The address of a position does not
 // depend on the cache's capacity, so a cache sized to its sequence's need
 // and one of the whole context run the same graph; each layer's launch gets
-// the cache pointer offset to the layer and the stride between positions.
+// the whole cache and the layer as a scalar.
 //
 // A step declares each cache param at its bound, Step.MaxPositions
 // positions: every byte a row may touch, so that every strategy, those

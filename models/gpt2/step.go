@@ -168,7 +168,6 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	s, p := sp.Step, sp.Program
 	c := s.Config
 	B, d, hd := s.Rows, c.Width, c.HeadDim()
-	stride := c.Stride()
 	rowsF32 := func(name string, cols int) sg.Buffer { return p.Temp(name, 4*int64(B)*int64(cols)) }
 	x, h := rowsF32("x", d), rowsF32("h", d)
 	qkv, q, att, proj := rowsF32("qkv", 3*d), rowsF32("q", d), rowsF32("att", d), rowsF32("proj", d)
@@ -185,15 +184,9 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	reduce := func(sg.Buffer) {} // the all-reduce of a tensor-parallel step (see above)
 	// rows is rows [r0, r0+n) of a buffer of B rows of cols 4-byte elements.
 	rows := func(b sg.Buffer, r0, n, cols int) sg.Slice { return b.Slice(4*int64(r0*cols), 4*int64(n*cols)) }
-	// layer is the slice of row r's cache a launch over layer l sees: from
-	// the layer's keys at position 0 (kernels/gpt2.go, KV caches) to the
-	// cache's end, which holds the layer's last position: the kernels reach
-	// each position by the stride.
-	layer := func(r, l int) sg.Slice {
-		cb := sp.CacheFor(r)
-		off := 4 * int64(l) * 2 * int64(d)
-		return cb.Slice(off, cb.Size()-off)
-	}
+	// The kernels take each cache whole and the layer as a scalar
+	// (kernels/gpt2.go, KV caches): a launch may touch all of it.
+	cache := func(r int) sg.Slice { return sp.CacheFor(r).All() }
 
 	p.Launch(kernels.Embed, kernels.Elementwise(B*d), sg.Out(x.All()), sg.In(w("wte.weight")), sg.In(w("wpe.weight")),
 		sg.In(sp.Tokens.All()), sg.In(sp.Positions.All()), i32(B), i32(d), i32(c.Vocab), i32(s.MaxPositions))
@@ -207,14 +200,14 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
 			n := min(kernels.MaxSeqsPerLaunch, B-r0)
 			args := []sg.Arg{sg.Out(rows(q, r0, n, d)), sg.In(rows(qkv, r0, n, 3*d)), sg.In(w(pre + "attn.c_attn.bias")), sg.In(rows(sp.Positions, r0, n, 1))}
-			args = append(append(args, cacheArgs(func(r int) sg.Slice { return layer(r, l) }, r0, n, sg.InOut)...), i32(n), i32(d), i32(stride), i32(s.MaxPositions))
+			args = append(append(args, cacheArgs(cache, r0, n, sg.InOut)...), i32(n), i32(d), i32(c.Layers), i32(l), i32(s.MaxPositions))
 			p.Launch(kernels.KVAppend, kernels.Elementwise(n*d), args...)
 		}
 		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
 			n := min(kernels.MaxSeqsPerLaunch, B-r0)
 			args := []sg.Arg{sg.Out(rows(att, r0, n, d)), sg.In(rows(q, r0, n, d)), sg.In(rows(sp.Positions, r0, n, 1))}
-			args = append(append(args, cacheArgs(func(r int) sg.Slice { return layer(r, l) }, r0, n, sg.In)...),
-				i32(n), i32(c.Heads), i32(hd), i32(stride), i32(s.MaxPositions), sg.F32(float32(1/math.Sqrt(float64(hd)))))
+			args = append(append(args, cacheArgs(cache, r0, n, sg.In)...),
+				i32(n), i32(c.Heads), i32(hd), i32(c.Layers), i32(l), i32(s.MaxPositions), sg.F32(float32(1/math.Sqrt(float64(hd)))))
 			p.Launch(kernels.DecodeAttention, kernels.DecodeAttentionConfig(n, c.Heads, hd, s.MaxPositions), args...)
 		}
 		gemm(proj, att, pre+"attn.c_proj.weight", d, d)
@@ -240,15 +233,15 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 }
 
 // cacheArgs are the eight cache arguments of a launch over rows r0..r0+n-1:
-// their layer slices with access acc, then the first one again, read only,
-// for the unused slots (the kernel ignores them).
-func cacheArgs(layer func(r int) sg.Slice, r0, n int, acc func(sg.Slice) sg.Arg) []sg.Arg {
+// their caches with access acc, then the first one again, read only, for
+// the unused slots (the kernel ignores them).
+func cacheArgs(cache func(r int) sg.Slice, r0, n int, acc func(sg.Slice) sg.Arg) []sg.Arg {
 	a := make([]sg.Arg, kernels.MaxSeqsPerLaunch)
 	for i := range a {
 		if i < n {
-			a[i] = acc(layer(r0 + i))
+			a[i] = acc(cache(r0 + i))
 		} else {
-			a[i] = sg.In(layer(r0))
+			a[i] = sg.In(cache(r0))
 		}
 	}
 	return a
