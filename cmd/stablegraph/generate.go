@@ -65,13 +65,12 @@ exits 130.`,
 			buckets := fs.String("buckets", "", "comma-separated row counts: a decode graph per count instead of one of --rows masked rows (e.g. 1,2,4,8)")
 			hostArgmax := fs.Bool("host-argmax", false, "greedy: read the logits back and take the argmax on the host instead of the device")
 			stream := fs.Bool("stream", false, "with several prompts, print every piece of text as it comes")
-			fs.IntVar(new(int), "device", 0, "device ordinal")
+			device := fs.Int("device", 0, "device ordinal")
 			jsonPath := fs.String("json", "", "write every sequence and the summary as JSON to `file` (\"-\": stdout, instead of the text)")
 			return func(e *env) (err error) {
-				dev, _ := strconv.Atoi(fs.Lookup("device").Value.String())
 				g := &generation{e: e, maxNew: *maxNew, stops: stops, stream: *stream, json: *jsonPath,
 					sampling: gpt2.Sampling{Temperature: *temp, TopK: *topK, TopP: *topP, Seed: *seed}}
-				g.opts = gpt2.Options{Rows: *rows, PrefillRows: *prefill, Strategy: sg.Strategy(*strategy), HostArgmax: *hostArgmax, Device: dev, Logger: e.log}
+				g.opts = gpt2.Options{Rows: *rows, PrefillRows: *prefill, Strategy: sg.Strategy(*strategy), HostArgmax: *hostArgmax, Device: *device, Logger: e.log}
 				if *buckets != "" {
 					for _, f := range strings.Split(*buckets, ",") {
 						n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -305,7 +304,7 @@ func (g *generation) run(weights string) (err error) {
 	sum := g.summary(b.Name(), bt, res, elapsed, time.Since(start))
 	g.printSummary(sum)
 	if g.json != "" {
-		if werr := e.writeOutput(g.json, func(w io.Writer) error { return g.writeJSON(w, w0(bt), reqs, res, sum) }); werr != nil {
+		if werr := e.writeOutput(g.json, func(w io.Writer) error { return g.writeJSON(w, bt.Config(), reqs, res, sum) }); werr != nil {
 			return errors.Join(gerr, fmt.Errorf("write %s: %w", g.json, werr))
 		}
 	}
@@ -327,9 +326,6 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
-
-// w0 is the model shape for the JSON report.
-func w0(bt *gpt2.Batcher) gpt2.Config { return bt.Config() }
 
 // printSeq prints sequence i whole, once.
 func (g *generation) printSeq(out io.Writer, i int) {
