@@ -44,19 +44,28 @@ type stepTimer struct {
 	// released counts the steps the watchdog let through (Run resets it
 	// after the warm-up).
 	released int
+	// barrier, when set, aligns the ranks of a communicator before each
+	// step (see "Aligning the ranks' step times" in ranks.go); gateEv is
+	// recorded behind the gate, before the device's barrier, when gated.
+	barrier *rankBarrier
+	gateEv  gpu.Event
 }
 
 // stepTimes are one step's times.
 type stepTimes struct {
 	gpu, latency, host time.Duration
+	// skew is how long the device waited behind the gate for the other
+	// ranks (the barrier's time); zero without a barrier.
+	skew time.Duration
 }
 
 // newStepTimer makes the events (and, when gated, the gate) on dev for
-// stream s. release frees them all; it opens the gate and synchronizes s
-// first, so that nothing is left waiting on memory it frees. On error
-// everything made so far is already released.
-func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions) (_ *stepTimer, _ func() error, err error) {
-	t := &stepTimer{b: b, s: s, watchdog: opts.GateWatchdog}
+// stream s; barrier, when not nil, aligns the ranks before each step.
+// release frees them all; it opens the gate and synchronizes s first, so
+// that nothing is left waiting on memory it frees. On error everything
+// made so far is already released.
+func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions, barrier *rankBarrier) (_ *stepTimer, _ func() error, err error) {
+	t := &stepTimer{b: b, s: s, watchdog: opts.GateWatchdog, barrier: barrier}
 	var undo []func() error
 	release := func() error {
 		var errs error
@@ -113,6 +122,11 @@ func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions) (_ *ste
 	if t.pre, err = event(); err != nil {
 		return nil, nil, err
 	}
+	if barrier != nil {
+		if t.gateEv, err = event(); err != nil {
+			return nil, nil, err
+		}
+	}
 	t.waits, t.gate = waits, gate
 	return t, release, nil
 }
@@ -123,6 +137,11 @@ func (t *stepTimer) gated() bool { return t.waits != nil }
 // step times call, which enqueues one step on t.s, and waits for the step's
 // device work. The gate is open again whenever step returns.
 func (t *stepTimer) step(call func() error) (stepTimes, error) {
+	if t.barrier != nil {
+		if err := t.barrier.wait(); err != nil {
+			return stepTimes{}, err
+		}
+	}
 	if !t.gated() {
 		return t.stepEvents(call)
 	}
@@ -141,6 +160,16 @@ func (t *stepTimer) step(call func() error) (stepTimes, error) {
 		}
 		t.gate.Store64(0, k)
 	}
+	if t.barrier != nil {
+		if err := t.b.EventRecord(t.gateEv, t.s); err != nil {
+			open()
+			return stepTimes{}, fmt.Errorf("record the gate's event: %w", err)
+		}
+		if err := t.barrier.enqueue(); err != nil {
+			open()
+			return stepTimes{}, err
+		}
+	}
 	if err := t.b.EventRecord(t.ev[0], t.s); err != nil {
 		open()
 		return stepTimes{}, fmt.Errorf("record the start event: %w", err)
@@ -158,6 +187,19 @@ func (t *stepTimer) step(call func() error) (stepTimes, error) {
 	gpuTime, err := t.b.EventElapsed(t.ev[0], t.ev[1])
 	if err != nil {
 		return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+	}
+	if t.barrier != nil {
+		// The latency is the rank's own: the gate's wait for its host,
+		// then its device work, without the wait for the other ranks.
+		toGate, err := t.b.EventElapsed(t.pre, t.gateEv)
+		if err != nil {
+			return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+		}
+		skew, err := t.b.EventElapsed(t.gateEv, t.ev[0])
+		if err != nil {
+			return stepTimes{}, fmt.Errorf("elapsed time: %w", err)
+		}
+		return stepTimes{gpu: gpuTime, latency: toGate + gpuTime, host: host, skew: skew}, nil
 	}
 	latency, err := t.b.EventElapsed(t.pre, t.ev[1])
 	if err != nil {

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/stablegraph/stablegraph/internal/atomicfile"
 )
 
 // Config is the shape of a GPT-2 model.
@@ -195,28 +198,9 @@ func WriteConfig(path string, c Config) error {
 	return writeWhole(path, append(b, '\n'))
 }
 
-// writeWhole writes data to path through a temporary file in the same
-// directory and a rename, so that path holds all of it or what it held.
-func writeWhole(path string, data []byte) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("gpt2: write %s: %w", path, err)
-	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, os.Remove(f.Name()))
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return errors.Join(fmt.Errorf("gpt2: write %s: %w", path, err), f.Close())
-	}
-	if err := f.Chmod(0o644); err != nil { // CreateTemp's 0600 is for secrets
-		return errors.Join(fmt.Errorf("gpt2: write %s: %w", path, err), f.Close())
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("gpt2: write %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
+// writeWhole writes data to path whole or not at all.
+func writeWhole(path string, data []byte) error {
+	if err := atomicfile.WriteFile(path, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
 		return fmt.Errorf("gpt2: write %s: %w", path, err)
 	}
 	return nil

@@ -20,6 +20,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/stablegraph/stablegraph/internal/atomicfile"
 	"github.com/tiktoken-go/tokenizer/codec"
 )
 
@@ -355,24 +357,9 @@ func (t *Tokenizer) WriteFiles(dir string) error {
 	return writeWhole(filepath.Join(dir, MergesFile), mb.Bytes())
 }
 
-func writeWhole(path string, data []byte) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
+func writeWhole(path string, data []byte) error {
+	if err := atomicfile.WriteFile(path, func(w io.Writer) error { _, err := w.Write(data); return err }); err != nil {
 		return fmt.Errorf("tokenizer: write %s: %w", path, err)
 	}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, os.Remove(f.Name()))
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return errors.Join(fmt.Errorf("tokenizer: write %s: %w", path, err), f.Close())
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return errors.Join(err, f.Close())
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("tokenizer: write %s: %w", path, err)
-	}
-	return os.Rename(f.Name(), path)
+	return nil
 }
