@@ -302,9 +302,10 @@ def ours_row(name, doc):
     s = doc["summary"]
     return {"name": name, "sequences": s["sequences"], "tokens": s["tokens"], "seconds": s["seconds"],
             "tokens_per_s": s["tokens_per_s"], "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p90_ms": s["ttft_p90_ms"],
-            "tpot_p50_ms": s["tpot_p50_ms"], "tpot_p90_ms": s["tpot_p90_ms"], "graphs": s["graphs"],
-            "graphs_recorded": s["graphs_recorded"], "rerecords": s["rerecords"], "startup_s": s["startup_ms"] / 1e3,
-            "memory_mib": s["device_bytes"] / 2**20, "strategy": s["strategy"]}
+            "tpot_p50_ms": s["tpot_p50_ms"], "tpot_p90_ms": s["tpot_p90_ms"], "graphs": s["graphs_recorded"],
+            "step_programs": s["graphs"], "rerecords": s["rerecords"], "startup_s": s["startup_ms"] / 1e3,
+            "process_s": doc.get("process_s"), "memory_mib": s["device_bytes"] / 2**20, "strategy": s["strategy"],
+            "patched_nodes": s["patched_nodes"], "mean_active_rows": s["mean_active_rows"]}
 
 
 # ---------------------------------------------------------------- the run
@@ -434,14 +435,21 @@ def cmd_run(args):
             perf_reqs = perf_reqs or [s["prompt_tokens"] for s in doc["sequences"]]
         except Exception as e:  # keep the rest
             perf.append({"name": f"stablegraph {name}", "error": str(e)[-500:]})
-    b1 = run_ours(args, "b1", b1_file, 1)
-    perf.append(ours_row("stablegraph B=1 (8 prompts)", b1))
+    b1 = None
+    try:
+        b1 = run_ours(args, "b1", b1_file, 1)
+        perf.append(ours_row("stablegraph B=1 (8 prompts)", b1))
+    except Exception as e:
+        perf.append({"name": "stablegraph B=1", "error": str(e)[-500:]})
     write(args, "perf.json", {"rows": perf})
 
     weights, cfg = load_weights(torch, args.model, torch.device("cuda"))
     if perf_reqs:
         P = max(len(r) for r in perf_reqs) + 32
-        for rows, rq, label in ((16, perf_reqs, "64 prompts, 16 rows"), (1, [s["prompt_tokens"] for s in b1["sequences"]], "B=1 (8 prompts)")):
+        runs = [(16, perf_reqs, "64 prompts, 16 rows")]
+        if b1:
+            runs.append((1, [s["prompt_tokens"] for s in b1["sequences"]], "B=1 (8 prompts)"))
+        for rows, rq, label in runs:
             torch.cuda.reset_peak_memory_stats()
             t1 = time.perf_counter()
             peer = VllmStylePeer(torch, weights, cfg, rows, P, torch.device("cuda"))
