@@ -55,7 +55,8 @@ type RunOptions struct {
 	NoGate bool
 	// GateWatchdog bounds how long a step's stream is held behind its
 	// gate: a strategy whose Run waits on the stream would wait for ever
-	// otherwise. Such steps are counted in the row's note. Default
+	// otherwise. Such steps are marked (RunResult.Released), left out of
+	// the GPU percentiles and named in the row's note. Default
 	// DefaultGateWatchdog.
 	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
@@ -119,6 +120,11 @@ type RunResult struct {
 	Mismatch int
 	// Stats are the executable's counters over the measured steps.
 	Stats sg.Counters
+	// Released are the measured steps (indexes into the result's samples)
+	// whose gate the watchdog opened (RunOptions.GateWatchdog): their GPU
+	// samples include host time, and the GPU percentiles leave them out
+	// unless every step was released (the note says which).
+	Released []int
 }
 
 // Run compiles w with opts.Strategy on b and runs opts.Warmup + opts.Steps
@@ -203,7 +209,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		}
 		if step == opts.Warmup {
 			before = exe.Stats().Counters
-			timer.released = 0 // counted over the measured steps
+			timer.measure() // releases are counted over the measured steps
 		}
 		var outs sg.Outputs
 		times, err := timer.step(func() error {
@@ -304,7 +310,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		r.Note = joinNote(r.Note, alignNote(timer.gated(), skewUS))
 	}
 	r.Note = joinNote(r.Note, wallNote)
-	res.Result, res.Stats = r, st
+	res.Result, res.Stats, res.Released = r, st, timer.releasedSteps()
 	return res, nil
 }
 
