@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/report"
 )
 
@@ -325,7 +325,7 @@ func TestGraphLaunchOnIdleStream(t *testing.T) {
 func TestRemapRows(t *testing.T) {
 	for _, devices := range []int{1, 2} {
 		t.Run(fmt.Sprintf("devices=%d", devices), func(t *testing.T) {
-			b, _, err := gpu.Open("sim", gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+			b, _, err := gpu.Open("sim", gpu.Config{Backends: []gpu.BackendConfig{sim.Config{Devices: devices, DeviceMemory: 1 << 30}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +353,7 @@ func TestRemapRows(t *testing.T) {
 			}
 		})
 	}
-	b, _, err := gpu.Open("sim", gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+	b, _, err := gpu.Open("sim", gpu.Config{Backends: []gpu.BackendConfig{sim.Config{Devices: 1, DeviceMemory: 1 << 30}}})
 	if err != nil {
 		t.Fatal(err)
 	}

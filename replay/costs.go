@@ -7,47 +7,46 @@ import (
 
 // Costs are the per-operation costs, in microseconds of step time, that
 // auto weighs. The defaults (DefaultCosts) are the H100 figures of
-// docs/GPU-MACHINE.md; zero fields take them (WithDefaults). The root
-// package's Costs is this type.
+// docs/GPU-MACHINE.md ("Costs"), which says what each was measured as;
+// zero fields take them (WithDefaults). The root package's Costs is this
+// type.
 type Costs struct {
 	// NodeUpdateUS is the cost of updating one kernel, memcpy or memset
 	// node of an executable graph in place
-	// (cuGraphExecKernelNodeSetParams: 0.33).
+	// (cuGraphExecKernelNodeSetParams).
 	NodeUpdateUS float64
 	// TracedUpdateUS is the cost of moving one traced command that is
 	// not flattened (a collective, or a function whose trace the backend
 	// cannot read back): building its child graph from the template and
-	// setting it on the exec graph. Not measured; estimated at 5 from a
+	// setting it on the exec graph. Not measured: estimated from a
 	// capture-sized graph build plus a node update. A flattened library
 	// call (a GEMM) moves as its kernel nodes, at NodeUpdateUS each
 	// (graph.Moves).
 	TracedUpdateUS float64
 	// CopyLatencyUS and CopyBytesPerUS model one device-to-device copy as
-	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: the line through
-	// the two H100 measurements, 1 MiB in 6.8 and 64 MiB in 51.5 (small
-	// copies are latency-bound). Defaults 6.09 and 1.478e6.
+	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: a line through
+	// two measured copies, a small and a large one, since small copies
+	// are latency-bound (docs/GPU-MACHINE.md derives it).
 	CopyLatencyUS, CopyBytesPerUS float64
 	// TimelineWriteUS is the cost of the timeline write that releases a
-	// pool slot (cuStreamWriteValue64 enqueue: 1.0).
+	// pool slot (the cuStreamWriteValue64 enqueue).
 	TimelineWriteUS float64
 	// PoolMemoryFraction is the largest fraction of the device's free
-	// memory that the pool's slots may take for auto to consider pool.
-	// Default 0.25.
+	// memory that the pool's slots may take for auto to consider pool: a
+	// policy, not a measurement. Default 0.25.
 	PoolMemoryFraction float64
 	// PatcherUS is the GPU time the device strategy's patcher node adds to
-	// a step, whatever moves (4.4: 21.19 against 16.70 µs for a chain of
-	// 16 opted-in nodes, every node moved, less their per-node cost;
-	// BenchmarkDeviceUpdatesChain on the H100, 2026-11-24).
+	// a step, whatever moves: a chain of opted-in nodes, every node moved,
+	// against the same chain without the patcher, less the per-node cost
+	// (BenchmarkDeviceUpdatesChain).
 	PatcherUS float64
 	// PatcherInlineUS is what the inline patcher node adds instead, when
-	// at most kernels.PatchInlineCap buffers move (2.2: 19.81 against
-	// 17.59 µs for the same chain of 16; bench/probes/patcher). Its
-	// parameters are set with one exec update (NodeUpdateUS) per step
-	// that moves something.
+	// at most kernels.PatchInlineCap buffers move, measured the same way
+	// (bench/probes/patcher). Its parameters are set with one exec update
+	// (NodeUpdateUS) per step that moves something.
 	PatcherInlineUS float64
 	// PatcherNodeUS is the GPU time per node the patcher moves: opting the
-	// node in (0.018: 965.4 against 947.4 µs for 1000 nodes) and its two
-	// pointer writes (0.013: 982.7 against 965.4 less PatcherUS); 0.03.
+	// node in to device-side updates and its two pointer writes.
 	PatcherNodeUS float64
 }
 

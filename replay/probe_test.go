@@ -274,7 +274,7 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			// Not simtest.New: the handle whose release fails stays live.
-			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -123,7 +123,8 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("code %d, stderr %s", code, errs)
 	}
 	for _, want := range []string{"backend:  sim", "reason:   sim (requested)", "drivers:", "devices:  2", "device 0:", "device 1:",
-		"compute capability", "driver version", "virtual memory (VMM)", "stream memory ops"} {
+		"compute capability", "driver version", "virtual memory (VMM)", "stream memory ops",
+		"capabilities", "VirtualMemory, StreamMemOps, StreamWaits, DeviceUpdates, Collectives, GEMM"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("info lacks %q:\n%s", want, out)
 		}

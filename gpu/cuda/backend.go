@@ -23,12 +23,16 @@ var (
 type driver struct{}
 
 func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
-	b, err := Open(cfg)
+	b, err := Open(configOf(cfg))
 	if err != nil {
 		return nil, err
 	}
 	return b, nil
 }
+
+// Priority is gpu.PriorityHardware: "auto" prefers CUDA whenever its driver
+// loads and finds a device.
+func (driver) Priority() gpu.Priority { return gpu.PriorityHardware }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
 // gpu.HandleCounter, gpu.Collectives, gpu.GEMM, gpu.GraphNodeReader and
@@ -140,7 +144,7 @@ type mapInfo struct {
 // Open loads the CUDA driver, initializes it and retains the primary context
 // of every device. It fails with an error wrapping gpu.ErrUnavailable when
 // no driver library loads, cuInit fails or there is no device.
-func Open(cfg gpu.Config) (*Backend, error) {
+func Open(cfg Config) (*Backend, error) {
 	o := resolveOptions(cfg)
 	d, err := cu.Open(o.cudaLibrary)
 	if err != nil {

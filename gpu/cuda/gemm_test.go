@@ -131,7 +131,7 @@ func (g *gemmBufs) check(t *testing.T, b *Backend, c gemmCase, what string) []by
 
 func cublasOrSkip(t testing.TB) *Backend {
 	t.Helper()
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	blas, lt, err := b.GemmLibraries()
 	if blas == "" {
@@ -145,7 +145,7 @@ func cublasOrSkip(t testing.TB) *Backend {
 // gpu.ErrNotSupported, which is the callers' cue for the built-in kernels
 // (package blas's fallback, tested on CUDA in blas's tests).
 func TestGemmWithoutCUBLAS(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{CUBLASLibrary: "/nonexistent/libcublas.so"})
+	b := openOrSkip(t, Config{LibCUBLAS: "/nonexistent/libcublas.so"})
 	closeClean(t, b)
 	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	if err != nil {

@@ -214,7 +214,7 @@ func TestMutantChild(t *testing.T) {
 	for _, m := range mutants {
 		if m.name == name {
 			Run(t, func(t *testing.T) gpu.Backend {
-				b, err := sim.New(gpu.Config{Devices: 2})
+				b, err := sim.New(sim.Config{Devices: 2})
 				if err != nil {
 					t.Fatal(err)
 				}
