@@ -14,8 +14,8 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/drivercost"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 	"github.com/stablegraph/stablegraph/report"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
 )
 
 // RunOptions configure Run and Bench. The zero value is valid; defaults are

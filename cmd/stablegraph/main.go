@@ -222,7 +222,7 @@ type command struct {
 
 // commands returns the commands in the order help lists them.
 func commands() []*command {
-	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand(), plotCommand()}
+	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand(), generateCommand(), plotCommand()}
 }
 
 func findCommand(name string) *command {

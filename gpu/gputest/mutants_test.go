@@ -190,7 +190,7 @@ var mutants = []mutant{
 		}},
 	{"attention-scale-ignored", []string{"Kernels/sg_decode_attention_1seq", "Kernels/sg_decode_attention_8seq"},
 		func(b *sim.Backend) gpu.Backend {
-			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[15] = gpu.F32(1) }}
+			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[17] = gpu.F32(1) }}
 		}},
 	{"kv-append-caches-swapped", []string{"Kernels/sg_kv_append_3seq", "Kernels/sg_kv_append_8seq"},
 		func(b *sim.Backend) gpu.Backend {
