@@ -3,6 +3,8 @@ package replay
 import (
 	"fmt"
 	"math"
+
+	"github.com/stablegraph/stablegraph/graph"
 )
 
 // Costs are the per-operation costs, in microseconds of step time, that
@@ -48,6 +50,17 @@ type Costs struct {
 	// PatcherNodeUS is the GPU time per node the patcher moves: opting the
 	// node in to device-side updates and its two pointer writes.
 	PatcherNodeUS float64
+	// GraphNodeSetUS is the host cost of setting one kernel node's
+	// parameters on a graph, not an exec (cuGraphKernelNodeSetParams: the
+	// host template of a whole-graph update). Not yet measured: an
+	// estimate, until stablegraph bench-driver's "template node set" rows
+	// are in docs/GPU-MACHINE.md.
+	GraphNodeSetUS float64
+	// ExecUpdateUS and ExecUpdateNodeUS model one whole-graph exec update
+	// (cuGraphExecUpdate) as ExecUpdateUS + ExecUpdateNodeUS per node of
+	// the graph: a line through two measured updates, of a small graph and
+	// of a large one (docs/GPU-MACHINE.md, "Costs").
+	ExecUpdateUS, ExecUpdateNodeUS float64
 }
 
 // DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
@@ -62,6 +75,9 @@ func DefaultCosts() Costs {
 		PatcherUS:          4.4,
 		PatcherInlineUS:    2.2,
 		PatcherNodeUS:      0.03,
+		GraphNodeSetUS:     0.2,
+		ExecUpdateUS:       1,
+		ExecUpdateNodeUS:   0.157,
 	}
 }
 
@@ -83,6 +99,9 @@ func (c Costs) WithDefaults() (Costs, error) {
 		{&c.PatcherUS, d.PatcherUS, math.Inf(1)},
 		{&c.PatcherInlineUS, d.PatcherInlineUS, math.Inf(1)},
 		{&c.PatcherNodeUS, d.PatcherNodeUS, math.Inf(1)},
+		{&c.GraphNodeSetUS, d.GraphNodeSetUS, math.Inf(1)},
+		{&c.ExecUpdateUS, d.ExecUpdateUS, math.Inf(1)},
+		{&c.ExecUpdateNodeUS, d.ExecUpdateNodeUS, math.Inf(1)},
 	} {
 		switch {
 		case *f.v == 0:
@@ -97,4 +116,17 @@ func (c Costs) WithDefaults() (Costs, error) {
 // copyUS is the modelled GPU time of one copy of size bytes.
 func (c Costs) copyUS(size uint64) float64 {
 	return c.CopyLatencyUS + float64(size)/c.CopyBytesPerUS
+}
+
+// wholeUS is the modelled host cost of bringing an exec to new addresses
+// with one whole-graph update from its host template: w.Template nodes set
+// on the template, then the update of a graph of w.Graph nodes.
+func (c Costs) wholeUS(w graph.Whole) float64 {
+	return float64(w.Template)*c.GraphNodeSetUS + c.ExecUpdateUS + float64(w.Graph)*c.ExecUpdateNodeUS
+}
+
+// wholeCheaper reports whether the whole-graph update of w costs less than
+// its w.Nodes per-node updates: many moved nodes in a small graph.
+func (c Costs) wholeCheaper(w graph.Whole) bool {
+	return c.wholeUS(w) < float64(w.Nodes)*c.NodeUpdateUS
 }

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -380,8 +381,15 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 		}
 	}
 	w.Seal(0)
-	kernels.SetInlineArgs(r.args, r.param)
-	if err := st.b.GraphExecKernelNodeSetParams(st.x.X, r.node, gpu.KernelParams{Func: st.inline, Config: r.cfg, Args: r.args}); err != nil {
+	// Only the table's words change: they are rewritten in the node's
+	// prepared parameters and the node set with one driver call.
+	base := len(r.args) - kernels.PatchInlineSize/8
+	for k := range kernels.PatchInlineSize / 8 {
+		if err := r.set.SetWord(0, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
+			return 0, fmt.Errorf("device: write the inline patcher's table: %w", err)
+		}
+	}
+	if _, err := r.set.Apply(r.setNode); err != nil {
 		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
 	}
 	r.applying = moved
@@ -444,7 +452,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	p := gpu.KernelParams{Func: st.patcher, Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}
 	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
 		// Every step's updates fit the patcher's own parameters.
-		rig.inline, rig.cfg = true, p.Config
+		rig.inline = true
 		rig.param = make([]byte, kernels.PatchInlineSize)
 		rig.args = rig.mem.InlineArgs(rig.param)
 		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
@@ -464,6 +472,14 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
 	if err != nil {
 		return fmt.Errorf("device: %w", err)
+	}
+	if rig.inline && !rig.none {
+		// The inline patcher's parameters change every step that moves
+		// something: prepared once, only its table rewritten.
+		if rig.set, err = gpu.PrepareKernelNodes(b, x.X, []gpu.GraphNode{rig.node}, []gpu.KernelParams{p}); err != nil {
+			return errors.Join(fmt.Errorf("device: prepare the inline patcher's node: %w", err), x.Destroy(b))
+		}
+		rig.setNode = []int32{0}
 	}
 	if err = st.du.GraphUpload(x.X, s); err != nil {
 		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
@@ -539,16 +555,18 @@ type patchRig struct {
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
 
-	// The inline patcher: its node, launch, table (in its arguments,
-	// rewritten in place each step) and whether that table moves
-	// anything.
+	// The inline patcher: its node, table (in its arguments, rewritten
+	// in place each step) and whether that table moves anything.
 	inline   bool
 	none     bool // no patcher: nothing to move on the device
 	node     gpu.GraphNode
-	cfg      gpu.LaunchConfig
 	param    []byte
 	args     []gpu.Arg
 	applying bool
+	// set holds the inline patcher's node prepared (setNode: its index);
+	// nil without the inline patcher.
+	set     gpu.KernelNodeSet
+	setNode []int32
 
 	// host's lifetime: a wait reads the mirror without the executable's
 	// lock, while Close may free it (see pool's timeline).
@@ -626,6 +644,12 @@ func (r *patchRig) passed(n uint64) bool {
 // free frees the rig's memory, reporting every failure; it is idempotent.
 func (r *patchRig) free(b gpu.Backend) error {
 	var errs []error
+	if r.set != nil {
+		if err := r.set.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("device: release the inline patcher's node: %w", err))
+		}
+		r.set = nil
+	}
 	if r.dmem != 0 {
 		if err := b.MemFree(r.dmem); err != nil {
 			errs = append(errs, fmt.Errorf("device: free the patcher memory: %w", err))

@@ -205,7 +205,8 @@ func TestJSONStdout(t *testing.T) {
 	for _, args := range [][]string{
 		append([]string{"--backend", "sim", "bench", "--steps", "3", "--json", "-"}, tiny...),
 		append([]string{"--backend", "sim", "run", "--steps", "3", "--json", "-"}, tiny...),
-		{"--backend", "sim", "bench-driver", "--iters", "2", "--heavy-iters", "1", "--graph-iters", "1", "--ks", "10", "--json", "-"},
+		{"--backend", "sim", "bench-driver", "--iters", "2", "--heavy-iters", "1", "--graph-iters", "1", "--ks", "10",
+			"--param-bytes", "24", "--update-nodes", "4", "--update-iters", "1", "--json", "-"},
 	} {
 		code, out, errs := runCLI(t, args...)
 		if code != exitOK {

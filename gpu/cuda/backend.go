@@ -52,6 +52,12 @@ type Backend struct {
 	// so launches need not ask the driver (devupdate.go).
 	captures atomic.Int64
 
+	// setByKernel makes prepared node sets (nodeset.go) name a library
+	// kernel's node by its context-independent kernel, as the library
+	// made it, rather than by its function in the context: set by
+	// BenchmarkGemmNodeUpdate, which measures both.
+	setByKernel bool
+
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {
 		sync.Mutex

@@ -28,6 +28,9 @@ type funcInfo struct {
 	name   string     // "" until asked, for discovered kernels
 	spec   *gpu.KernelSpec
 	params []gpu.ParamInfo // cached cuFuncGetParamInfo layout; nil until asked
+	// kern is the context-independent kernel a node read back named
+	// instead of f (a library's cuLibrary kernel), 0 when none did.
+	kern cu.Kernel
 }
 
 // ModuleLoad implements gpu.Modules. It asks img for a cubin of dev's
