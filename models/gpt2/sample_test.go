@@ -1,0 +1,212 @@
+package gpt2
+
+import (
+	"cmp"
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/kernels"
+)
+
+// topCandidates is what kernels.Sample gives the host for a row: its K
+// largest logits in kernels.SampleKey order (NaNs dropped, as the Batcher
+// drops them) and Z.
+func topCandidates(row []float32, K int, temp float64) ([]candidate, float64) {
+	keys := make([]uint64, len(row))
+	for j, v := range row {
+		keys[j] = kernels.SampleKey(v, j)
+	}
+	slices.SortFunc(keys, func(a, b uint64) int { return cmp.Compare(b, a) })
+	var c []candidate
+	for _, k := range keys[:min(K, len(keys))] {
+		id := int32(^uint32(k))
+		if v := row[id]; v == v {
+			c = append(c, candidate{id, v})
+		}
+	}
+	_, z := kernels.SampleStats(row, temp)
+	return c, z
+}
+
+// TestCandidatesMatchWholeRow: drawing from the device's candidates gives
+// the token the whole row gives, for every setting, whenever the
+// candidates hold the tokens kept; they say they do not exactly when a
+// top-k exceeds them or the nucleus reaches past them (checked here
+// against the probabilities worked out independently). Both cases occur.
+func TestCandidatesMatchWholeRow(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const V, K = 500, 16
+	var decided, fellBack int
+	for trial := range 400 {
+		spread := []float64{0.3, 2, 6}[trial%3]
+		row := make([]float32, V)
+		for j := range row {
+			row[j] = float32(r.NormFloat64() * spread)
+		}
+		row[r.IntN(V)] = float32(math.NaN())
+		for _, s := range []Sampling{
+			{Temperature: 0.8, TopK: 5}, {Temperature: 1.2, TopK: K}, {Temperature: 0.8, TopK: 40},
+			{Temperature: 0.7, TopP: 0.5}, {Temperature: 1, TopP: 0.9}, {Temperature: 0.8, TopK: 12, TopP: 0.95},
+			{Temperature: 0.8, TopK: 40, TopP: 0.95},
+		} {
+			s.Seed = uint64(trial)
+			c, z := topCandidates(row, K, s.Temperature)
+			var sc scratch
+			whole := s.drawLogits(row, 3, trial, &sc)
+			tok, ok := s.drawSorted(c, false, z, 3, trial)
+			// Independently: do the top K hold the kept set?
+			k, p := s.cut(V)
+			want := k <= K
+			if k == 0 && p > 0 {
+				var acc float64
+				for _, e := range c {
+					acc += math.Exp((float64(e.v) - float64(c[0].v)) / s.Temperature)
+				}
+				want = acc >= p*z
+			}
+			if ok != want {
+				t.Fatalf("trial %d, %+v: candidates decide %v, want %v", trial, s, ok, want)
+			}
+			if !ok {
+				fellBack++
+				continue
+			}
+			decided++
+			if tok != whole {
+				t.Errorf("trial %d, %+v: %d from the candidates, %d from the whole row", trial, s, tok, whole)
+			}
+		}
+	}
+	if decided < 100 || fellBack < 100 {
+		t.Errorf("%d draws decided by the candidates, %d fell back: both paths should be exercised", decided, fellBack)
+	}
+}
+
+// TestSamplerDistribution: the host's draws under top-k and top-p follow
+// the softmax renormalised over the tokens kept (worked out by hand here):
+// 12,000 draws pass a chi-square test at the 0.1% level; tokens outside the
+// kept set are never drawn.
+func TestSamplerDistribution(t *testing.T) {
+	row := []float32{2, 0.1, 1.5, 3, -1, 1, 2.5, 0, 0.5, -2}
+	const T = 0.9
+	// Top 6 by logit: ids 3 (3), 6 (2.5), 0 (2), 2 (1.5), 5 (1), 8 (0.5).
+	top6 := []int{3, 6, 0, 2, 5, 8}
+	w := make([]float64, len(top6))
+	var sum float64
+	for i, id := range top6 {
+		w[i] = math.Exp(float64(row[id]) / T)
+		sum += w[i]
+	}
+	// The nucleus of 0.7 within them: the first two hold 69.6%, so it
+	// keeps three.
+	kept, acc := 0, 0.0
+	for kept < len(w) && acc < 0.7*sum {
+		acc += w[kept]
+		kept++
+	}
+	if kept != 3 {
+		t.Fatalf("the nucleus keeps %d of 6, want 3", kept)
+	}
+	s := Sampling{Temperature: T, TopK: 6, TopP: 0.7, Seed: 11}
+	const n = 12000
+	counts := map[int32]int{}
+	var sc scratch
+	for i := range n {
+		counts[s.drawLogits(row, i%3, i, &sc)]++
+	}
+	var x float64
+	for i, id := range top6[:kept] {
+		e := n * w[i] / acc
+		d := float64(counts[int32(id)]) - e
+		x += d * d / e
+		delete(counts, int32(id))
+	}
+	if len(counts) > 0 {
+		t.Errorf("tokens outside the kept set drawn: %v", counts)
+	}
+	// Three outcomes, two degrees of freedom: P(χ² > 13.82) = 0.001.
+	if x > 13.82 {
+		t.Errorf("χ² = %.1f over the %d kept tokens", x, kept)
+	}
+}
+
+// TestDeviceSamplingMatchesHost: on sim, a batch sampled on the device
+// (a draw over the row for temperature alone, the candidates for top-k and
+// top-p, falling back to the logits when those do not hold the nucleus)
+// gives the same tokens as the same batch drawn on the host from whole rows
+// (Options.HostSampling), every draw counted where it was made; the draw
+// reads back less.
+func TestDeviceSamplingMatchesHost(t *testing.T) {
+	b := openSim(t)
+	w := microWeights(t)
+	for _, c := range []struct {
+		s    Sampling
+		cand int
+		// which counters of the device run must be positive
+		device, candidates, fallbacks bool
+	}{
+		{Sampling{Temperature: 0.8, Seed: 1}, 0, true, false, false},
+		{Sampling{Temperature: 0.8, TopK: 40, TopP: 0.95, Seed: 2}, 0, false, true, false},
+		{Sampling{Temperature: 1.1, TopK: 5, Seed: 3}, 0, false, true, false},
+		// The micro model's logits are flat: a nucleus of 0.9 needs far
+		// more than 8 candidates.
+		{Sampling{Temperature: 1, TopP: 0.9, Seed: 4}, 8, false, false, true},
+		{Sampling{Temperature: 0.9, TopK: 20, Seed: 5}, 8, false, false, true},
+	} {
+		reqs := mixedRequests(c.s)
+		dev := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Candidates: c.cand})
+		host := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, HostSampling: true})
+		got, want := generate(t, dev, reqs), generate(t, host, reqs)
+		total := 0
+		for i := range reqs {
+			total += len(want[i].Tokens)
+			if !slices.Equal(got[i].Tokens, want[i].Tokens) {
+				t.Errorf("%+v: sequence %d: %v on the device, %v on the host", c.s, i, got[i].Tokens, want[i].Tokens)
+			}
+		}
+		ds, hs := dev.Stats(), host.Stats()
+		if n := ds.DeviceDraws + ds.CandidateDraws + ds.Fallbacks + ds.HostDraws; n != int64(total) {
+			t.Errorf("%+v: %d draws counted for %d tokens: %+v", c.s, n, total, ds)
+		}
+		if (ds.DeviceDraws > 0) != c.device || (ds.CandidateDraws > 0) != c.candidates || (ds.Fallbacks > 0) != c.fallbacks || ds.HostDraws != 0 {
+			t.Errorf("%+v: device run drew %d on the device, %d from candidates, %d fell back, %d on the host", c.s,
+				ds.DeviceDraws, ds.CandidateDraws, ds.Fallbacks, ds.HostDraws)
+		}
+		if hs.HostDraws != int64(total) || hs.DeviceDraws+hs.CandidateDraws+hs.Fallbacks != 0 {
+			t.Errorf("%+v: host run: %+v", c.s, hs)
+		}
+		// (64 candidates of 8 bytes outweigh the micro model's 97 logits:
+		// only the draw is compared.)
+		if c.device && ds.ReadbackBytes*4 > hs.ReadbackBytes {
+			t.Errorf("%+v: the device run read back %d bytes, the host run %d", c.s, ds.ReadbackBytes, hs.ReadbackBytes)
+		}
+	}
+}
+
+// TestSampledStrategies: device sampling gives the same tokens under the
+// strategies that copy or map the step's params (the sampling param
+// among them) as under eager, with fresh and with unchanged params.
+func TestSampledStrategies(t *testing.T) {
+	b := openSim(t)
+	w := microWeights(t)
+	reqs := mixedRequests(Sampling{Temperature: 0.9, TopK: 30, Seed: 8})
+	reqs = append(reqs, mixedRequests(Sampling{Temperature: 1.2, Seed: 9})...)
+	reqs = append(reqs, mixedRequests(Sampling{})...)
+	want := generate(t, newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: sg.StrategyEager}), reqs)
+	for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyStable, sg.StrategyPool, sg.StrategyDevice} {
+		bt := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: st})
+		res, err := bt.Generate(context.Background(), reqs, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", st, err)
+		}
+		for i := range reqs {
+			if !slices.Equal(res[i].Tokens, want[i].Tokens) {
+				t.Errorf("%s: sequence %d: %v, eager %v", st, i, res[i].Tokens, want[i].Tokens)
+			}
+		}
+	}
+}
