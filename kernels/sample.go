@@ -179,7 +179,7 @@ func gumbelLog(x float64) float64 {
 		p = float64(float64(p*s2) + gumbelSeries[i])
 	}
 	kf := float64(k)
-	return float64(float64(kf*ln2Hi)+float64(float64(float64(2*s)*p)+float64(kf*ln2Lo)))
+	return float64(float64(kf*ln2Hi) + float64(float64(float64(2*s)*p)+float64(kf*ln2Lo)))
 }
 
 // gumbelSeries are 1/(2i+1) for i < 12, each the double nearest (the
