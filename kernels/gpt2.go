@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/f32mem"
 )
 
 // The transformer-decode kernels: what a GPT-2 decode step needs besides its
@@ -180,6 +181,9 @@ func refEmbed(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		return err
 	}
 	y := make([]float32, rows*d)
+	te, pe := f32mem.Get(d), f32mem.Get(d)
+	defer te.Put()
+	defer pe.Put()
 	for r := range rows {
 		if toks[r] < 0 || int(toks[r]) >= vocab {
 			return fmt.Errorf("kernel %s: row %d: token id %d outside [0, %d): %w", Embed, r, toks[r], vocab, gpu.ErrInvalidValue)
@@ -187,19 +191,18 @@ func refEmbed(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if pos[r] < 0 || int(pos[r]) >= npos {
 			return fmt.Errorf("kernel %s: row %d: position %d outside [0, %d): %w", Embed, r, pos[r], npos, gpu.ErrInvalidValue)
 		}
-		te, err := gpu.ReadF32(mem, a[1].AsPtr().Add(uint64(toks[r])*uint64(4*d)), d)
-		if err != nil {
+		if err := f32mem.ReadInto(mem, a[1].AsPtr().Add(uint64(toks[r])*uint64(4*d)), te.V); err != nil {
 			return err
 		}
-		pe, err := gpu.ReadF32(mem, a[2].AsPtr().Add(uint64(pos[r])*uint64(4*d)), d)
-		if err != nil {
+		if err := f32mem.ReadInto(mem, a[2].AsPtr().Add(uint64(pos[r])*uint64(4*d)), pe.V); err != nil {
 			return err
 		}
-		for c := range d {
-			y[r*d+c] = te[c] + pe[c]
+		yr := y[r*d : (r+1)*d]
+		for c, v := range te.V {
+			yr[c] = v + pe.V[c]
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), y)
+	return f32mem.Write(mem, a[0].AsPtr(), y)
 }
 
 // checkRowBlocks checks a launch of one block per row (or per row and
@@ -228,18 +231,24 @@ func refLayerNorm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := checkRowBlocks(LayerNorm, cfg, rows, 1); err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+	xBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	g, err := gpu.ReadF32(mem, a[2].AsPtr(), cols)
+	defer xBuf.Put()
+	x := xBuf.V
+	gBuf, err := f32mem.Read(mem, a[2].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
-	b, err := gpu.ReadF32(mem, a[3].AsPtr(), cols)
+	defer gBuf.Put()
+	g := gBuf.V
+	bBuf, err := f32mem.Read(mem, a[3].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
+	defer bBuf.Put()
+	b := bBuf.V
 	y := make([]float32, rows*cols)
 	for r := range rows {
 		row := x[r*cols : (r+1)*cols]
@@ -257,7 +266,7 @@ func refLayerNorm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 			y[r*cols+c] = float32((float64(e)-mean)*rstd*float64(g[c]) + float64(b[c]))
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), y)
+	return f32mem.Write(mem, a[0].AsPtr(), y)
 }
 
 // refBiasResidual is x += a + bias, summed as x + (a + bias) in float32,
@@ -270,22 +279,28 @@ func refBiasResidual(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, rows*cols, BiasResidual); err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[0].AsPtr(), rows*cols)
+	xBuf, err := f32mem.Read(mem, a[0].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	av, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+	defer xBuf.Put()
+	x := xBuf.V
+	avBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	bv, err := gpu.ReadF32(mem, a[2].AsPtr(), cols)
+	defer avBuf.Put()
+	av := avBuf.V
+	bvBuf, err := f32mem.Read(mem, a[2].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
+	defer bvBuf.Put()
+	bv := bvBuf.V
 	for i := range x {
 		x[i] += av[i] + bv[i%cols]
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), x)
+	return f32mem.Write(mem, a[0].AsPtr(), x)
 }
 
 // seqCaches returns the first nseq cache pointers of a launch whose cache
@@ -323,14 +338,18 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, nseq*d, KVAppend); err != nil {
 		return err
 	}
-	qkv, err := gpu.ReadF32(mem, a[1].AsPtr(), nseq*3*d)
+	qkvBuf, err := f32mem.Read(mem, a[1].AsPtr(), nseq*3*d)
 	if err != nil {
 		return err
 	}
-	bias, err := gpu.ReadF32(mem, a[2].AsPtr(), 3*d)
+	defer qkvBuf.Put()
+	qkv := qkvBuf.V
+	biasBuf, err := f32mem.Read(mem, a[2].AsPtr(), 3*d)
 	if err != nil {
 		return err
 	}
+	defer biasBuf.Put()
+	bias := biasBuf.V
 	pos, err := readI32(mem, a[3].AsPtr(), nseq)
 	if err != nil {
 		return err
@@ -348,14 +367,14 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 			v[c] = row[2*d+c] + bias[2*d+c]
 		}
 		row4 := uint64(4 * d)
-		if err := gpu.WriteF32(mem, caches[i].Add(uint64(pos[i])*row4), k); err != nil {
+		if err := f32mem.Write(mem, caches[i].Add(uint64(pos[i])*row4), k); err != nil {
 			return err
 		}
-		if err := gpu.WriteF32(mem, caches[i].Add(uint64(npos+int(pos[i]))*row4), v); err != nil {
+		if err := f32mem.Write(mem, caches[i].Add(uint64(npos+int(pos[i]))*row4), v); err != nil {
 			return err
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), q)
+	return f32mem.Write(mem, a[0].AsPtr(), q)
 }
 
 // refDecodeAttention computes scores, softmax and the weighted sum in
@@ -380,10 +399,12 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 		return fmt.Errorf("kernel %s: %d bytes of shared memory, the kernel needs %d for %d positions: %w", DecodeAttention, cfg.SharedMem, want, npos, gpu.ErrInvalidValue)
 	}
 	d := heads * hd
-	q, err := gpu.ReadF32(mem, a[1].AsPtr(), nseq*d)
+	qBuf, err := f32mem.Read(mem, a[1].AsPtr(), nseq*d)
 	if err != nil {
 		return err
 	}
+	defer qBuf.Put()
+	q := qBuf.V
 	pos, err := readI32(mem, a[2].AsPtr(), nseq)
 	if err != nil {
 		return err
@@ -396,21 +417,24 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	acc := make([]float64, hd)
 	for i := range nseq {
 		n := int(pos[i]) + 1
-		keys, err := gpu.ReadF32(mem, caches[i], n*d)
+		keys, err := f32mem.Read(mem, caches[i], n*d)
 		if err != nil {
 			return err
 		}
-		vals, err := gpu.ReadF32(mem, caches[i].Add(uint64(4*npos*d)), n*d)
+		vals, err := f32mem.Read(mem, caches[i].Add(uint64(4*npos*d)), n*d)
 		if err != nil {
+			keys.Put()
 			return err
 		}
 		for h := range heads {
 			qh := q[i*d+h*hd : i*d+(h+1)*hd]
 			m := math.Inf(-1)
 			for t := range n {
+				k := keys.V[t*d+h*hd : t*d+(h+1)*hd]
+				k = k[:len(qh)]
 				var dot float64
 				for j, qv := range qh {
-					dot += float64(qv) * float64(keys[t*d+h*hd+j])
+					dot += float64(qv) * float64(k[j])
 				}
 				s[t] = scale * dot
 				m = max(m, s[t])
@@ -421,15 +445,19 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 				sum += s[t]
 			}
 			clear(acc)
-			for t := range n {
+			for t, st := range s[:n] {
+				v := vals.V[t*d+h*hd : t*d+(h+1)*hd]
+				v = v[:len(acc)]
 				for j := range acc {
-					acc[j] += s[t] * float64(vals[t*d+h*hd+j])
+					acc[j] += st * float64(v[j])
 				}
 			}
 			for j, v := range acc {
 				out[i*d+h*hd+j] = float32(v / sum)
 			}
 		}
+		keys.Put()
+		vals.Put()
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), out)
+	return f32mem.Write(mem, a[0].AsPtr(), out)
 }
