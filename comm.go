@@ -39,7 +39,8 @@ import (
 //
 // Capture never communicates (sim's by construction; NCCL's with
 // NCCL_GRAPH_REGISTER=0, which keeps captured collectives from registering
-// buffers with their peers), so ranks need not capture at the same steps:
+// buffers with their peers, and which NewCommID and NewComm see to:
+// ncclenv.go), so ranks need not capture at the same steps:
 // only the order in which collectives run must be the same on every rank,
 // and it is, since every strategy runs a step's commands in program order.
 
@@ -84,6 +85,9 @@ type CommStats struct {
 // the other ranks (NCCL's unique id). It fails with an error wrapping
 // gpu.ErrNotSupported on a backend without collectives.
 func NewCommID(b gpu.Backend) (gpu.CommID, error) {
+	if err := ncclGraphRegisterOff(b); err != nil {
+		return gpu.CommID{}, err
+	}
 	coll, err := gpu.CollectivesOf(b)
 	if err != nil {
 		return gpu.CommID{}, fmt.Errorf("stablegraph: communicator id: %w", err)
@@ -102,6 +106,9 @@ func NewCommID(b gpu.Backend) (gpu.CommID, error) {
 // fails with an error wrapping gpu.ErrNotSupported on a backend without
 // collectives.
 func NewComm(b gpu.Backend, dev int, id gpu.CommID, size, rank int) (*Comm, error) {
+	if err := ncclGraphRegisterOff(b); err != nil {
+		return nil, fmt.Errorf("stablegraph: communicator rank %d of %d: %w", rank, size, err)
+	}
 	coll, err := gpu.CollectivesOf(b)
 	if err != nil {
 		return nil, fmt.Errorf("stablegraph: communicator rank %d of %d: %w", rank, size, err)

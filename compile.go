@@ -18,11 +18,16 @@ import (
 // (states and constants one allocation each, temps one shared arena), loads
 // the kernels, and returns an Executable that runs p on opts.Device with
 // opts.Strategy. A bad program fails with errors wrapping ErrInvalidProgram
-// before anything is allocated; a device failure releases everything
-// created before it.
+// before anything is allocated (every launch of a built-in kernel is
+// checked against its signature: see package kernels, "Extents"); a device
+// failure releases everything created before it. A nil ctx is an error
+// wrapping gpu.ErrInvalidValue.
 func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *Executable, err error) {
 	if p == nil {
 		return nil, errNilProgram
+	}
+	if ctx == nil {
+		return nil, fmt.Errorf("stablegraph: compile %q: %w", p.name, errNilContext)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("stablegraph: compile %q: %w", p.name, err)

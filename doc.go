@@ -30,7 +30,14 @@
 // Compile validates the program (errors name the command and the buffer
 // and wrap ErrInvalidProgram), lays out and allocates the executable's own
 // memory (temps share memory when their lifetimes do not overlap), and
-// returns an Executable bound to a device and a Strategy:
+// returns an Executable bound to a device and a Strategy. Device code
+// cannot tell where a buffer ends, so Compile checks every launch of a
+// built-in kernel against the kernel's signature (package kernels,
+// "Extents"): a slice shorter than what the kernel reads or writes through
+// it for the launch's scalars (sg_axpb's 4·n bytes of y and of x) is
+// refused, naming the kernel argument, the buffer and both sizes, as are
+// scalars the kernel cannot take. A nil context is an error (wrapping
+// gpu.ErrInvalidValue) wherever one is taken, never a panic.
 //
 //	exe, err := stablegraph.Compile(ctx, backend, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
 //	defer exe.Close()
@@ -175,8 +182,10 @@
 // release that fails; on the sim backend the live-handle counters return
 // to zero. When the wait ends first (a stuck stream), Close releases
 // nothing, since the device may still use it, returns an error naming what
-// it left, and a later Close tries again. Client.Close is bounded the same
-// way (package client).
+// it left, and a later Close tries again. The context bounds the waits and
+// nothing else: with nothing to wait for, Close releases everything even
+// with a context already ended, and closing a closed executable returns
+// nil. Client.Close is bounded the same way (package client).
 //
 // # Around the executable
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/replay"
 )
 
@@ -43,6 +44,11 @@ var (
 	// lease was released: their slot may hold another step's results.
 	ErrReleased = errors.New("stablegraph: outputs already released")
 )
+
+// errNilContext is what the methods that take a context return for a nil
+// one, rather than panic on it: context.Background() (or a context with
+// a deadline) is what they want.
+var errNilContext = fmt.Errorf("nil context.Context (pass context.Background() or a context with a deadline): %w", gpu.ErrInvalidValue)
 
 // errNilProgram is what Compile and Validate return for a nil *Program.
 var errNilProgram = fmt.Errorf("%w: nil *Program (make one with NewProgram)", ErrInvalidProgram)

@@ -207,6 +207,9 @@ type Executable struct {
 		stepped bool        // a step ran (Stats.Ran)
 		mem     MemoryStats // the executable's own memory; the strategy's is asked for
 		closed  bool        // Close began
+		// released: everything is released (Close succeeded, or Compile
+		// failed), as mu.released, for a Close that must not wait for mu.
+		released bool
 	}
 
 	mu struct {
@@ -280,11 +283,15 @@ func (e *Executable) Memory() MemoryStats {
 // executable's lock, up to Options.SlotWait or ctx's deadline; passing it
 // is an error wrapping ErrSlotWait; Close wakes the wait, which fails with
 // ErrClosed. With zero-copy outputs the caller must Release the Outputs
-// returned (see Outputs).
+// returned (see Outputs). A nil ctx is an error wrapping
+// gpu.ErrInvalidValue, as for every method that takes a context.
 func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs, error) {
 	steps, closed := e.published()
 	if closed {
 		return Outputs{}, ErrClosed
+	}
+	if ctx == nil {
+		return Outputs{}, e.stepErr(steps, "", errNilContext)
 	}
 	if err := ctx.Err(); err != nil {
 		return Outputs{}, e.stepErr(steps, "", err)
@@ -394,6 +401,13 @@ func (e *Executable) stepErr(step int64, st Strategy, err error) error {
 		return fmt.Errorf("stablegraph: executable %s: step %d (%s): %w", e.name, step, st, err)
 	}
 	return fmt.Errorf("stablegraph: executable %s: step %d: %w", e.name, step, err)
+}
+
+// releasedPub reports whether the executable has released everything.
+func (e *Executable) releasedPub() bool {
+	e.pub.Lock()
+	defer e.pub.Unlock()
+	return e.pub.released
 }
 
 // published is the steps done and whether Close has begun, as published
@@ -594,6 +608,9 @@ func (e *Executable) Traces() []TraceInfo {
 // waitLocked waits until the last step has completed on the device; ctx
 // and Close end the wait.
 func (e *Executable) waitLocked(ctx context.Context) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	if e.mu.last == 0 {
 		return nil
 	}
@@ -778,13 +795,38 @@ func (e *Executable) Close() error {
 // ctx.Err() (and gpu.ErrTimeout at a deadline) and names what was left,
 // and a later Close tries again. A step that failed on the device (a
 // fault) is no reason to keep anything: Close releases and reports the
-// fault. Close is idempotent once it has released everything.
+// fault. Close is idempotent once it has released everything: closing a
+// closed executable returns nil.
+//
+// ctx bounds the waits and nothing else: with nothing to wait for (the
+// last step complete, no other Close in progress) Close releases
+// everything even when ctx has already ended. While another Close is in
+// progress it waits for that one until ctx ends, and then returns nil if
+// that Close released everything, else an error that says it was waiting
+// for another Close. A nil ctx is an error (wrapping gpu.ErrInvalidValue).
 func (e *Executable) CloseContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("stablegraph: close %q: %w", e.name, errNilContext)
+	}
 	e.beginClose()
+	if e.releasedPub() {
+		return nil
+	}
+	// ctx bounds the waits, and only those: a Close with nothing to wait
+	// for closes even when ctx has ended. So the semaphore is taken at once
+	// when it is free (a select of it against a done ctx would pick either
+	// at random), and ctx is consulted only while another Close holds it.
 	select {
 	case e.closeSem <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("stablegraph: close %q: waiting for another Close: %w", e.name, ctx.Err())
+	default:
+		select {
+		case e.closeSem <- struct{}{}:
+		case <-ctx.Done():
+			if e.releasedPub() {
+				return nil // the other Close released everything
+			}
+			return fmt.Errorf("stablegraph: close %q: waiting for another Close to finish (it waits for the last step to complete on the device, then releases), nothing released by this one: %w", e.name, ctx.Err())
+		}
 	}
 	defer func() { <-e.closeSem }()
 	e.mu.Lock()
@@ -847,6 +889,7 @@ func (e *Executable) releaseLocked() error {
 	}
 	e.pub.Lock()
 	e.pub.closed = true
+	e.pub.released = true
 	e.pub.Unlock()
 	var errs []error
 	add := func(what string, err error) {

@@ -179,7 +179,7 @@ func (s Slice) Offset() int64 { return s.off }
 func (s Slice) Len() int64 { return s.n }
 
 func (s Slice) String() string {
-	return fmt.Sprintf("%s[%d:%d]", s.buf.Name(), s.off, s.off+s.n)
+	return fmt.Sprintf("%s[%d:%s]", s.buf.Name(), s.off, endText(s.off, s.n))
 }
 
 // Access says how a command uses a slice. It drives validation (constants

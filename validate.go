@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"math/bits"
 	"reflect"
+	"strconv"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/kernels"
@@ -119,7 +121,7 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 		case s.n <= 0:
 			ck.add(i, op, d.name, "argument %d: slice length %d is not positive", j, s.n)
 		case s.off < 0 || s.off > d.size || s.n > d.size-s.off:
-			ck.add(i, op, d.name, "argument %d: slice [%d, %d) is out of bounds of the buffer's %d bytes", j, s.off, s.off+s.n, d.size)
+			ck.add(i, op, d.name, "argument %d: slice %s is out of bounds of the buffer's %d bytes", j, span64(s.off, s.n), d.size)
 		}
 		if a.access&Write != 0 {
 			if d.class == Constant {
@@ -136,7 +138,7 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 		if dst.n != src.n {
 			ck.add(i, op, dst.buf.Name(), "copies %d bytes from %s into %d bytes", src.n, src, dst.n)
 		}
-		if dst.buf == src.buf && dst.off < src.off+src.n && src.off < dst.off+dst.n {
+		if dst.buf == src.buf && overlap(dst, src) {
 			ck.add(i, op, dst.buf.Name(), "source %s and destination %s overlap", src, dst)
 		}
 	case cmdMemset:
@@ -194,6 +196,66 @@ func (p *Program) checkCommand(ck *checker, specs map[string]gpu.KernelSpec, i i
 	}
 }
 
+// Sizes and offsets are int64s that a caller may set anywhere: every sum
+// and product of them below is checked, so that none can wrap around and
+// pass a check it fails (a receive of 6e18 bytes "holding" 3 times an
+// 8-byte send).
+
+// mulSize is a·b for sizes a, b >= 0, and false when either is negative
+// or the product does not fit in an int64.
+func mulSize(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(lo), true
+}
+
+// productText is a·b in decimal, exact even where it overflows an int64.
+func productText(a, b int64) string {
+	return new(big.Int).Mul(big.NewInt(a), big.NewInt(b)).String()
+}
+
+// addOff is a+b, and false when it overflows an int64.
+func addOff(a, b int64) (int64, bool) {
+	s := a + b
+	if (b > 0 && s < a) || (b < 0 && s > a) {
+		return 0, false
+	}
+	return s, true
+}
+
+// span64 prints the byte range of n bytes at off, "[off, off+n)", with its
+// exact end even where off+n overflows an int64.
+func span64(off, n int64) string {
+	return fmt.Sprintf("[%d, %s)", off, endText(off, n))
+}
+
+// endText is off+n in decimal, exact even where it overflows an int64.
+func endText(off, n int64) string {
+	if end, ok := addOff(off, n); ok {
+		return strconv.FormatInt(end, 10)
+	}
+	return new(big.Int).Add(big.NewInt(off), big.NewInt(n)).String()
+}
+
+// overlap reports whether slices a and b of one buffer share a byte. Ends
+// that overflow (slices already refused as out of bounds) are compared
+// exactly.
+func overlap(a, b Slice) bool {
+	aEnd, ok1 := addOff(a.off, a.n)
+	bEnd, ok2 := addOff(b.off, b.n)
+	if ok1 && ok2 {
+		return a.off < bEnd && b.off < aEnd
+	}
+	ae := new(big.Int).Add(big.NewInt(a.off), big.NewInt(a.n))
+	be := new(big.Int).Add(big.NewInt(b.off), big.NewInt(b.n))
+	return big.NewInt(a.off).Cmp(be) < 0 && big.NewInt(b.off).Cmp(ae) < 0
+}
+
 // f32Bytes is the bytes of a rows×cols float32 matrix (both positive), and
 // false when that does not fit in an int64: shapes are checked before any
 // size is computed from them, so that no product can wrap around and pass a
@@ -228,6 +290,7 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 		ck.add(i, op, "", "kernel %s takes %d arguments, got %d", c.kernel, len(spec.Params), len(c.args))
 		return
 	}
+	kindsOK := true
 	for j, want := range spec.Params {
 		a := c.args[j]
 		switch {
@@ -239,6 +302,45 @@ func (p *Program) checkLaunch(ck *checker, specs map[string]gpu.KernelSpec, i in
 			ck.add(i, op, "", "argument %d is %s; kernel %s wants %s", j, a.val.Kind, c.kernel, want)
 		case a.IsSlice() && a.slice.off%ptrAlign != 0:
 			ck.add(i, op, a.slice.buf.Name(), "argument %d: slice %s is not %d-byte aligned", j, a.slice, ptrAlign)
+			continue // of the right kind: its extent can still be checked
+		default:
+			continue
+		}
+		kindsOK = false
+	}
+	if !kindsOK {
+		return // the extents need the arguments of the right kinds
+	}
+	if sig, ok := kernels.SignatureOf(c.kernel); ok {
+		p.checkExtents(ck, i, c, op, sig)
+	}
+}
+
+// checkExtents checks a launch of a built-in kernel against its signature
+// (package kernels, "Extents"): its scalars in range, and every pointer
+// argument's slice holding what the kernel reads or writes through it for
+// those scalars. Device code cannot tell where a buffer ends, so a launch
+// asking for more would overrun it on the device.
+func (p *Program) checkExtents(ck *checker, i int, c *cmdDecl, op string, sig kernels.Signature) {
+	args := make([]gpu.Arg, len(c.args))
+	for j, a := range c.args {
+		args[j] = a.val
+	}
+	if msgs := sig.CheckScalars(args); len(msgs) > 0 {
+		for _, m := range msgs {
+			ck.add(i, op, "", "%s", m)
+		}
+		return
+	}
+	for _, e := range sig.Extents {
+		need, used, ok := e.Bytes(args)
+		if !used {
+			continue
+		}
+		s := c.args[e.Param].slice
+		if !ok || s.n < need {
+			ck.add(i, op, s.buf.Name(), "argument %d (%s): %s %s %s, but the slice %s holds %d bytes",
+				e.Param, sig.Name(e.Param), c.kernel, e.Access, sig.Formula(e, args), s, s.n)
 		}
 	}
 }
@@ -280,17 +382,25 @@ func (p *Program) checkCollective(ck *checker, i int, c *cmdDecl, op string) {
 		}
 		block = 0
 	case collReduceScatter:
-		if send.n != size*recv.n {
-			ck.add(i, op, recv.buf.Name(), "send %s must hold %d times recv %s (%d ranks)", send, size, recv, size)
+		want, ok := mulSize(size, recv.n)
+		if !ok || send.n != want {
+			ck.add(i, op, recv.buf.Name(), "send %s must hold %d times recv %s (%d ranks): %s bytes", send, size, recv, size, productText(size, recv.n))
 		}
-		block = int64(d.comm.rank) * recv.n
+		if !ok {
+			return
+		}
+		block = int64(d.comm.rank) * recv.n // rank < size: no overflow
 	case collAllGather:
-		if recv.n != size*send.n {
-			ck.add(i, op, recv.buf.Name(), "recv %s must hold %d times send %s (%d ranks)", recv, size, send, size)
+		want, ok := mulSize(size, send.n)
+		if !ok || recv.n != want {
+			ck.add(i, op, recv.buf.Name(), "recv %s must hold %d times send %s (%d ranks): %s bytes", recv, size, send, size, productText(size, send.n))
+		}
+		if !ok {
+			return
 		}
 		block = int64(d.comm.rank) * send.n
 	}
-	if send.buf != recv.buf || send.off+send.n <= recv.off || recv.off+recv.n <= send.off {
+	if send.buf != recv.buf || !overlap(send, recv) {
 		return
 	}
 	inPlace := false

@@ -112,6 +112,9 @@ type Client struct {
 	// Close has not released yet (busy at its deadline), guarded by it.
 	closeSem chan struct{}
 	left     []*clientDevice
+	// released is set once a Close has released everything (left empty),
+	// for a Close that cannot take closeSem to know there is nothing left.
+	released atomic.Bool
 
 	helperMu sync.Mutex // guards helper creation
 	helper   *clientHelper
@@ -595,8 +598,21 @@ func (c *Client) Close() error {
 // still use); callbacks still pending run with an error wrapping
 // gpu.ErrTimeout. A later Close tries again for what was left, and once
 // everything is released Close does nothing and returns nil.
+//
+// ctx bounds the waits and nothing else: with nothing to wait for (no call
+// in progress, idle streams, no other Close running) Close releases
+// everything even when ctx has already ended. While another Close is
+// running it waits for that one until ctx ends, then returns nil if that
+// Close released everything, else an error saying it was waiting for
+// another Close. A nil ctx is an error wrapping gpu.ErrInvalidValue.
 func (c *Client) CloseContext(ctx context.Context) error {
+	if ctx == nil {
+		return fmt.Errorf("client: close: nil context.Context (pass context.Background() or a context with a deadline): %w", gpu.ErrInvalidValue)
+	}
 	c.closing.Store(true)
+	if c.released.Load() {
+		return nil
+	}
 	if err := c.lockLife(ctx); err != nil {
 		return fmt.Errorf("client: close: %d calls still in progress (waiting for the device?); nothing was released, close again once they return: %w",
 			c.calls.Load(), err)
@@ -604,16 +620,27 @@ func (c *Client) CloseContext(ctx context.Context) error {
 	first := !c.life.closed
 	c.life.closed = true
 	c.life.Unlock()
+	// ctx bounds the waits only: the semaphore is taken at once when it is
+	// free (a select of it against a done ctx would pick either at
+	// random), and ctx consulted only while another Close holds it.
 	select {
 	case c.closeSem <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("client: close: waiting for another Close: %w", ctx.Err())
+	default:
+		select {
+		case c.closeSem <- struct{}{}:
+		case <-ctx.Done():
+			if c.released.Load() {
+				return nil // the other Close released everything
+			}
+			return fmt.Errorf("client: close: waiting for another Close to finish (it waits for the streams to go idle, then releases), nothing released by this one: %w", ctx.Err())
+		}
 	}
 	defer func() { <-c.closeSem }()
 	if first {
 		c.left = slices.Clone(c.order)
 	}
 	if len(c.left) == 0 {
+		c.released.Store(true)
 		return nil
 	}
 
@@ -660,6 +687,7 @@ func (c *Client) CloseContext(ctx context.Context) error {
 			d.ordinal, len(d.streams), pending.PendingBatches, pending.PendingBytes))
 	}
 	c.left = busy
+	c.released.Store(len(busy) == 0)
 	err := errors.Join(errs...)
 	c.opts.Logger.Debug("client: client closed", "backend", c.b.Name(), "devices", c.opts.Devices,
 		"streams_per_device", c.opts.StreamsPerDevice, "left", len(busy), "err", err)

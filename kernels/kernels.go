@@ -15,6 +15,24 @@
 // the CUDA kernels expect; the references reject a launch whose threads do
 // not cover the problem, because device code would silently compute only
 // part.
+//
+// # Extents
+//
+// Device code cannot tell where a buffer ends, so every built-in kernel but
+// the patcher (which runtimes launch themselves, never through a program)
+// has a Signature (extents.go): its parameters' names, for each pointer
+// parameter the bytes a launch reads or writes through it as element bytes
+// times a product of scalar arguments and constants (Extent: sg_axpb's y
+// and x are 4·n bytes, sg_gemm's a 4·m·k), and the ranges its scalars must
+// lie in (Bound, and at least 0 for every count). Where what a kernel
+// touches depends on device data (token ids, positions), the extent is the
+// most the scalars that data is checked against allow (vocab, npos), and
+// KVAppend's and DecodeAttention's caches past nseq have none (Extent.When).
+// Package stablegraph's Compile refuses a launch whose slices are shorter
+// than their extents, or whose scalars are out of range, before anything is
+// allocated. TestSignaturesMatchReferences holds every extent to its
+// reference: a launch with exactly those bytes runs, one a byte short
+// faults.
 package kernels
 
 import (

@@ -332,7 +332,7 @@ func (e envReader) launcher() (*view, error) {
 // address finds rank 0's address (see ParseLaunch); "" when none applies.
 func (e envReader) address(v *view) (addr, from string, err error) {
 	if a, ok := e.get(EnvRendezvous); ok {
-		if err := checkAddr(a); err != nil {
+		if err := CheckAddr(a); err != nil {
 			return "", "", fmt.Errorf("rendezvous: %s=%q: %w", EnvRendezvous, a, err)
 		}
 		return a, EnvRendezvous, nil
@@ -385,8 +385,11 @@ func PortFor(namespace string) int {
 	return int(20000 + h.Sum32()%10000)
 }
 
-// checkAddr checks a host:port.
-func checkAddr(a string) error {
+// CheckAddr checks that a is rank 0's address as the other ranks dial it:
+// host:port, with a host and a port from 1 to 65535 (not 0, which would
+// pick a port no other rank knows). EnvRendezvous, Config.Addr of the ranks
+// other than 0 and the command line's --rendezvous are checked with it.
+func CheckAddr(a string) error {
 	host, port, err := net.SplitHostPort(a)
 	if err != nil {
 		return err
@@ -394,8 +397,11 @@ func checkAddr(a string) error {
 	if host == "" {
 		return errors.New("no host (rank 0's host name or address)")
 	}
+	if port == "" {
+		return errors.New("no port (rank 0's port, 1 to 65535)")
+	}
 	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-		return fmt.Errorf("port %q is not a port number", port)
+		return fmt.Errorf("port %q is not a port number (1 to 65535)", port)
 	}
 	return nil
 }

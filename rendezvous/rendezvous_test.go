@@ -145,7 +145,7 @@ func TestRankZeroNeverArrives(t *testing.T) {
 	l.Close() // nobody listens: connections are refused until the deadline
 	start := time.Now()
 	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: testToken, Timeout: 200 * time.Millisecond})
-	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "could not reach rank 0") {
+	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "could not join rank 0") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("got %v", err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
@@ -179,6 +179,9 @@ func TestRejections(t *testing.T) {
 	}
 }
 
+// TestDuplicateRank: a process claiming a rank that a live connection
+// holds is refused ("already arrived") until its deadline; once the holder's
+// connection ends, the rank is free again and the group forms.
 func TestDuplicateRank(t *testing.T) {
 	l := listen(t)
 	addr := l.Addr().String()
@@ -186,34 +189,43 @@ func TestDuplicateRank(t *testing.T) {
 	var rootG *Group
 	go func() {
 		var err error
-		rootG, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 3, Token: testToken, Timeout: 5 * time.Second})
+		rootG, err = Join(context.Background(), Config{Listener: l, Rank: 0, World: 3, Token: testToken, Timeout: 10 * time.Second, Logger: quiet()})
 		root <- err
 	}()
-	first := make(chan error, 1)
-	go func() {
-		g, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 5 * time.Second})
-		if err == nil {
-			defer g.Close()
-		}
-		first <- err
-	}()
-	time.Sleep(100 * time.Millisecond) // rank 1 is in
-	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 5 * time.Second})
-	if !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "rank 1 has already arrived") {
-		t.Fatalf("duplicate rank 1: %v", err)
-	}
-	g2, err := Join(context.Background(), Config{Addr: addr, Rank: 2, World: 3, Token: testToken, Timeout: 5 * time.Second})
-	if err != nil {
+	// A holder of the token takes rank 1.
+	c, ch := advConnect(t, addr)
+	if _, err := c.Write(advHello(ch, version, 3, 1, testToken)); err != nil {
 		t.Fatal(err)
 	}
-	defer g2.Close()
+	if f, err := advAnswer(c, 5*time.Second); err != nil || f.typ != frameWelcome {
+		t.Fatalf("rank 0 answered %s, %v; want welcome", frameName(f.typ), err)
+	}
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 500 * time.Millisecond})
+	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "rank 1 has already arrived") {
+		t.Fatalf("duplicate rank 1: %v", err)
+	}
+	c.Close()
+	gs := make([]*Group, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for r := 1; r < 3; r++ {
+		wg.Go(func() {
+			gs[r], errs[r] = Join(context.Background(), Config{Addr: addr, Rank: r, World: 3, Token: testToken, Timeout: 10 * time.Second})
+		})
+	}
+	wg.Wait()
+	for _, g := range gs[1:] {
+		if g != nil {
+			defer g.Close()
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-root; err != nil {
 		t.Fatal(err)
 	}
-	defer rootG.Close()
-	if err := <-first; err != nil {
-		t.Fatal(err)
-	}
+	rootG.Close()
 }
 
 // raw connects to addr and sends b, returning what rank 0 answers.

@@ -9,9 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
-// The wire: frames, the handshake's messages and the proofs of the token.
+// The wire: frames, the handshake's messages, the proofs of the token and
+// the authentication codes of the frames after the handshake.
 
 // Frame types.
 const (
@@ -27,11 +32,14 @@ const (
 	frameWelcome
 	frameGather
 	frameGathered
+	frameRoll
+	framePresent
 )
 
 var frameNames = map[byte]string{frameHello: "hello", frameReject: "reject", frameStart: "start", frameData: "data",
 	frameBarrier: "barrier", frameRelease: "release", frameAbort: "abort", frameBye: "bye",
-	frameChallenge: "challenge", frameWelcome: "welcome", frameGather: "gather", frameGathered: "gathered"}
+	frameChallenge: "challenge", frameWelcome: "welcome", frameGather: "gather", frameGathered: "gathered",
+	frameRoll: "roll call", framePresent: "present"}
 
 func frameName(t byte) string {
 	if n, ok := frameNames[t]; ok {
@@ -42,9 +50,10 @@ func frameName(t byte) string {
 
 const (
 	magic    = "SGRV"
-	version  = 2
+	version  = 3
 	nonceLen = 32
 	proofLen = sha256.Size
+	macLen   = sha256.Size
 
 	challengeLen = len(magic) + 1 + nonceLen
 	helloLen     = len(magic) + 1 + 4 + 4 + nonceLen + proofLen
@@ -52,8 +61,15 @@ const (
 	// that the peer holds the token: a hello is helloLen bytes, and the
 	// margin lets a hello of an older protocol with a short token be read
 	// and answered with the version rank 0 speaks. Greetings are read
-	// concurrently, so this bounds memory too.
+	// concurrently, so this bounds memory too. A rank reads rank 0's
+	// challenge and its answer to the hello with the same bound: until
+	// rank 0 has proved the token it may be anyone.
 	maxHello = 1024
+	// maxPeerText bounds the text of a peer (a reason for a reject or an
+	// abort) that an error or a log line quotes.
+	maxPeerText = 256
+	// maxReason bounds the reason an abort carries.
+	maxReason = 4096
 )
 
 // notAuthenticated is the whole reason given to a peer whose hello does not
@@ -65,12 +81,19 @@ type frame struct {
 	body []byte
 }
 
-// writeFrame writes one frame.
-func writeFrame(w io.Writer, typ byte, body []byte) error {
-	buf := make([]byte, 5+len(body))
-	binary.BigEndian.PutUint32(buf, uint32(1+len(body)))
+// writeFrame writes one frame, of type typ, whose body is the
+// concatenation of parts (a payload and its authentication code).
+func writeFrame(w io.Writer, typ byte, parts ...[]byte) error {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	buf := make([]byte, 5, 5+n)
+	binary.BigEndian.PutUint32(buf, uint32(1+n))
 	buf[4] = typ
-	copy(buf[5:], body)
+	for _, p := range parts {
+		buf = append(buf, p...)
+	}
 	_, err := w.Write(buf)
 	return err
 }
@@ -172,10 +195,15 @@ func decodeHello(body []byte) (hello, error) {
 
 // Roles of a proof: a rank proves itself to rank 0 in its hello, rank 0
 // proves itself to the rank in welcome. The label keeps one from standing
-// for the other.
+// for the other. The same construction, with the labels of the two
+// directions, makes the keys of a connection's frames after the
+// handshake.
 const (
 	roleRank = "rank"
 	roleRoot = "rank 0"
+
+	keyToRank = "frames from rank 0 to the rank"
+	keyToRoot = "frames from the rank to rank 0"
 )
 
 // proof is HMAC-SHA256, keyed by the token's SHA-256, of the role, both
@@ -185,7 +213,7 @@ const (
 func proof(token, role string, rootNonce, rankNonce []byte, world, rank uint32) []byte {
 	key := sha256.Sum256([]byte(token))
 	m := hmac.New(sha256.New, key[:])
-	m.Write([]byte("stablegraph rendezvous v2\x00" + role + "\x00"))
+	m.Write([]byte("stablegraph rendezvous v" + strconv.Itoa(version) + "\x00" + role + "\x00"))
 	m.Write(rootNonce)
 	m.Write(rankNonce)
 	var wr [8]byte
@@ -193,6 +221,58 @@ func proof(token, role string, rootNonce, rankNonce []byte, world, rank uint32) 
 	binary.BigEndian.PutUint32(wr[4:], rank)
 	m.Write(wr[:])
 	return m.Sum(nil)
+}
+
+// sessionKeys are the keys of the frames of one connection after its
+// handshake, one per direction: they hang on the token and on both of the
+// connection's nonces, so a frame of one connection (or one direction)
+// does not check on another.
+func sessionKeys(token string, rootNonce, rankNonce []byte, world, rank uint32) (toRank, toRoot []byte) {
+	return proof(token, keyToRank, rootNonce, rankNonce, world, rank), proof(token, keyToRoot, rootNonce, rankNonce, world, rank)
+}
+
+// frameMAC is a frame's authentication code: HMAC-SHA256, keyed by its
+// direction's key, of its sequence number on the connection (0 for the
+// first frame after welcome), its type and its payload. The number makes
+// a frame replayed, dropped or moved fail the next check.
+func frameMAC(key []byte, seq uint64, typ byte, payload []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	var hdr [9]byte
+	binary.BigEndian.PutUint64(hdr[:], seq)
+	hdr[8] = typ
+	m.Write(hdr[:])
+	m.Write(payload)
+	return m.Sum(nil)
+}
+
+// peerText makes text a peer sent fit to quote in an error or a log line:
+// control characters, escape codes and bytes that are not UTF-8 are
+// escaped as Go escapes them (\x1b, \n, \xff), and it is cut at limit
+// bytes (maxPeerText for a peer not authenticated, maxReason for a rank's
+// abort), saying how many more there were.
+func peerText(b []byte, limit int) string {
+	more := 0
+	if len(b) > limit {
+		more, b = len(b)-limit, b[:limit]
+	}
+	var s strings.Builder
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		switch {
+		case r == utf8.RuneError && n <= 1:
+			fmt.Fprintf(&s, "\\x%02x", b[0])
+		case r == '\\' || !unicode.IsPrint(r) && r != ' ':
+			q := strconv.QuoteRune(r)
+			s.WriteString(q[1 : len(q)-1])
+		default:
+			s.WriteRune(r)
+		}
+		b = b[n:]
+	}
+	if more > 0 {
+		fmt.Fprintf(&s, "... (%d more bytes)", more)
+	}
+	return s.String()
 }
 
 // encodeParts encodes the contributions of AllGather: a count, then each

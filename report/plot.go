@@ -1,12 +1,10 @@
 package report
 
 import (
-	"errors"
 	"fmt"
 	"image/color"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,6 +17,8 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/stablegraph/stablegraph/internal/atomicfile"
 )
 
 // The chart answers one question at a glance: how far above the floor is
@@ -67,25 +67,17 @@ func PlotFormat(path string) (string, error) {
 }
 
 // SavePlot draws r's chart (see WritePlot) to path, as PNG or SVG by its
-// extension. A partly written file is removed on error.
-func (r *Report) SavePlot(path string) (err error) {
+// extension, whole or not at all: on error the file that was there is
+// left as it was (internal/atomicfile).
+func (r *Report) SavePlot(path string) error {
 	format, err := PlotFormat(path)
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("report: plot: %w", err)
+	if err := atomicfile.WriteFile(path, func(w io.Writer) error { return r.WritePlot(w, format) }); err != nil {
+		return fmt.Errorf("report: plot %s: %w", path, err)
 	}
-	defer func() {
-		if cerr := f.Close(); cerr != nil && err == nil {
-			err = fmt.Errorf("report: plot %s: %w", path, cerr)
-		}
-		if err != nil {
-			err = errors.Join(err, os.Remove(path))
-		}
-	}()
-	return r.WritePlot(f, format)
+	return nil
 }
 
 // mark is one row of a panel: a marker at mid, whiskers from lo to hi when

@@ -72,6 +72,11 @@ type Report struct {
 	// model's, not a GPU measurement (see SimulatedBackend).
 	Simulated bool     `json:"simulated"`
 	Results   []Result `json:"results"` // one per strategy, in run order
+	// Ranks, in the report of rank 0 of a run on several ranks (dp), holds
+	// every rank's own report, by rank (rank 0's first), each without
+	// Ranks or per-step samples; empty otherwise. WriteRanksTable shows
+	// them side by side.
+	Ranks []Report `json:"ranks,omitempty"`
 }
 
 // SimulatedBackend reports whether times measured on the registered

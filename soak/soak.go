@@ -22,11 +22,22 @@
 //
 // # Memory
 //
-// After checked steps (at most one every Config.SampleEvery) Run samples the device memory in use
-// (MemGetInfo: total - free), the executable's own memory
-// (Executable.Memory), the backend's live handles (gpu.LiveHandles) and
-// the Go heap. Samples of each segment's first Config.Warmup steps are left
-// out of the trend (caches fill then: traces, pool slots).
+// After a step, at most one every Config.SampleEvery (a thirtieth of a
+// segment by default, so that a segment of any length has enough samples
+// for a trend), Run samples the device memory in use (MemGetInfo: total -
+// free), the executable's own memory (Executable.Memory), the backend's
+// live handles (gpu.LiveHandles) and the Go heap. Segments of
+// Config.SegmentSteps steps are sampled by count instead, after each
+// checked step: as many samples on a loaded machine as on an idle one.
+// Samples of each segment's first Config.Warmup steps are left out of the
+// trend (caches fill then: traces, pool slots, retired graphs waiting for
+// their release).
+//
+// A segment of a strategy that has no trend yet runs on past its time
+// until it has three samples after its warm-up, for at most three more
+// segments' time: a short soak on a slow device is judged rather than cut
+// off before its first trend, and a soak longer than asked says so in its
+// duration.
 //
 // Trends are taken within one executable's life: per segment, never
 // across segments. Memory is flat when, in every segment, the average of
@@ -46,15 +57,17 @@
 // baseline trend. The first cycle is left out because a strategy's first
 // use may set up driver state for the life of the process.
 //
-// The verdict (Report.Memory) is "grows" when any trend grows, else
-// "too_few_samples" when a strategy has no segment with a trend or there
-// are fewer than three baselines (a short soak: nothing was judged, so it
-// does not pass), else "flat".
+// The verdict (Report.Memory) is "grows" when a trend of three samples or
+// more grows, else "too_few_samples" when a strategy has no segment with a
+// trend or there are fewer than three judged baselines (a short or
+// interrupted soak: nothing was judged, so it neither passes nor grows:
+// too few samples never read as growth), else "flat".
 //
 // # Progress
 //
 // Config.Progress is called every Config.Interval (and at the end) with the
-// steps run, checks, mismatches and memory so far.
+// steps run, checks, mismatches and memory so far. The interval sets
+// nothing else.
 package soak
 
 import (
@@ -83,6 +96,10 @@ type Config struct {
 	Workload string
 	// Shape configures the workload (zero fields: its defaults).
 	Shape workload.Config
+	// Built, when set, is the workload to soak, already built (Workload
+	// and Shape are then ignored): a caller that built it to check its
+	// flags need not build it twice (gpt2-decode's weights take seconds).
+	Built *workload.Workload
 	// Duration is how long to run. Default 1 minute. Every strategy runs
 	// at least one whole segment, so a run may last longer when the
 	// segments do not fit.
@@ -96,6 +113,12 @@ type Config struct {
 	// Default: Duration / (2 × strategies), so that each strategy runs at
 	// least twice, between 1 second and 5 minutes.
 	Segment time.Duration
+	// SegmentSteps, when positive, makes each segment that many steps
+	// instead of Segment's time, sampled by count (after every checked
+	// step): a soak whose samples do not depend on the machine's speed.
+	// Segments still take turns until Duration has passed, every strategy
+	// at least once.
+	SegmentSteps int
 	// Warmup is the number of steps at the start of each segment left out
 	// of the memory trend. Default 50.
 	Warmup int
@@ -109,11 +132,13 @@ type Config struct {
 	// Tolerance is the device memory growth, in bytes, that still counts
 	// as flat (beside 1% of the first third's average). Default 1 MiB.
 	Tolerance uint64
-	// Interval is the period of Progress calls. Default 30 s.
+	// Interval is the period of Progress calls, and nothing else. Default
+	// 30 s.
 	Interval time.Duration
-	// SampleEvery is the least time between two memory samples (taken
-	// after checked steps), which bounds the samples of a long soak.
-	// Default Interval / 30.
+	// SampleEvery is the least time between two memory samples, which
+	// bounds the samples of a long soak. Default Segment / 30: up to 30
+	// samples a segment, whatever the duration. Not used with
+	// SegmentSteps.
 	SampleEvery time.Duration
 	// Progress, when set, receives the progress every Interval and at the
 	// end.
@@ -121,6 +146,12 @@ type Config struct {
 	// Logger receives the executables' logs. Default slog.Default().
 	Logger *slog.Logger
 }
+
+// ErrSwap refuses workload.Swap: a check runs the step on an eager
+// executable with buffers of its own, fixed, whose sequences do not follow
+// the rows the swap pattern gives other sequences, so every check would
+// differ.
+var ErrSwap = errors.New("soak: pattern swap cannot be soaked: the eager check has its own sequences, which do not follow the swapped rows; use fixed, pingpong or random")
 
 // Defaults of Config.
 const (
@@ -156,6 +187,12 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Pattern == "" {
 		c.Pattern = workload.Random
 	}
+	if c.Pattern == workload.Swap {
+		return c, ErrSwap
+	}
+	if c.SegmentSteps < 0 {
+		return c, fmt.Errorf("soak: negative segment steps %d", c.SegmentSteps)
+	}
 	if c.Seed == 0 {
 		c.Seed = 1
 	}
@@ -166,7 +203,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.Interval = DefaultInterval
 	}
 	if c.SampleEvery <= 0 {
-		c.SampleEvery = c.Interval / 30
+		c.SampleEvery = c.Segment / 30
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -200,7 +237,7 @@ func (p Progress) String() string {
 	return s + fmt.Sprintf(", Go heap %s", report.FormatBytes(p.HeapBytes))
 }
 
-// Sample is one memory sample, taken after a checked step.
+// Sample is one memory sample, taken after a step (see the package doc).
 type Sample struct {
 	ElapsedS float64 `json:"elapsed_s"`
 	Step     int64   `json:"step"`
@@ -226,12 +263,23 @@ type Trend struct {
 	Flat       bool    `json:"flat"`
 }
 
+// samples is "1 sample", "n samples".
+func samples(n int) string {
+	if n == 1 {
+		return "1 sample"
+	}
+	return fmt.Sprintf("%d samples", n)
+}
+
+// minTrendSamples is the fewest samples a trend is taken over.
+const minTrendSamples = 3
+
 // trendOf computes the trend of vals, flat when the growth is at most
 // max(abs, rel × first third's average). Fewer than three samples are flat
 // by default (nothing to compare).
 func trendOf(vals []float64, abs, rel float64) Trend {
 	t := Trend{Samples: len(vals), Flat: true}
-	if len(vals) < 3 {
+	if len(vals) < minTrendSamples {
 		return t
 	}
 	third := len(vals) / 3
@@ -271,7 +319,7 @@ func segmentTrend(samples []Sample, strategy string, val func(Sample) float64, a
 	worst, worstSeg := Trend{Samples: n, Flat: true}, -1
 	for _, seg := range segs {
 		t := trendOf(bySeg[seg], abs, rel)
-		if t.Samples < 3 {
+		if t.Samples < minTrendSamples {
 			continue
 		}
 		if worstSeg < 0 || t.Growth-t.Tolerance > worst.Growth-worst.Tolerance {
@@ -284,14 +332,14 @@ func segmentTrend(samples []Sample, strategy string, val func(Sample) float64, a
 // segmentTrendString is t and the segment it was taken in.
 func segmentTrendString(t Trend, seg int) string {
 	if seg < 0 {
-		return fmt.Sprintf("%d samples (too few in every segment for a trend)", t.Samples)
+		return samples(t.Samples) + " (too few in every segment for a trend)"
 	}
 	return fmt.Sprintf("%s in segment %d", t, seg)
 }
 
 func (t Trend) String() string {
-	if t.Samples < 3 {
-		return fmt.Sprintf("%d samples (too few for a trend)", t.Samples)
+	if t.Samples < minTrendSamples {
+		return samples(t.Samples) + " (too few for a trend)"
 	}
 	verdict := "flat"
 	if !t.Flat {
@@ -409,7 +457,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "%s: mismatches %d, memory ", verdict, r.Mismatches)
 	if r.Memory == MemoryTooFewSamples {
-		fmt.Fprintf(&b, "not judged: too few samples for a trend (%s); run longer (--duration) or sample more often (--interval: a sample every interval/30)",
+		fmt.Fprintf(&b, "not judged: too few samples for a trend (%s); run longer (--duration), or with longer segments (--segment) or a shorter warm-up (--warmup)",
 			strings.Join(r.Unjudged, ", "))
 	} else {
 		b.WriteString(r.Memory)
@@ -430,13 +478,20 @@ func (r *Report) WriteText(w io.Writer) error {
 // runs is in Report.Error, with the report of what ran until then. A
 // cancelled ctx ends the soak early (Report.Interrupted).
 func Run(ctx context.Context, b gpu.Backend, cfg Config) (*Report, error) {
+	return run(ctx, b, cfg, time.Now)
+}
+
+// run is Run on the clock now.
+func run(ctx context.Context, b gpu.Backend, cfg Config, now func() time.Time) (*Report, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	w, err := workload.New(cfg.Workload, cfg.Shape)
-	if err != nil {
-		return nil, fmt.Errorf("soak: %w", err)
+	w := cfg.Built
+	if w == nil {
+		if w, err = workload.New(cfg.Workload, cfg.Shape); err != nil {
+			return nil, fmt.Errorf("soak: %w", err)
+		}
 	}
 	if w.Comm != nil {
 		return nil, fmt.Errorf("soak: workload %s has a communicator: soak one rank without", w.Name)
@@ -448,9 +503,9 @@ func Run(ctx context.Context, b gpu.Backend, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("soak: %w", err)
 	}
-	s := &soaker{cfg: cfg, b: b, w: w, start: time.Now(),
+	s := &soaker{cfg: cfg, b: b, w: w, now: now, start: now(),
 		rep: &Report{Workload: w.Desc, Pattern: string(cfg.Pattern), Backend: b.Name(), Device: props.Name}}
-	s.perStrat = map[sg.Strategy]*StrategyReport{}
+	s.perStrat, s.trended = map[sg.Strategy]*StrategyReport{}, map[sg.Strategy]bool{}
 	for _, st := range cfg.Strategies {
 		if _, ok := s.perStrat[st]; !ok {
 			s.perStrat[st] = &StrategyReport{Strategy: string(st), FirstMismatch: -1}
@@ -465,13 +520,15 @@ func Run(ctx context.Context, b gpu.Backend, cfg Config) (*Report, error) {
 
 type soaker struct {
 	cfg   Config
+	now   func() time.Time // time.Now; a test's clock
 	b     gpu.Backend
 	w     *workload.Workload
 	start time.Time
 	rep   *Report
 
 	perStrat map[sg.Strategy]*StrategyReport
-	states   [][]byte // carried from segment to segment
+	trended  map[sg.Strategy]bool // has a segment with a trend
+	states   [][]byte             // carried from segment to segment
 
 	stream       gpu.Stream
 	caller       *workload.Caller // the strategy under test's buffers
@@ -537,13 +594,13 @@ func (s *soaker) run(ctx context.Context) (err error) {
 		s.states = append(s.states, st.Data)
 	}
 	s.baselines = append(s.baselines, s.baseline())
-	s.lastProgress = time.Now()
+	s.lastProgress = s.now()
 	end := s.start.Add(s.cfg.Duration)
 	var step int64
 	// Every strategy runs at least one whole segment, even when setting
 	// them up took the duration: a soak that skipped one would judge it on
 	// no samples.
-	for seg := 0; time.Now().Before(end) || seg < len(s.cfg.Strategies); seg++ {
+	for seg := 0; s.now().Before(end) || seg < len(s.cfg.Strategies); seg++ {
 		if ctx.Err() != nil {
 			s.rep.Interrupted = true
 			return nil
@@ -555,7 +612,7 @@ func (s *soaker) run(ctx context.Context) (err error) {
 			}
 			continue
 		}
-		segEnd := time.Now().Add(s.cfg.Segment)
+		segEnd := s.now().Add(s.cfg.Segment)
 		if segEnd.After(end) && seg >= len(s.cfg.Strategies) {
 			segEnd = end
 		}
@@ -581,7 +638,8 @@ func (s *soaker) allUnsupported() bool {
 	return true
 }
 
-// runSegment runs the current strategy until segEnd.
+// runSegment runs the current strategy until segEnd (for
+// Config.SegmentSteps steps, when set).
 func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) (err error) {
 	b := s.b
 	st := s.perStrat[s.strategy]
@@ -617,17 +675,35 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 	if err := writeStates(ctx, exe, s.w, s.states); err != nil {
 		return err
 	}
+	byCount := s.cfg.SegmentSteps > 0
+	// Past segEnd, a strategy without a trend yet runs on until this
+	// segment has one, up to limit.
+	limit := segEnd.Add(3 * s.cfg.Segment)
+	trend := 0 // samples after the warm-up
 	for i := 0; ; i++ {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if i > 0 && !time.Now().Before(segEnd) {
-			return nil
+		switch {
+		case byCount:
+			if i >= s.cfg.SegmentSteps {
+				return nil
+			}
+		case i == 0 || s.now().Before(segEnd):
+		default:
+			if trend >= minTrendSamples {
+				s.trended[s.strategy] = true
+			}
+			if s.trended[s.strategy] || !s.now().Before(limit) {
+				return nil
+			}
 		}
 		n := *step
+		warm := i < s.cfg.Warmup
 		// Every k-th step is checked, and the first of each segment: the
 		// states just handed over from the previous strategy.
-		if n%int64(s.cfg.CheckEvery) == 0 || i == 0 {
+		checked := n%int64(s.cfg.CheckEvery) == 0 || i == 0
+		if checked {
 			ok, err := s.check(ctx, exe, caller, n)
 			if err != nil {
 				return err
@@ -642,16 +718,19 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 				}
 				s.cfg.Logger.Warn("soak: outputs or states differ from eager", "strategy", s.strategy, "step", n)
 			}
-			if time.Since(s.lastSample) >= s.cfg.SampleEvery {
-				s.sample(exe, n, i < s.cfg.Warmup)
-			}
 		} else if err := s.plainStep(ctx, exe, caller, n); err != nil {
 			return err
+		}
+		if byCount && checked || !byCount && (s.now().Sub(s.lastSample) >= s.cfg.SampleEvery || !warm && trend == 0) {
+			s.sample(exe, n, warm)
+			if !warm {
+				trend++
+			}
 		}
 		*step = n + 1
 		st.Steps++
 		s.rep.Steps++
-		if time.Since(s.lastProgress) >= s.cfg.Interval {
+		if s.now().Sub(s.lastProgress) >= s.cfg.Interval {
 			s.progress(false)
 		}
 	}
@@ -765,12 +844,12 @@ func heapInUse() uint64 {
 // sample records the memory after step n of exe.
 func (s *soaker) sample(exe *sg.Executable, n int64, warmup bool) {
 	smp := Sample{
-		ElapsedS: time.Since(s.start).Seconds(), Step: n, Strategy: string(s.strategy), Segment: s.segment,
+		ElapsedS: s.now().Sub(s.start).Seconds(), Step: n, Strategy: string(s.strategy), Segment: s.segment,
 		Warmup: warmup, UsedBytes: s.usedMemory(), ExecutableBytes: exe.Memory().Total(), Handles: s.handles(),
 		HeapBytes: heapInUse(),
 	}
 	s.rep.Samples = append(s.rep.Samples, smp)
-	s.lastSample = time.Now()
+	s.lastSample = s.now()
 	s.last = smp
 	s.intervalPeak = max(s.intervalPeak, smp.UsedBytes)
 	st := s.perStrat[s.strategy]
@@ -795,10 +874,10 @@ func (s *soaker) baseline() baseline {
 }
 
 func (s *soaker) progress(final bool) {
-	s.lastProgress = time.Now()
+	s.lastProgress = s.now()
 	if s.cfg.Progress != nil {
 		s.cfg.Progress(Progress{
-			Elapsed: time.Since(s.start), Duration: s.cfg.Duration, Steps: s.rep.Steps, Checks: s.rep.Checks,
+			Elapsed: s.now().Sub(s.start), Duration: s.cfg.Duration, Steps: s.rep.Steps, Checks: s.rep.Checks,
 			Mismatches: s.rep.Mismatches, Strategy: s.strategy, Segment: s.segment, UsedBytes: s.last.UsedBytes,
 			PeakUsedBytes: s.intervalPeak, Handles: s.last.Handles, HeapBytes: s.last.HeapBytes, Final: final,
 		})
@@ -809,7 +888,7 @@ func (s *soaker) progress(final bool) {
 // finish computes the trends and the verdicts.
 func (s *soaker) finish() {
 	r := s.rep
-	r.DurationS = time.Since(s.start).Seconds()
+	r.DurationS = s.now().Sub(s.start).Seconds()
 	flat := true
 	for _, strat := range s.cfg.Strategies {
 		st, ok := s.perStrat[strat]
@@ -847,8 +926,11 @@ func (s *soaker) finish() {
 	r.BaselineGoroutines = trendOf(gor, 2, 0)
 	// The Go heap is noisy: a quarter and 8 MiB of growth still pass.
 	r.BaselineHeap = trendOf(heap, 8<<20, 0.25)
-	if len(bls) >= 2 {
-		// Back where it started, too: the first against the last.
+	if len(bls) >= 3 {
+		// Back where it started, too: the first against the last. Not
+		// with fewer: then the first is the cold start, before any step
+		// loaded what stays for the process's life, and a soak too short
+		// to judge would read as growth.
 		first, last := bls[0], bls[len(bls)-1]
 		if float64(last.used) > float64(first.used)+math.Max(float64(s.cfg.Tolerance), 0.01*float64(first.used)) {
 			r.BaselineDevice.Flat = false
@@ -860,6 +942,7 @@ func (s *soaker) finish() {
 	if len(bls) < 3 {
 		r.Unjudged = append(r.Unjudged, "baseline")
 	}
+	// Only a judged trend (three samples or more: trendOf) can grow.
 	switch {
 	case !flat || !r.BaselineDevice.Flat || !r.BaselineHandles.Flat || !r.BaselineGoroutines.Flat || !r.BaselineHeap.Flat:
 		r.Memory = MemoryGrows

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 func TestTrend(t *testing.T) {
@@ -36,13 +39,16 @@ func TestTrend(t *testing.T) {
 
 // TestShortSoak soaks every workload briefly on the sim, every strategy in
 // turn: no mismatch, memory flat, progress reported, a report that encodes.
+// Segments are counted in steps and sampled after every checked step, so
+// that the trends have as many samples on a loaded machine as on an idle
+// one.
 func TestShortSoak(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	workloads := map[string]time.Duration{"mlp": 2 * time.Second, "train": 2 * time.Second, "chain-moving": 1500 * time.Millisecond, "dp": 3 * time.Second}
+	workloads := []string{"mlp", "train", "chain-moving", "dp"}
 	if testing.Short() {
-		workloads = map[string]time.Duration{"train": time.Second}
+		workloads = []string{"train"}
 	}
-	for name, d := range workloads {
+	for _, name := range workloads {
 		t.Run(name, func(t *testing.T) {
 			b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
 			if err != nil {
@@ -56,15 +62,13 @@ func TestShortSoak(t *testing.T) {
 			}()
 			var progress []Progress
 			cfg := Config{
-				// A segment per strategy (and room for the segments'
-				// overhead), long enough for a trend even on a loaded
-				// machine: a memory sample after every checked step once the
-				// 30 warm-up steps have filled the caches.
-				Workload: name, Duration: d, CheckEvery: 3, Warmup: 30,
-				Segment:     d / time.Duration(len(sg.Strategies())+1),
-				Interval:    d / 4,
-				SampleEvery: time.Millisecond,
-				Progress:    func(p Progress) { progress = append(progress, p) },
+				// One cycle of the strategies (a duration shorter than any
+				// segment), each segment 90 steps: 30 of warm-up (the
+				// caches fill), then a sample after every third, checked,
+				// step: 20 for each trend.
+				Workload: name, Duration: time.Nanosecond, CheckEvery: 3, Warmup: 30, SegmentSteps: 90,
+				Interval: time.Nanosecond,
+				Progress: func(p Progress) { progress = append(progress, p) },
 			}
 			cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch, cfg.Shape.K = 2, 32, 4, 16
 			rep, err := Run(context.Background(), b, cfg)
@@ -75,14 +79,14 @@ func TestShortSoak(t *testing.T) {
 			rep.WriteText(&text)
 			t.Logf("\n%s", text.String())
 			if !rep.OK() || rep.Memory != MemoryFlat {
-				t.Fatalf("soak failed (memory %s)", rep.Memory)
+				t.Fatalf("soak failed (memory %s, unjudged %v)", rep.Memory, rep.Unjudged)
 			}
-			if rep.Steps == 0 || rep.Checks == 0 || len(rep.Strategies) != len(sg.Strategies()) {
-				t.Fatalf("steps %d checks %d strategies %d", rep.Steps, rep.Checks, len(rep.Strategies))
+			if want := int64(90 * len(sg.Strategies())); rep.Steps != want || rep.Checks == 0 || len(rep.Strategies) != len(sg.Strategies()) {
+				t.Fatalf("steps %d (want %d) checks %d strategies %d", rep.Steps, want, rep.Checks, len(rep.Strategies))
 			}
 			for _, s := range rep.Strategies {
-				if s.Segments == 0 || s.Checks == 0 {
-					t.Errorf("%s: %d segments, %d checks", s.Strategy, s.Segments, s.Checks)
+				if s.Segments != 1 || s.Checks == 0 || s.Device.Samples != 20 {
+					t.Errorf("%s: %d segments, %d checks, %d samples in the device trend; want 1 segment and 20 samples", s.Strategy, s.Segments, s.Checks, s.Device.Samples)
 				}
 			}
 			if len(progress) < 2 || !progress[len(progress)-1].Final {
@@ -104,9 +108,10 @@ func TestShortSoakTooFewSamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	// The default interval samples once a second: a 400 ms soak has one
-	// sample per strategy at most.
-	cfg := Config{Workload: "mlp", Duration: 400 * time.Millisecond, Strategies: []sg.Strategy{sg.StrategyPatch, sg.StrategyStable}}
+	// Segments of 6 steps: a warm-up of 2 (a third), a checked step
+	// every 3: two samples after the warm-up, one short of a trend.
+	cfg := Config{Workload: "mlp", Duration: time.Nanosecond, CheckEvery: 3, SegmentSteps: 6,
+		Strategies: []sg.Strategy{sg.StrategyPatch, sg.StrategyStable}}
 	cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch = 2, 16, 4
 	rep, err := Run(context.Background(), b, cfg)
 	if err != nil {
@@ -127,6 +132,73 @@ func TestShortSoakTooFewSamples(t *testing.T) {
 	if !strings.Contains(out, "NOT JUDGED: mismatches 0, memory not judged: too few samples for a trend (patch, stable, baseline)") ||
 		strings.Contains(out, "PASS") || strings.Contains(out, "memory flat") {
 		t.Errorf("verdict:\n%s", out)
+	}
+}
+
+// TestTooFewSamplesNeverGrow: with fewer than three baselines the first
+// is the cold start, before any step loaded what stays for the process's
+// life; a soak that short (or interrupted that soon) is not judged, and
+// never reads as growth.
+func TestTooFewSamplesNeverGrow(t *testing.T) {
+	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cfg, err := Config{Strategies: []sg.Strategy{sg.StrategyPatch}}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &soaker{cfg: cfg, b: b, now: time.Now, start: time.Now(), rep: &Report{},
+		perStrat: map[sg.Strategy]*StrategyReport{sg.StrategyPatch: {Strategy: "patch", FirstMismatch: -1}},
+		// Cold start, then after the first segment: 64 MiB more held for
+		// good (lazily loaded modules, say).
+		baselines: []baseline{{used: 1 << 20, goroutines: 4, heap: 1 << 20}, {used: 65 << 20, goroutines: 4, heap: 1 << 20}},
+	}
+	s.finish()
+	if s.rep.Memory != MemoryTooFewSamples || !s.rep.BaselineDevice.Flat || !slices.Contains(s.rep.Unjudged, "baseline") {
+		t.Errorf("memory %q, baseline device trend %s, unjudged %v; want too few samples", s.rep.Memory, s.rep.BaselineDevice, s.rep.Unjudged)
+	}
+
+	// Interrupted in its second segment, a real soak says the same.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	run := Config{Workload: "mlp", Duration: time.Hour, SegmentSteps: 40, CheckEvery: 3, Interval: time.Nanosecond,
+		Strategies: []sg.Strategy{sg.StrategyPatch, sg.StrategyStable},
+		Progress: func(p Progress) {
+			if p.Segment == 1 {
+				cancel()
+			}
+		}}
+	run.Shape.Layers, run.Shape.Width, run.Shape.Batch = 2, 16, 4
+	rep, err := Run(ctx, b, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text bytes.Buffer
+	rep.WriteText(&text)
+	if !rep.Interrupted || rep.Memory != MemoryTooFewSamples || !strings.Contains(text.String(), "NOT JUDGED") ||
+		strings.Contains(text.String(), "grows") || strings.Contains(text.String(), "GROWS") {
+		t.Errorf("interrupted %v, memory %q:\n%s", rep.Interrupted, rep.Memory, text.String())
+	}
+}
+
+// TestSamplingFollowsSegment: the sampling rate follows from the segment
+// (and so from the duration), not from the progress interval: a 20 s soak
+// with the defaults has room for a trend in every segment.
+func TestSamplingFollowsSegment(t *testing.T) {
+	cfg, err := Config{Duration: 20 * time.Second}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perSegment := cfg.Segment / cfg.SampleEvery; perSegment < 20 {
+		t.Errorf("segment %v, a sample every %v: %d samples a segment at most", cfg.Segment, cfg.SampleEvery, perSegment)
+	}
+	if cfg.Interval != DefaultInterval || cfg.SampleEvery >= cfg.Interval/30 {
+		t.Errorf("interval %v, sample every %v: the interval still sets the sampling", cfg.Interval, cfg.SampleEvery)
+	}
+	if _, err := (Config{Pattern: workload.Swap}).withDefaults(); !errors.Is(err, ErrSwap) {
+		t.Errorf("swap: %v", err)
 	}
 }
 
@@ -270,6 +342,65 @@ func TestJudgedBaselines(t *testing.T) {
 		got := judgedBaselines(seq(c.baselines), c.strategies)
 		if len(got) != c.n || (len(got) > 0 && got[0] != c.first) {
 			t.Errorf("%d baselines, %d strategies: judged %v, want %d from %d", c.baselines, c.strategies, got, c.n, c.first)
+		}
+	}
+}
+
+// tickClock is a clock that moves on by tick every time it is read: time
+// that passes with the soak's own work, the same on any machine.
+type tickClock struct {
+	mu   sync.Mutex
+	t    time.Time
+	tick time.Duration
+}
+
+func (c *tickClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(c.tick)
+	return c.t
+}
+
+// TestSegmentRunsOnForATrend: a segment too short for its warm-up runs on
+// past its time until its strategy has a trend, for at most three more
+// segments' time; then the soak is not judged.
+func TestSegmentRunsOnForATrend(t *testing.T) {
+	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, c := range []struct {
+		warmup int
+		judged bool
+	}{{30, true}, {100000, false}} {
+		// A segment is 100 reads of the clock: a few dozen steps.
+		cfg := Config{Workload: "mlp", Duration: time.Nanosecond, Segment: 100 * time.Millisecond, Warmup: c.warmup,
+			CheckEvery: 3, Strategies: []sg.Strategy{sg.StrategyPatch}}
+		cfg.Shape.Layers, cfg.Shape.Width, cfg.Shape.Batch = 2, 16, 4
+		var steps []int64
+		cfg.Interval = time.Nanosecond
+		cfg.Progress = func(p Progress) {
+			if p.Elapsed < cfg.Segment {
+				steps = append(steps, p.Steps)
+			}
+		}
+		clock := &tickClock{t: time.Unix(0, 0), tick: time.Millisecond}
+		rep, err := run(context.Background(), b, cfg, clock.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := rep.Strategies[0]
+		inTime := steps[len(steps)-1]
+		t.Logf("warm-up %d: %d steps in the segment's time, %d in all; device trend %s", c.warmup, inTime, st.Steps, segmentTrendString(st.Device, st.DeviceSegment))
+		if inTime >= int64(c.warmup)+minTrendSamples {
+			t.Fatalf("the segment's time held %d steps: the case tests nothing", inTime)
+		}
+		if judged := st.DeviceSegment == 0 && st.Device.Samples >= minTrendSamples; judged != c.judged {
+			t.Errorf("warm-up %d: trend in segment %d of %d samples; want judged %v", c.warmup, st.DeviceSegment, st.Device.Samples, c.judged)
+		}
+		if elapsed := time.Duration(rep.DurationS * float64(time.Second)); elapsed > 4*cfg.Segment+50*time.Millisecond {
+			t.Errorf("warm-up %d: ran %v on a segment of %v: past the three more segments allowed", c.warmup, elapsed, cfg.Segment)
 		}
 	}
 }

@@ -13,8 +13,9 @@ import (
 // the train step of the MLP on the rank's shard of the global batch, with
 // every gradient all-reduced (summed) over Config.Comm before the update.
 //
-// The global batch (Config.Batch, default 8) is split in Comm.Size() equal
-// shards of contiguous rows, rank r taking the r-th; its inputs are exactly
+// The global batch (Config.Batch, default 8; or Config.BatchPerRank times
+// the ranks) is split in Comm.Size() equal shards of contiguous rows, rank
+// r taking the r-th; its inputs are exactly
 // those rows of the train workload's inputs at the same seed and step. The
 // loss is the mean squared error over the whole global batch, so each rank
 // scales its output gradient by 2/(global batch·width) and the sum of the
@@ -29,13 +30,22 @@ import (
 // moved after the backward pass, bit for bit the same weights as train.
 func dp(c Config) (*Workload, error) {
 	const name = "dp"
-	L, W, B, err := mlpShape(c, 256, 8)
-	if err != nil {
-		return nil, fmt.Errorf("workload %s: %w", name, err)
-	}
 	world, rank := 1, 0
 	if c.Comm != nil {
 		world, rank = c.Comm.Size(), c.Comm.Rank()
+	}
+	if c.BatchPerRank > 0 {
+		if c.Batch > 0 {
+			return nil, fmt.Errorf("workload %s: a global batch (%d) and a batch per rank (%d) both given; give one", name, c.Batch, c.BatchPerRank)
+		}
+		if int64(c.BatchPerRank)*int64(world) > 1<<28 {
+			return nil, fmt.Errorf("workload %s: batch per rank %d times %d ranks too large", name, c.BatchPerRank, world)
+		}
+		c.Batch = c.BatchPerRank * world
+	}
+	L, W, B, err := mlpShape(c, 256, 8)
+	if err != nil {
+		return nil, fmt.Errorf("workload %s: %w", name, err)
 	}
 	if B%world != 0 {
 		return nil, fmt.Errorf("workload %s: global batch %d does not split into %d equal shards", name, B, world)

@@ -325,24 +325,105 @@ func TestDPAcrossProcesses(t *testing.T) {
 		}
 	}
 
+	benchAcrossProcesses(t, world)
+}
+
+// TestDPAcrossFourProcesses is the bench of TestDPAcrossProcesses on four
+// ranks, each its own sim, the collectives across the rendezvous.
+func TestDPAcrossFourProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("four ranks")
+	}
+	benchAcrossProcesses(t, 4)
+}
+
+// benchAcrossProcesses runs dp's bench of every strategy on world ranks
+// joined as separate processes would be (each its own sim): every
+// strategy matches eager on every rank, no collective is captured in
+// steady state, and GatherReports gives every rank every rank's report,
+// in rank order.
+func benchAcrossProcesses(t *testing.T, world int) {
+	ctx := context.Background()
 	ranks := joinProcesses(t, world)
 	reps := make([]*report.Report, world)
+	gathered := make([][]report.Report, world)
 	if err := perrank.Each(world, func(r int) error {
 		w, err := New("dp", Config{Layers: dpShape.Layers, Width: dpShape.Width, Batch: dpShape.Batch, Comm: ranks[r].Comm})
 		if err != nil {
 			return err
 		}
-		o := RunOptions{Steps: 4, Warmup: 2, Pattern: Random, WallBatches: -1}
+		o := RunOptions{Steps: 3, Warmup: 1, Pattern: Random, WallBatches: 1, WallBatchSize: 2}
 		watch := WatchCollectives(w.Comm, &o)
 		if reps[r], err = Bench(ctx, ranks[r].Backend, w, nil, o); err != nil {
 			return err
 		}
 		watch.Annotate(reps[r])
-		return nil
+		gathered[r], err = GatherReports(ctx, ranks[r].Group, reps[r])
+		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	wantRankReports(t, reps)
+	for r := range world {
+		if len(gathered[r]) != world {
+			t.Fatalf("rank %d gathered %d reports, want %d", r, len(gathered[r]), world)
+		}
+		for i, g := range gathered[r] {
+			if g.Workload != reps[i].Workload || len(g.Results) != len(reps[i].Results) {
+				t.Errorf("rank %d's copy of rank %d's report: %q with %d results, want %q with %d", r, i,
+					g.Workload, len(g.Results), reps[i].Workload, len(reps[i].Results))
+			}
+			if !strings.Contains(g.Workload, fmt.Sprintf("rank %d of %d", i, world)) {
+				t.Errorf("report %d of rank %d is %q", i, r, g.Workload)
+			}
+		}
+	}
+}
+
+// TestDPRanksAligned: on ranks of one communicator, Run waits for a
+// barrier (an eager all-reduce) before every step, warm-up included, and
+// before every wall batch, and holds the device behind a second one
+// inside the gate: two barriers a step and one a batch, none captured;
+// the note says so. One rank runs no barrier.
+func TestDPRanksAligned(t *testing.T) {
+	ctx := context.Background()
+	const world, warmup, steps, batches = 2, 1, 3, 2
+	b := openSimN(t, world, 30*time.Second)
+	comms := commtest.Comms(t, b, world)
+	ws, err := ForRanks("dp", dpShape, comms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := make([]sg.CommStats, world)
+	for r, c := range comms {
+		before[r] = c.Stats()
+	}
+	res, err := RunRanks(ctx, b, ws, RunOptions{Strategy: sg.StrategyPatch, Steps: steps, Warmup: warmup, Pattern: Random,
+		WallBatches: batches, WallBatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r, c := range comms {
+		got := c.Stats()
+		if n := got.Launched - before[r].Launched; n != 2*(warmup+steps)+batches {
+			t.Errorf("rank %d launched %d eager collectives, want %d barriers", r, n, 2*(warmup+steps)+batches)
+		}
+		if !strings.Contains(res[r].Result.Note, "ranks aligned by a barrier") || !strings.Contains(res[r].Result.Note, "skew p50") {
+			t.Errorf("rank %d: note %q", r, res[r].Result.Note)
+		}
+	}
+	one, err := New("dp", dpShape)
+	if err != nil {
+		t.Fatal(err)
+	}
+	single := openSimN(t, 1, 30*time.Second)
+	r1, err := Run(ctx, single, one, RunOptions{Strategy: sg.StrategyPatch, Steps: 2, Pattern: Random, WallBatches: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(r1.Result.Note, "aligned") {
+		t.Errorf("one rank: note %q", r1.Result.Note)
+	}
 }
 
 // TestJoinRankFailures: a rank that cannot make its communicator aborts the
@@ -479,6 +560,54 @@ func wantRankReports(t *testing.T, reps []*report.Report) {
 			if !seen[string(s)] {
 				t.Errorf("rank %d: no row for %s", r, s)
 			}
+		}
+	}
+}
+
+// TestDPBatchPerRank: a batch per rank makes the global batch that many
+// rows times the ranks (each rank's shard is BatchPerRank rows, the same
+// rows as the global batch split), and is refused with a global batch or
+// on a workload without ranks.
+func TestDPBatchPerRank(t *testing.T) {
+	const world = 2
+	b := openSimN(t, world, 30*time.Second)
+	comms := commtest.Comms(t, b, world)
+	weak, err := ForRanks("dp", Config{Layers: 2, Width: 16, BatchPerRank: 3}, comms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strong, err := ForRanks("dp", Config{Layers: 2, Width: 16, Batch: 6}, comms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range world {
+		if !strings.Contains(weak[r].Desc, "batch=6") || !strings.Contains(weak[r].Desc, "with 3 rows") {
+			t.Errorf("rank %d: %q", r, weak[r].Desc)
+		}
+		if weak[r].Desc != strong[r].Desc {
+			t.Errorf("rank %d: batch per rank %q, global batch %q", r, weak[r].Desc, strong[r].Desc)
+		}
+		for i := range weak[r].Params {
+			if string(weak[r].Input(5, i)) != string(strong[r].Input(5, i)) {
+				t.Errorf("rank %d: param %d differs", r, i)
+			}
+		}
+	}
+	one, err := New("dp", Config{Layers: 2, Width: 16, BatchPerRank: 3})
+	if err != nil || !strings.Contains(one.Desc, "batch=3") {
+		t.Errorf("one rank: %v, %v", one, err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"dp", Config{Batch: 8, BatchPerRank: 4}, "both given"},
+		{"train", Config{BatchPerRank: 4}, "dp's alone"},
+		{"dp", Config{BatchPerRank: -1}, "negative"},
+	} {
+		if _, err := New(tc.name, tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %+v: %v, want %q", tc.name, tc.cfg, err, tc.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -119,6 +120,33 @@ func (r *Rank) Close(ctx context.Context) error {
 		err = errors.Join(err, r.Group.Close())
 	}
 	return err
+}
+
+// GatherReports collects every rank's report of one run over the group g
+// (an all-gather of their JSON, without per-step samples) and returns them
+// by rank, for Report.Ranks. Every rank of g calls it once, after its run;
+// a rank that cannot run aborts the group instead, and the others' calls
+// fail with its reason.
+func GatherReports(ctx context.Context, g *rendezvous.Group, rep *report.Report) ([]report.Report, error) {
+	var buf bytes.Buffer
+	own := *rep
+	own.Ranks = nil
+	if err := own.WriteJSON(&buf, false); err != nil {
+		return nil, err
+	}
+	parts, err := g.AllGather(ctx, buf.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("workload: gather the ranks' reports: %w", err)
+	}
+	out := make([]report.Report, len(parts))
+	for r, p := range parts {
+		got, err := report.ReadJSON(bytes.NewReader(p))
+		if err != nil {
+			return nil, fmt.Errorf("workload: rank %d's report: %w", r, err)
+		}
+		out[r] = *got
+	}
+	return out, nil
 }
 
 // ForRanks builds the workload name once per communicator of comms, with
@@ -262,3 +290,73 @@ func (w *CollectiveWatch) annotate(r *report.Result) {
 		r.Note = joinNote(r.Note, fmt.Sprintf("collectives captured in steady state: %d", n))
 	}
 }
+
+// Aligning the ranks' step times.
+//
+// A rank's step with collectives ends no sooner than the slowest rank's
+// part of each collective: timed alone, a rank that starts early waits in
+// the all-reduce for the others, and that wait (rank skew: the ranks'
+// host times differ, a process is descheduled, one rank compiled or
+// re-recorded longer) lands in its GPU time and latency as noise. So Run
+// aligns the ranks of a communicator of more than one rank (rankBarrier):
+//
+//   - before each measured step, and before each batch of the wall-time
+//     phase, the host waits for a barrier, an all-reduce of one value on
+//     the step's stream: every rank's call then starts within the
+//     barrier's own exit skew (NCCL's latency and the host's wake-up);
+//   - inside the gate (stepTimer), behind the gate and before the start
+//     event, a second barrier holds the device until every rank's gate
+//     has opened, so that every rank's device work starts together and
+//     the GPU time is the step's work, not the wait for the slowest
+//     rank's host. Its wait, the gate-to-start time, is the skew of the
+//     ranks' calls, reported in the row's note; the latency leaves it out.
+//
+// The barriers are eager collectives, never captured: they do not count
+// as captures in steady state, and every rank runs them at the same points
+// of Run, so the order of collectives stays the same on every rank.
+
+// rankBarrier is the barrier of one rank on one stream.
+type rankBarrier struct {
+	ctx context.Context
+	b   gpu.Backend
+	s   gpu.Stream
+	exe *sg.Executable
+}
+
+// newRankBarrier compiles the barrier of comm's rank for stream s. Close
+// it (after s has no barrier left to run) to release it.
+func newRankBarrier(ctx context.Context, b gpu.Backend, comm *sg.Comm, s gpu.Stream) (*rankBarrier, error) {
+	p := sg.NewProgram("rank-barrier")
+	tok := p.Temp("token", 4)
+	p.AllReduce(comm, tok.All(), tok.All(), gpu.Float32, gpu.Sum)
+	exe, err := sg.Compile(ctx, b, p, sg.Options{Strategy: sg.StrategyEager, Device: comm.Device()})
+	if err != nil {
+		return nil, fmt.Errorf("workload: the ranks' barrier on %s: %w", comm, err)
+	}
+	return &rankBarrier{ctx: ctx, b: b, s: s, exe: exe}, nil
+}
+
+// enqueue puts the barrier on the stream: the stream goes on once every
+// rank's barrier has run.
+func (a *rankBarrier) enqueue() error {
+	outs, err := a.exe.Run(a.ctx, a.s, nil)
+	if err != nil {
+		return fmt.Errorf("the ranks' barrier: %w", err)
+	}
+	outs.Release()
+	return nil
+}
+
+// wait runs the barrier and waits for it: the host goes on once every
+// rank has reached it.
+func (a *rankBarrier) wait() error {
+	if err := a.enqueue(); err != nil {
+		return err
+	}
+	if err := a.b.StreamSynchronize(a.s); err != nil {
+		return fmt.Errorf("the ranks' barrier: %w", err)
+	}
+	return nil
+}
+
+func (a *rankBarrier) Close() error { return a.exe.Close() }

@@ -55,7 +55,8 @@ type RunOptions struct {
 	NoGate bool
 	// GateWatchdog bounds how long a step's stream is held behind its
 	// gate: a strategy whose Run waits on the stream would wait for ever
-	// otherwise. Such steps are counted in the row's note. Default
+	// otherwise. Such steps are marked (RunResult.Released), left out of
+	// the GPU percentiles and named in the row's note. Default
 	// DefaultGateWatchdog.
 	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
@@ -119,6 +120,11 @@ type RunResult struct {
 	Mismatch int
 	// Stats are the executable's counters over the measured steps.
 	Stats sg.Counters
+	// Released are the measured steps (indexes into the result's samples)
+	// whose gate the watchdog opened (RunOptions.GateWatchdog): their GPU
+	// samples include host time, and the GPU percentiles leave them out
+	// unless every step was released (the note says which).
+	Released []int
 }
 
 // Run compiles w with opts.Strategy on b and runs opts.Warmup + opts.Steps
@@ -158,7 +164,14 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		return nil, fmt.Errorf("workload: stream: %w", err)
 	}
 	cleanup = append(cleanup, func() error { return b.StreamDestroy(s) }, func() error { return b.StreamSynchronize(s) })
-	timer, releaseTimer, err := newStepTimer(b, opts.Device, s, opts)
+	var barrier *rankBarrier
+	if w.Comm != nil && w.Comm.Size() > 1 {
+		if barrier, err = newRankBarrier(ctx, b, w.Comm, s); err != nil {
+			return nil, err
+		}
+		cleanup = append(cleanup, barrier.Close)
+	}
+	timer, releaseTimer, err := newStepTimer(b, opts.Device, s, opts, barrier)
 	if err != nil {
 		return nil, err
 	}
@@ -182,9 +195,9 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	res := &RunResult{Mismatch: -1}
 	total := opts.Warmup + opts.Steps
 	var (
-		stepUS, hostUS, latencyUS []float64
-		before                    sg.Counters
-		peak                      uint64
+		stepUS, hostUS, latencyUS, skewUS []float64
+		before                            sg.Counters
+		peak                              uint64
 	)
 	for step := range total {
 		if err := ctx.Err(); err != nil {
@@ -196,7 +209,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		}
 		if step == opts.Warmup {
 			before = exe.Stats().Counters
-			timer.released = 0 // counted over the measured steps
+			timer.measure() // releases are counted over the measured steps
 		}
 		var outs sg.Outputs
 		times, err := timer.step(func() error {
@@ -232,6 +245,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			stepUS = append(stepUS, us(times.gpu))
 			hostUS = append(hostUS, us(times.host))
 			latencyUS = append(latencyUS, us(times.latency))
+			skewUS = append(skewUS, us(times.skew))
 		}
 		if opts.Progress != nil {
 			opts.Progress(opts.Strategy, step+1, total)
@@ -256,13 +270,13 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	switch {
 	case opts.WallBatches <= 0:
 	case opts.Pattern != Random:
-		wall, err := measureWall(ctx, b, exe, caller, s, total, opts)
+		wall, err := measureWall(ctx, b, exe, caller, s, total, opts, barrier)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: wall time with %s: %w", w.Name, opts.Strategy, err)
 		}
 		r.WallUS = &wall
 	default:
-		wall, err := measureWallFresh(ctx, b, exe, caller, s, total, opts)
+		wall, err := measureWallFresh(ctx, b, exe, caller, s, total, opts, barrier)
 		switch {
 		case errors.Is(err, ErrNoBatch):
 			wallNote = "no wall time at fresh addresses: " + err.Error()
@@ -292,8 +306,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		r.Note = joinNote(r.Note, fmt.Sprintf("outputs differ from eager from step %d", res.Mismatch))
 	}
 	timer.describe(&r)
+	if barrier != nil {
+		r.Note = joinNote(r.Note, alignNote(timer.gated(), skewUS))
+	}
 	r.Note = joinNote(r.Note, wallNote)
-	res.Result, res.Stats = r, st
+	res.Result, res.Stats, res.Released = r, st, timer.releasedSteps()
 	return res, nil
 }
 
@@ -301,7 +318,8 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 // back to back, as a training loop runs them: no event, readback or input
 // write between steps, one stream synchronization per batch. The bindings
 // are the caller's next two sets (one for fixed), written once before.
-func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions) (report.Percentiles, error) {
+// barrier, when not nil, aligns the ranks before each batch.
+func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions, barrier *rankBarrier) (report.Percentiles, error) {
 	var binds []sg.Bindings
 	for i := range 2 {
 		bind, err := caller.Bind(next + i)
@@ -312,6 +330,11 @@ func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller 
 	}
 	perStep := make([]float64, 0, opts.WallBatches)
 	for range opts.WallBatches {
+		if barrier != nil {
+			if err := barrier.wait(); err != nil {
+				return report.Percentiles{}, err
+			}
+		}
 		t0 := time.Now()
 		for i := range opts.WallBatchSize {
 			outs, err := exe.Run(ctx, s, binds[i%len(binds)])
@@ -333,8 +356,9 @@ func measureWall(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller 
 // addresses with its inputs written (Caller.BindBatch) before the clock
 // starts, run back to back, one stream synchronization per batch; the
 // batch's buffers are freed after it. A caller that cannot bind a batch
-// ahead returns ErrNoBatch.
-func measureWallFresh(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions) (report.Percentiles, error) {
+// ahead returns ErrNoBatch. barrier, when not nil, aligns the ranks before
+// each batch.
+func measureWallFresh(ctx context.Context, b gpu.Backend, exe *sg.Executable, caller *Caller, s gpu.Stream, next int, opts RunOptions, barrier *rankBarrier) (report.Percentiles, error) {
 	perStep := make([]float64, 0, opts.WallBatches)
 	for range opts.WallBatches {
 		binds, release, err := caller.BindBatch(next, opts.WallBatchSize)
@@ -342,6 +366,11 @@ func measureWallFresh(ctx context.Context, b gpu.Backend, exe *sg.Executable, ca
 			return report.Percentiles{}, err
 		}
 		next += opts.WallBatchSize
+		if barrier != nil {
+			if err := barrier.wait(); err != nil {
+				return report.Percentiles{}, errors.Join(err, release())
+			}
+		}
 		t0 := time.Now()
 		for _, bind := range binds {
 			outs, err := exe.Run(ctx, s, bind)
@@ -361,6 +390,18 @@ func measureWallFresh(ctx context.Context, b gpu.Backend, exe *sg.Executable, ca
 		}
 	}
 	return report.Summarize(perStep), nil
+}
+
+// alignNote says how a rank's times were aligned with the other ranks',
+// and, gated, how long its device waited for them (skew).
+func alignNote(gated bool, skewUS []float64) string {
+	const aligned = "ranks aligned by a barrier before each step and wall batch"
+	if !gated {
+		return aligned
+	}
+	p := report.Summarize(skewUS)
+	return fmt.Sprintf("%s; skew p50 %s p90 %s us (the device's wait for the other ranks, outside GPU time and latency)",
+		aligned, report.FormatUS(p.P50), report.FormatUS(p.P90))
 }
 
 // fallbackReasons lists the refusals by reason, "topology changed: 2, ...".

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -79,14 +81,19 @@ type noWaits struct{ gpu.Backend }
 // tens of milliseconds before its launches has a GPU time of the sim's work
 // alone, far below its host time, and a latency at least its GPU time and
 // about its host time; without it (NoGate) the GPU time is the latency, host
-// time included.
+// time included. A host call of 300 ms (three launches of 100 ms: a busy
+// machine's) is not released by the watchdog, which used to fire after
+// 200 ms and fold the host time into the GPU time.
 func TestGatedGPUTimeExcludesHost(t *testing.T) {
-	const delay = 10 * time.Millisecond
 	raw := openRaw(t)
-	b := slowHost{raw, delay}
 	w := small(t, "mlp")
-	for _, strat := range []sg.Strategy{sg.StrategyEager, sg.StrategyPatch} {
-		t.Run(string(strat), func(t *testing.T) {
+	for _, tc := range []struct {
+		strat sg.Strategy
+		delay time.Duration
+	}{{sg.StrategyEager, 10 * time.Millisecond}, {sg.StrategyPatch, 10 * time.Millisecond}, {sg.StrategyEager, 100 * time.Millisecond}} {
+		strat, delay := tc.strat, tc.delay
+		b := slowHost{raw, delay}
+		t.Run(fmt.Sprintf("%s/%v", strat, delay), func(t *testing.T) {
 			res, err := Run(context.Background(), b, w, RunOptions{Strategy: strat, Steps: 3, Warmup: 1, Pattern: Random, WallBatches: -1})
 			if err != nil {
 				t.Fatal(err)
@@ -162,13 +169,74 @@ func TestGateWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := res.Result
-	if !r.OutputsMatchEager || !strings.Contains(r.Note, fmt.Sprintf("2 steps released by the watchdog after %v", dog)) {
-		t.Errorf("match %v, note %q", r.OutputsMatchEager, r.Note)
+	if !r.OutputsMatchEager || !strings.Contains(r.Note, fmt.Sprintf("2 of 2 measured steps (0, 1) released by the watchdog after %v", dog)) ||
+		!strings.Contains(r.Note, "so does the GPU column: every step was released") || !slices.Equal(res.Released, []int{0, 1}) {
+		t.Errorf("match %v, released %v, note %q", r.OutputsMatchEager, res.Released, r.Note)
 	}
 	for i, l := range r.LatencySamplesUS {
 		if l < us(dog) {
 			t.Errorf("step %d released by the watchdog after %v: latency %v µs", i, dog, l)
 		}
+	}
+}
+
+// blockOnce is the sim behind a host that waits for the stream after
+// every launch while block is set: a Run that waits on its stream in one
+// chosen step only.
+type blockOnce struct {
+	*sim.Backend
+	block *atomic.Bool
+}
+
+func (b blockOnce) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.Arg, s gpu.Stream) error {
+	if err := b.Backend.LaunchKernel(f, cfg, args, s); err != nil || !b.block.Load() {
+		return err
+	}
+	return b.StreamSynchronize(s)
+}
+
+func (b blockOnce) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
+	if err := b.Backend.GraphLaunch(x, s); err != nil || !b.block.Load() {
+		return err
+	}
+	return b.StreamSynchronize(s)
+}
+
+// TestGateWatchdogMarksReleasedSteps: a step that the watchdog (at its
+// default, generous room) had to release is not averaged in silently: it
+// is marked in RunResult.Released, named in the note, and left out of the
+// GPU percentiles, while its GPU sample is kept in the samples; the other
+// steps are not marked. The step that blocks is chosen by count (the one
+// after the first measured step), so the answer does not depend on timing.
+func TestGateWatchdogMarksReleasedSteps(t *testing.T) {
+	raw := openRaw(t)
+	var block atomic.Bool
+	const warmup, steps, blocked = 1, 4, 1 // the measured step that blocks
+	res, err := Run(context.Background(), blockOnce{raw, &block}, small(t, "mlp"), RunOptions{Strategy: sg.StrategyPatch,
+		Steps: steps, Warmup: warmup, WallBatches: -1,
+		Progress: func(_ sg.Strategy, done, _ int) { block.Store(done == warmup+blocked) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := res.Result
+	if !slices.Equal(res.Released, []int{blocked}) {
+		t.Fatalf("released %v, want [%d]; note %q", res.Released, blocked, r.Note)
+	}
+	want := fmt.Sprintf("1 of %d measured steps (%d) released by the watchdog after %v", steps, blocked, DefaultGateWatchdog)
+	if !strings.Contains(r.Note, want) || !strings.Contains(r.Note, "left out of the GPU column") {
+		t.Errorf("note %q, want %q", r.Note, want)
+	}
+	var kept []float64
+	for i, v := range r.StepSamplesUS {
+		if i != blocked {
+			kept = append(kept, v)
+		}
+	}
+	if len(r.StepSamplesUS) != steps || r.StepUS != report.Summarize(kept) {
+		t.Errorf("GPU %+v over %d samples, want the percentiles of %v (the released step's left out)", r.StepUS, len(r.StepSamplesUS), kept)
+	}
+	if l := r.LatencySamplesUS[blocked]; l < us(DefaultGateWatchdog) {
+		t.Errorf("the released step's latency %v µs, below the watchdog's %v", l, DefaultGateWatchdog)
 	}
 }
 

@@ -54,7 +54,10 @@
 // A workload with collectives (dp) runs on several ranks: in one process
 // on the sim's devices (ForRanks, RunRanks, BenchRanks), or one process per
 // GPU, each setting its rank up with JoinRank or NewRank from a rendezvous
-// (see ranks.go and docs/MULTI-GPU.md).
+// (see ranks.go and docs/MULTI-GPU.md). Run aligns the ranks of a
+// communicator with barriers before each step, behind the step's gate and
+// before each wall batch, so that no rank's times hold its wait for a late
+// peer; GatherReports brings every rank's report to each.
 //
 // # Concurrency
 //
@@ -99,6 +102,12 @@ type Config struct {
 	// written there with the weights generated from Seed. Empty: generated,
 	// not written.
 	Weights string
+	// BatchPerRank is dp's rows per rank: the global batch is BatchPerRank
+	// times the ranks (weak scaling: each rank's work stays the same as
+	// ranks are added). Zero: Batch is the global batch (strong scaling:
+	// the ranks share it). Setting both is an error, and other workloads
+	// refuse it.
+	BatchPerRank int
 	// Seed seeds the weights and the inputs. Default 1.
 	Seed uint64
 	// Comm is dp's communicator: the rank's shard of the batch and the
@@ -176,8 +185,11 @@ func New(name string, cfg Config) (*Workload, error) {
 		cfg.Seed = 1
 	}
 	if cfg.Layers < 0 || cfg.Width < 0 || cfg.Batch < 0 || cfg.K < 0 || cfg.N < 0 ||
-		cfg.Heads < 0 || cfg.Vocab < 0 || cfg.Positions < 0 || cfg.Pos < 0 {
+		cfg.Heads < 0 || cfg.Vocab < 0 || cfg.Positions < 0 || cfg.Pos < 0 || cfg.BatchPerRank < 0 {
 		return nil, fmt.Errorf("workload %s: negative size in %+v", name, cfg)
+	}
+	if cfg.BatchPerRank > 0 && name != "dp" {
+		return nil, fmt.Errorf("workload %s: a batch per rank (%d) is dp's alone; %s has no ranks", name, cfg.BatchPerRank, name)
 	}
 	w, err := b(cfg)
 	if err != nil {

@@ -198,7 +198,8 @@ class Measurement:
 
 
 def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
-            max_seconds: float | None = None, tag: str = "", clock=time.perf_counter_ns) -> Measurement:
+            max_seconds: float | None = None, tag: str = "", clock=time.perf_counter_ns,
+            align=None) -> Measurement:
     """Time step(i) (i = 0, 1, 2, ...: the step index, which picks the
     input) in three phases:
 
@@ -214,6 +215,11 @@ def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
     max_seconds bounds phases 2 and 3 together (each gets half); a phase cut
     short leaves a note. The index keeps counting across phases so that the
     input ring keeps turning.
+
+    align, when given (several ranks), is called before each step of phase
+    2 and before each batch of phase 3, after the sync and outside the
+    clock: a barrier that returns when every rank has reached it, so that
+    the ranks' timed work starts together (torch_dp.py).
     """
     if steps <= 0:
         raise ValueError(f"steps must be positive, not {steps}")
@@ -227,6 +233,8 @@ def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
     phase_ns = None if not max_seconds else max_seconds * 0.5e9
     start = clock()
     for j in range(steps):
+        if align is not None:
+            align()
         if gpu is not None:
             gpu.begin(j)
         t0 = clock()
@@ -252,6 +260,8 @@ def measure(step, sync, *, steps: int, warmup: int, batch: int, gpu=None,
     start = clock()
     for k in range(batches):
         sync()
+        if align is not None:
+            align()
         t0 = clock()
         for _ in range(per):
             step(i)

@@ -10,7 +10,8 @@ A PATH is a JSON file or a directory searched recursively for *.json (the
 layout bench/compare writes: DIR/<workload>/{stablegraph,stablegraph-fixed,
 torch,jax,...}.json). A file's workload is --workload if given, else the name
 of its directory when that is a known workload (or gpt2-decode-bN: the
-batch-B runs of gpt2-decode), else its "workload" field
+batch-B runs of gpt2-decode; dp-weak-nN and dp-strong-nN: dp on N ranks,
+scripts/gpu-multi), else its "workload" field
 (up to the first space or parenthesis).
 
 Files are told apart by content:
@@ -55,8 +56,9 @@ import re
 import sys
 
 KNOWN_WORKLOADS = ("mlp", "mlp-large", "train", "chain", "gpt2-decode-b1", "gpt2-decode-b8", "gpt2-decode-b32")
-# bench/compare puts gpt2-decode's runs of batch B in gpt2-decode-bB.
-BATCHED_DIR = re.compile(r"gpt2-decode(-tiny)?-b\d+")
+# bench/compare puts gpt2-decode's runs of batch B in gpt2-decode-bB;
+# scripts/gpu-multi puts dp's runs on N ranks in dp-weak-nN and dp-strong-nN.
+BATCHED_DIR = re.compile(r"gpt2-decode(-tiny)?-b\d+|dp-(weak|strong)-n\d+")
 SYSTEM_ORDER = {"stablegraph": 0, "pytorch": 1, "jax": 2}
 PEER_SYSTEMS = ("pytorch", "jax")
 SG_FLOOR_ROW = "replay-fixed"

@@ -118,6 +118,27 @@ class MeasureTest(unittest.TestCase):
         self.assertTrue(any("per-step phase stopped" in n for n in m.notes))
         self.assertTrue(any("batch phase stopped" in n for n in m.notes))
 
+    def test_align_before_each_step_and_batch_outside_the_clock(self):
+        events = []
+        clock = FakeClock()
+
+        def align():
+            events.append(("align", clock.t))
+            clock.t += 1_000_000  # a slow barrier: 1 ms, which no time may include
+
+        def step(i):
+            events.append(("step", i))
+            clock.t += 10000
+
+        m = common.measure(step, lambda: None, steps=4, warmup=1, batch=2, gpu=FakeGPU(clock), clock=clock,
+                           align=align)
+        kinds = [e[0] for e in events]
+        # warm-up step 0; per step: align, step (4); per batch: align, 2 steps (2 batches).
+        self.assertEqual(kinds, ["step"] + ["align", "step"] * 4 + ["align", "step", "step"] * 2)
+        self.assertEqual(m.host, [10.0] * 4)
+        self.assertEqual(m.step, [13.0] * 4)
+        self.assertEqual(m.batch, [10.0, 10.0])
+
     def test_bad_steps(self):
         with self.assertRaises(ValueError):
             common.measure(lambda i: None, lambda: None, steps=0, warmup=0, batch=1)

@@ -122,6 +122,55 @@ class CompareScriptTest(unittest.TestCase):
             with open(os.path.join(d3, "torch.json")) as f:
                 self.assertTrue(all(r["output_ok"] for r in json.load(f)["results"]))
 
+    def test_dp_with_fakes(self):
+        # dp: the fake stablegraph with --nproc, and the PyTorch peer on 2
+        # ranks under a fake torchrun (processes with torchrun's variables,
+        # the fake torch.distributed between them).
+        with tempfile.TemporaryDirectory() as d:
+            sg = os.path.join(d, "stablegraph")
+            with open(sg, "w") as f:
+                f.write(FAKE_SG.format(python=sys.executable, fixture=os.path.join(HERE, "testdata", "gpt2")))
+            os.chmod(sg, 0o755)
+            torchrun = os.path.join(d, "torchrun")
+            with open(torchrun, "w") as f:
+                f.write(FAKE_TORCHRUN.format(python=sys.executable))
+            os.chmod(torchrun, 0o755)
+            out = os.path.join(d, "out")
+            env = dict(os.environ, PYTHONPATH=FAKES, SG_BIN=sg, PY=sys.executable, SG_LIBCUBLAS="", SG_PLOT="0",
+                       TORCHRUN=torchrun, DP_RANKS="2")
+            env.pop("OUT", None)
+            p = subprocess.run(["bash", os.path.join(ROOT, "bench", "compare"), "--out", out, "--workloads", "dp",
+                                "--steps", "4", "--warmup", "1", "--budget", "400"],
+                               capture_output=True, text=True, timeout=600, env=env)
+            self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+            self.assertIn("--nproc 2 --batch-per-rank 8", p.stderr)
+            with open(os.path.join(out, "merged.json")) as f:
+                merged = json.load(f)
+            rows = merged["workloads"]["dp-weak-n2"]
+            self.assertEqual({r["system"] for r in rows}, {"stablegraph", "pytorch"})
+            torch_rows = {r["strategy"]: r for r in rows if r["system"] == "pytorch"}
+            self.assertEqual(set(torch_rows), {"torch-graph-fixed", "torch-eager", "torch-graph-copy"})
+            with open(os.path.join(out, "dp-weak-n2", "torch.json")) as f:
+                doc = json.load(f)
+            self.assertEqual(doc["shape"]["ranks"], 2)
+            self.assertTrue(all(r["output_ok"] for r in doc["results"]), doc["results"])
+
+
+# TEST FAKE of `torchrun --standalone --nproc_per_node N SCRIPT ARGS...`: starts
+# N Python processes with torchrun's variables and a directory for the fake
+# torch.distributed.
+FAKE_TORCHRUN = textwrap.dedent("""\
+    #!{python}
+    import os, subprocess, sys, tempfile
+    args = sys.argv[1:]
+    n = int(args[args.index("--nproc_per_node") + 1])
+    rest = args[args.index("--nproc_per_node") + 2:]
+    d = tempfile.mkdtemp()
+    procs = [subprocess.Popen([sys.executable] + rest, env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(n),
+             LOCAL_RANK=str(r), TORCHELASTIC_RUN_ID="fake", FAKE_DIST_DIR=d)) for r in range(n)]
+    sys.exit(max(p.wait() for p in procs))
+    """)
+
 
 if __name__ == "__main__":
     unittest.main()

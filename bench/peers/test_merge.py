@@ -197,6 +197,25 @@ class MergeTest(unittest.TestCase):
         merged, _ = merge.merge([self.root])
         self.assertEqual(list(merged["workloads"]), ["mlp-large"])
 
+    def test_dp_directories_are_workloads(self):
+        # scripts/gpu-multi's layout: one directory per scaling and rank count.
+        with tempfile.TemporaryDirectory() as d:
+            for sub in ("dp-weak-n2", "dp-strong-n4"):
+                os.makedirs(os.path.join(d, sub))
+                sg = copy.deepcopy(FIXTURE_SG)
+                sg["workload"] = "dp (fabricated)"
+                sg["results"].append({"strategy": "replay-fixed", "step_us": {"p50": 40.0, "p90": 41.0},
+                                      "host_us": {"p50": 4.0, "p90": 5.0}, "outputs_match_eager": True})
+                peer = copy.deepcopy(FIXTURE_TORCH)
+                peer["workload"] = "dp"
+                for name, doc in (("stablegraph.json", sg), ("torch.json", peer)):
+                    with open(os.path.join(d, sub, name), "w") as f:
+                        json.dump(doc, f)
+            merged, problems = merge.merge([d])
+            self.assertEqual(sorted(merged["workloads"]), ["dp-strong-n4", "dp-weak-n2"])
+            systems = {r["system"] for r in merged["workloads"]["dp-weak-n2"]}
+            self.assertEqual(systems, {"stablegraph", "pytorch"})
+
     def test_workload_from_json_field_for_loose_files(self):
         sg = copy.deepcopy(FIXTURE_SG)
         sg["workload"] = "chain (K=1000)"

@@ -25,46 +25,14 @@ type workloadFlags struct {
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.name, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", "))
-	registerShape(fs, &f.cfg, "mlp and train")
+	registerShape(fs, &f.cfg)
+	fs.IntVar(&f.cfg.BatchPerRank, "batch-per-rank", 0, "dp: `rows` per rank; the global batch is this times the ranks (weak scaling). Not with --batch, which is the global batch the ranks share (strong scaling)")
 	fs.IntVar(&f.run.Steps, "steps", 100, "measured steps")
 	fs.IntVar(&f.run.Warmup, "warmup", 3, "steps run before the measured ones (outputs still compared)")
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong, random, or swap (gpt2-decode: sequences and their KV caches swap in and out of the batch)")
-	fs.StringVar(&f.cfg.Weights, "weights", "", "gpt2-decode: safetensors `file` of the weights, read when it exists, else written with those drawn from --seed")
+	fs.StringVar(&f.cfg.Weights, "weights", "", "safetensors `file` of gpt2-decode's weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	f.ranks.register(fs)
-}
-
-// registerShape registers the workload shape flags into cfg; which names
-// the workloads that take layers, width and batch.
-func registerShape(fs *flag.FlagSet, cfg *workload.Config, which string) {
-	fs.IntVar(&cfg.Layers, "layers", 0, "layers of "+which+" (default 8)")
-	fs.IntVar(&cfg.Width, "width", 0, "width of "+which+" (default 256; 1024 for the -large ones)")
-	fs.IntVar(&cfg.Batch, "batch", 0, "batch of "+which+" (default 8; 64 for the -large ones)")
-	fs.IntVar(&cfg.K, "k", 0, fmt.Sprintf("kernels in chain, 1 to %d (default 1000)", workload.MaxChainK))
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the weights, inputs and random buffer placement")
-}
-
-// checkShape checks the shape flags that were given: each must be
-// positive (left out, the workload's default applies), k at most
-// workload.MaxChainK.
-func checkShape(fs *flag.FlagSet, cfg workload.Config) error {
-	vals := map[string]int{"layers": cfg.Layers, "width": cfg.Width, "batch": cfg.Batch, "k": cfg.K}
-	var err error
-	fs.Visit(func(fl *flag.Flag) {
-		v, ok := vals[fl.Name]
-		dash := "--"
-		if len(fl.Name) == 1 {
-			dash = "-"
-		}
-		switch {
-		case !ok || err != nil:
-		case v <= 0:
-			err = usagef("%s%s must be positive, got %d (leave it out for the workload's default)", dash, fl.Name, v)
-		case fl.Name == "k" && v > workload.MaxChainK:
-			err = usagef("-k must be at most %d, got %d", workload.MaxChainK, v)
-		}
-	})
-	return err
 }
 
 // build checks the flags and builds the workload.
@@ -77,7 +45,10 @@ func (f *workloadFlags) build(fs *flag.FlagSet) (*workload.Workload, error) {
 	if f.run.Steps <= 0 || f.run.Warmup < 0 {
 		return nil, usagef("--steps must be positive and --warmup not negative")
 	}
-	if err := checkShape(fs, f.cfg); err != nil {
+	if err := checkShape(fs, f.name, f.cfg); err != nil {
+		return nil, err
+	}
+	if err := checkPattern(f.name, p); err != nil {
 		return nil, err
 	}
 	w, err := workload.New(f.name, f.cfg)
@@ -142,7 +113,10 @@ the command line. Rank 0 reports.`,
 				if err != nil {
 					return err
 				}
-				if err := checkOutput("json", *jsonPath); err != nil {
+				if wf.run.Dump == "-" {
+					return usagef("--dump: the dump is a safetensors file, not for stdout")
+				}
+				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--dump", wf.run.Dump)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -286,7 +260,7 @@ collectives run the steps the flags say.`,
 				if err != nil {
 					return err
 				}
-				if err := errors.Join(checkOutput("json", *jsonPath), checkOutput("plot", *plotPath)); err != nil {
+				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -347,7 +321,7 @@ func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOption
 // prints the table of the strategies finished so far and writes no file.
 func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
 	if e.ctx.Err() != nil {
-		fmt.Fprintf(e.stdout, "interrupted: the %d strategies finished so far\n", len(rep.Results))
+		fmt.Fprintf(e.stdout, "interrupted: %s finished so far\n", plural(len(rep.Results), "strategy", "strategies"))
 		if err := rep.WriteTable(e.stdout); err != nil {
 			return err
 		}
@@ -358,6 +332,9 @@ func writeReport(e *env, rep *report.Report, jsonPath, plotPath string) error {
 	}
 	if jsonPath != "-" {
 		if err := rep.WriteTable(e.stdout); err != nil {
+			return err
+		}
+		if err := rep.WriteRanksTable(e.stdout); err != nil {
 			return err
 		}
 	}

@@ -51,7 +51,7 @@ is still live at the end.`,
 				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 {
 					return usagef("iteration counts must be positive")
 				}
-				if err := checkOutput("json", *jsonPath); err != nil {
+				if err := checkOutput("--json", *jsonPath); err != nil {
 					return err
 				}
 				return benchDriver(e, o, *jsonPath)
@@ -67,7 +67,7 @@ func benchDriver(e *env, o drivercost.Options, jsonPath string) (err error) {
 	}
 	defer closeBackend(b, &err)
 	if o.Device < 0 || o.Device >= b.DeviceCount() {
-		return usagef("--device %d: backend %s has %d device(s)", o.Device, b.Name(), b.DeviceCount())
+		return usagef("--device %d: backend %s has %s", o.Device, b.Name(), plural(b.DeviceCount(), "device", "devices"))
 	}
 	e.progress("bench-driver: backend %s", shortReason(reason))
 	o.Progress, o.Logger = e.stderr, e.log

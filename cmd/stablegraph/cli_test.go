@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,9 +27,20 @@ import (
 
 // TestMain runs the command itself when the environment asks for it, so
 // that a test can start this test binary as the stablegraph process and
-// signal it (TestSIGINT).
+// signal it (TestSIGINT: STABLEGRAPH_TEST_HOLD_AT, a line of stderr at
+// which the command waits for the signal) or limit it (TestFileSizeLimit:
+// STABLEGRAPH_TEST_FSIZE, the RLIMIT_FSIZE in bytes).
 func TestMain(m *testing.M) {
 	if os.Getenv("STABLEGRAPH_TEST_RUN_MAIN") == "1" {
+		if at := os.Getenv("STABLEGRAPH_TEST_HOLD_AT"); at != "" {
+			stderrFor = func(ctx context.Context) io.Writer { return &holdWriter{w: os.Stderr, ctx: ctx, at: at} }
+		}
+		if n, err := strconv.ParseUint(os.Getenv("STABLEGRAPH_TEST_FSIZE"), 10, 64); err == nil {
+			if err := limitFileSize(n); err != nil {
+				fmt.Fprintln(os.Stderr, "setrlimit:", err)
+				os.Exit(3)
+			}
+		}
 		main()
 		return
 	}
@@ -105,14 +118,14 @@ func TestOutputCheckKeepsFiles(t *testing.T) {
 	if err := os.WriteFile(old, []byte("keep"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkOutput("json", old); err != nil {
+	if err := checkOutput("--json", old); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(old); string(b) != "keep" {
 		t.Errorf("existing file changed to %q", b)
 	}
 	fresh := filepath.Join(dir, "new.json")
-	if err := checkOutput("json", fresh); err != nil {
+	if err := checkOutput("--json", fresh); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(fresh); !os.IsNotExist(err) {
@@ -327,7 +340,7 @@ func TestInterruptedBench(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "b.json")
 	code := runContext(ctx, append([]string{"--backend", "sim", "bench", "--steps", "40", "--json", path}, tiny...), &stdout, stderr)
 	out := stdout.String()
-	if code != exitInterrupted || !strings.Contains(out, "interrupted: the 2 strategies finished so far") ||
+	if code != exitInterrupted || !strings.Contains(out, "interrupted: 2 strategies finished so far") ||
 		!strings.Contains(out, "\neager ") || !strings.Contains(out, "\nrecord ") || strings.Contains(out, "\nupdate ") {
 		t.Errorf("code %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr.buf.String())
 	}
@@ -339,17 +352,42 @@ func TestInterruptedBench(t *testing.T) {
 	}
 }
 
-// TestSIGINT: the process, interrupted by SIGINT, prints what it finished
-// and exits 130.
+// holdWriter writes to w and, after a line that starts with at, waits for
+// ctx to end: the command is held there, mid-run, until the signal the
+// test sends has cancelled it.
+type holdWriter struct {
+	w    io.Writer
+	ctx  context.Context
+	at   string
+	held bool
+}
+
+func (h *holdWriter) Write(p []byte) (int, error) {
+	n, err := h.w.Write(p)
+	if !h.held && strings.HasPrefix(string(p), h.at) {
+		h.held = true
+		<-h.ctx.Done()
+	}
+	return n, err
+}
+
+// TestSIGINT: the process, interrupted by SIGINT while a strategy runs,
+// stops at its next step, prints the strategies finished and exits 130.
+// The command holds at its first progress line of record (holdWriter)
+// until the signal has reached it: the signal lands mid-run on a loaded
+// machine as on an idle one, and the test waits for that line, not for a
+// time.
 func TestSIGINT(t *testing.T) {
 	needSim(t)
 	if runtime.GOOS == "windows" {
 		t.Skip("no SIGINT on windows")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// A watchdog for a command that no longer stops: it is killed.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"--backend", "sim", "bench", "--steps", "200000"}, tiny...)...)
-	cmd.Env = append(os.Environ(), "STABLEGRAPH_TEST_RUN_MAIN=1")
+	const hold = "bench: record step 10/43"
+	cmd := exec.CommandContext(ctx, os.Args[0], append([]string{"--backend", "sim", "bench", "--steps", "40"}, tiny...)...)
+	cmd.Env = append(os.Environ(), "STABLEGRAPH_TEST_RUN_MAIN=1", "STABLEGRAPH_TEST_HOLD_AT="+hold)
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
 	stderr, err := cmd.StderrPipe()
@@ -361,9 +399,11 @@ func TestSIGINT(t *testing.T) {
 	}
 	sc := bufio.NewScanner(stderr)
 	var errs strings.Builder
+	var signalled time.Time
 	for sc.Scan() {
 		errs.WriteString(sc.Text() + "\n")
-		if strings.HasPrefix(sc.Text(), "bench: record step") {
+		if strings.HasPrefix(sc.Text(), hold) {
+			signalled = time.Now()
 			if err := cmd.Process.Signal(os.Interrupt); err != nil {
 				t.Fatal(err)
 			}
@@ -373,11 +413,19 @@ func TestSIGINT(t *testing.T) {
 	rest, _ := io.ReadAll(stderr)
 	errs.Write(rest)
 	err = cmd.Wait()
+	if signalled.IsZero() {
+		t.Fatalf("the command never reached %q (%v)\nstderr:\n%s", hold, err, errs.String())
+	}
+	t.Logf("exited %v after the signal", time.Since(signalled).Round(time.Millisecond))
 	if code := cmd.ProcessState.ExitCode(); code != exitInterrupted {
 		t.Errorf("exit code %d (%v), want %d\nstderr:\n%s", code, err, exitInterrupted, errs.String())
 	}
-	if out := stdout.String(); !strings.Contains(out, "interrupted: the 1 strategies finished so far") || !strings.Contains(out, "\neager ") {
+	out := stdout.String()
+	if !strings.Contains(out, "interrupted: 1 strategy finished so far") || !strings.Contains(out, "\neager ") || strings.Contains(out, "\nrecord ") {
 		t.Errorf("stdout:\n%s", out)
+	}
+	if strings.Contains(errs.String(), "bench: record step 20/43") {
+		t.Errorf("record went on after the signal:\n%s", errs.String())
 	}
 }
 

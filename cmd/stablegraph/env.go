@@ -24,7 +24,7 @@ var (
 func envDefaults() globalFlags {
 	g := globalFlags{backend: "auto", devices: 1}
 	if v := getenv("STABLEGRAPH_BACKEND"); v != "" {
-		g.backend = v
+		g.backend, g.backendFrom = v, "STABLEGRAPH_BACKEND"
 	}
 	return g
 }

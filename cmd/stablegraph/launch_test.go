@@ -138,6 +138,14 @@ func TestDPUnderLaunchers(t *testing.T) {
 					"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port-1)} // rank 0 listens at MASTER_PORT+1
 			}
 		}},
+		{"torchrun4", 4, func(t *testing.T, world int) func(int) []string {
+			port := freePort(t, func(p int) bool { return p > 20000 })
+			return func(r int) []string {
+				return []string{token, "RANK=" + strconv.Itoa(r), "WORLD_SIZE=" + strconv.Itoa(world), "LOCAL_RANK=" + strconv.Itoa(r),
+					"LOCAL_WORLD_SIZE=" + strconv.Itoa(world), "GROUP_RANK=0", "TORCHELASTIC_RUN_ID=test",
+					"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port-1)}
+			}
+		}},
 		{"srun", 3, func(t *testing.T, world int) func(int) []string {
 			port := freePort(t, func(int) bool { return true })
 			job := 4200000 + port - 20000 // SLURM_JOB_ID mod 10000 gives the port
@@ -167,8 +175,8 @@ func TestDPUnderLaunchers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			jsonPath := filepath.Join(dir, tc.name+".json")
-			args := []string{"--backend", "sim", "--devices", "2", "bench", "--workload", "dp", "--layers", "2", "--width", "16",
-				"--batch", "6", "--steps", "3", "--warmup", "1", "--pattern", "random", "--json", jsonPath, "--rendezvous-timeout", "60s"}
+			args := []string{"--backend", "sim", "--devices", "4", "bench", "--workload", "dp", "--layers", "2", "--width", "16",
+				"--batch", "12", "--steps", "3", "--warmup", "1", "--pattern", "random", "--json", jsonPath, "--rendezvous-timeout", "60s"}
 			envOf := tc.env(t, tc.world)
 			var envs [][]string
 			for r := range tc.world {
@@ -179,7 +187,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 				if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 					t.Fatalf("rank %d exited %d\nstderr:\n%s\nstdout:\n%s", r, code, p.stderr.String(), p.stdout.String())
 				}
-				local, launcher := r, tc.name
+				local, launcher := r, strings.TrimRight(tc.name, "0123456789")
 				if tc.name == "srun" {
 					local, launcher = r%2, "slurm"
 				}
@@ -199,6 +207,18 @@ func TestDPUnderLaunchers(t *testing.T) {
 			}
 			if !strings.Contains(rep.Workload, fmt.Sprintf("rank 0 of %d", tc.world)) {
 				t.Errorf("the report is not rank 0's of %d: %q", tc.world, rep.Workload)
+			}
+			// Rank 0 reports every rank's times, and shows them.
+			if len(rep.Ranks) != tc.world {
+				t.Fatalf("the report holds %d ranks' reports, want %d", len(rep.Ranks), tc.world)
+			}
+			for r, rr := range rep.Ranks {
+				if !strings.Contains(rr.Workload, fmt.Sprintf("rank %d of %d", r, tc.world)) || len(rr.Results) != len(rep.Results) {
+					t.Errorf("rank %d's report: %q with %d results", r, rr.Workload, len(rr.Results))
+				}
+			}
+			if out := procs[0].stdout.String(); !strings.Contains(out, fmt.Sprintf("per rank (ranks 0..%d", tc.world-1)) {
+				t.Errorf("rank 0's table shows no ranks:\n%s", out)
 			}
 			seen := map[string]bool{}
 			for _, res := range rep.Results {

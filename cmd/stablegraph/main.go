@@ -12,8 +12,12 @@
 //
 // Conventions: results go to stdout, progress and errors to stderr; a file
 // flag given "-" (--json -) writes to stdout instead of the table; files are
-// checked for writing before a run starts; JSON keys are snake_case; times
-// measured on the sim backend are labelled simulated.
+// checked for writing before a run starts and written whole or not at all
+// (internal/atomicfile: a failed write leaves the file that was there, a
+// device or FIFO is written in place and never removed); a flag that does
+// not shape the chosen workload is a usage error, like every usage error
+// found before a backend opens; JSON keys are snake_case; times measured on
+// the sim backend are labelled simulated.
 package main
 
 import (
@@ -22,10 +26,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -36,6 +40,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/atomicfile"
 )
 
 // Exit statuses.
@@ -54,27 +59,35 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := runContext(ctx, os.Args[1:], os.Stdout, stderrFor(ctx))
 	stop()
 	os.Exit(code)
 }
 
+// stderrFor is where a command run by main writes its progress and errors:
+// os.Stderr. A test replaces it to hold the command at a line until the
+// signal it sends has cancelled ctx (TestSIGINT).
+var stderrFor = func(ctx context.Context) io.Writer { return os.Stderr }
+
 // globalFlags are accepted before the command and after it.
 type globalFlags struct {
-	backend   string
-	devices   int
-	verbose   bool
-	libcuda   string
-	libcublas string
-	libnccl   string
-	progress  tristate
-	cpuprof   string
+	backend string
+	// backendFrom names where backend came from when not from --backend:
+	// the environment variable, for errors to name it.
+	backendFrom string
+	devices     int
+	verbose     bool
+	libcuda     string
+	libcublas   string
+	libnccl     string
+	progress    tristate
+	cpuprof     string
 }
 
 func (g *globalFlags) register(fs *flag.FlagSet) {
 	// Defaults are the current values, so that flags given before the
 	// command survive the command's flag set.
-	fs.StringVar(&g.backend, "backend", g.backend, "`name` of the backend: auto, sim or cuda (auto prefers cuda when a GPU is present); env STABLEGRAPH_BACKEND")
+	fs.Var(backendFlag{g}, "backend", "`name` of the backend: auto, sim or cuda (auto prefers cuda when a GPU is present); env STABLEGRAPH_BACKEND")
 	fs.IntVar(&g.devices, "devices", g.devices, "`N` simulated devices (sim)")
 	fs.BoolVar(&g.verbose, "v", g.verbose, "debug logs on stderr")
 	fs.StringVar(&g.libcuda, "libcuda", g.libcuda, "`path` of libcuda to load (cuda; default: the backend's search); with auto it asks for cuda, and must load")
@@ -82,6 +95,22 @@ func (g *globalFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.libnccl, "libnccl", g.libnccl, "`path` of libnccl to load for collectives (cuda; default: the backend's search)")
 	fs.StringVar(&g.cpuprof, "cpuprofile", g.cpuprof, "write a Go CPU profile of the command to `file` (go tool pprof reads it): where the host's time goes")
 	fs.Var(&g.progress, "progress", "progress bar with the time left on stderr (default: when stderr is a terminal; --progress=false: a line at every quarter)")
+}
+
+// backendFlag is --backend: setting it forgets that the environment gave
+// the backend.
+type backendFlag struct{ g *globalFlags }
+
+func (b backendFlag) String() string {
+	if b.g == nil {
+		return ""
+	}
+	return b.g.backend
+}
+
+func (b backendFlag) Set(s string) error {
+	b.g.backend, b.g.backendFrom = s, ""
+	return nil
 }
 
 // libraries reports whether a library path was given: it asks for the
@@ -309,21 +338,22 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 }
 
 // startCPUProfile starts writing a CPU profile to path (none when path is
-// empty) and returns what stops it and closes the file.
+// empty) and returns what stops it and puts the file in place, whole
+// (atomicfile: a profile that cannot be written leaves the old one).
 func startCPUProfile(path string) (stop func() error, err error) {
 	if path == "" {
 		return func() error { return nil }, nil
 	}
-	f, err := os.Create(path)
+	f, err := atomicfile.Create(path)
 	if err != nil {
 		return nil, err
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
-		return nil, errors.Join(err, f.Close())
+		return nil, errors.Join(err, f.Abort())
 	}
 	return func() error {
 		pprof.StopCPUProfile()
-		return f.Close()
+		return f.Commit()
 	}, nil
 }
 
@@ -382,13 +412,17 @@ Exit status: 0 on success, 1 when the command failed, 2 on a usage error, 130 wh
 	io.WriteString(w, b.String())
 }
 
-var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas", "libnccl", "progress"}
+var globalNames = []string{"backend", "devices", "v", "libcuda", "libcublas", "libnccl", "progress", "cpuprofile"}
 
 // check validates the global flags: a registered backend (or auto), a
 // positive device count, library paths only for cuda.
 func (g *globalFlags) check() error {
 	if g.backend != "auto" && !slices.Contains(gpu.Drivers(), g.backend) {
-		return fmt.Errorf("--backend %s: unknown backend (registered: %s; or auto)", g.backend, driverList())
+		what := "--backend " + g.backend
+		if g.backendFrom != "" {
+			what = g.backendFrom + "=" + g.backend + " (the environment's default for --backend)"
+		}
+		return fmt.Errorf("%s: unknown backend (registered: %s; or auto)", what, driverList())
 	}
 	if g.devices <= 0 {
 		return fmt.Errorf("--devices must be positive, got %d", g.devices)
@@ -448,7 +482,9 @@ func flagDefaults(fs *flag.FlagSet, keep func(string) bool) string {
 			line += " " + kind
 		}
 		b.WriteString(line + "\n        " + usage)
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" {
+		// A usage that says its default itself (one that follows from
+		// other flags) gets no second one.
+		if !slices.Contains([]string{"", "false", "0", "0s"}, f.DefValue) && !strings.Contains(usage, "(default") {
 			fmt.Fprintf(&b, " (default %s)", f.DefValue)
 		}
 		b.WriteString("\n")
@@ -465,52 +501,30 @@ func (e *env) writeOutput(path string, fn func(io.Writer) error) error {
 	return writeFile(path, fn)
 }
 
-// checkOutput checks, before a run, that the file a flag names can be
-// written, so that a bad path fails at once rather than after the run. An
-// existing file is opened for writing and left as it was; for a new one, a
-// scratch file of its own in the same directory is created and removed, so
-// that processes given the same path (the ranks of one job) never remove
-// each other's files.
-func checkOutput(flagName, path string) error {
+// checkOutput checks, before a run, that the file path (given by what:
+// "--json") can be written, so that a bad path fails at once rather than
+// after the run. Nothing that exists is changed (atomicfile.Check):
+// processes given the same path (the ranks of one job) never remove each
+// other's files.
+func checkOutput(what, path string) error {
 	if path == "" || path == "-" {
 		return nil
 	}
-	var f *os.File
-	_, err := os.Stat(path)
-	if err == nil {
-		f, err = os.OpenFile(path, os.O_WRONLY, 0)
-	} else {
-		f, err = os.CreateTemp(filepath.Dir(path), ".stablegraph-check-*")
-	}
-	if err != nil {
-		return usagef("--%s: cannot write %s: %v", flagName, path, errors.Unwrap(err))
-	}
-	err = f.Close()
-	if f.Name() != path {
-		err = errors.Join(err, os.Remove(f.Name()))
-	}
-	if err != nil {
-		return fmt.Errorf("--%s: %w", flagName, err)
+	if err := atomicfile.Check(path); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return usagef("%s: cannot write %s: %v", what, path, err)
 	}
 	return nil
 }
 
-// writeFile writes to path with fn, reporting the first error, and removes a
-// partly written file.
-func writeFile(path string, fn func(io.Writer) error) (err error) {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-		if err != nil {
-			err = errors.Join(err, os.Remove(path))
-		}
-	}()
-	return fn(f)
+// writeFile writes the file at path with fn, whole or not at all
+// (atomicfile.WriteFile): on any error the file that was there is left as
+// it was, and a device or FIFO is written in place and never removed.
+func writeFile(path string, fn func(io.Writer) error) error {
+	return atomicfile.WriteFile(path, fn)
 }
 
 // closeBackend closes b, first checking that the command released every
@@ -522,6 +536,14 @@ func closeBackend(b gpu.Backend, err *error) {
 	if cerr := b.Close(); cerr != nil {
 		*err = errors.Join(*err, fmt.Errorf("close backend %s: %w", b.Name(), cerr))
 	}
+}
+
+// plural is n and the noun for n: "1 strategy", "3 strategies".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
 
 func driverList() string {

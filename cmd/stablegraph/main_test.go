@@ -103,8 +103,12 @@ func TestEnvBackend(t *testing.T) {
 		}
 		return ""
 	}
-	if code, _, errs := runCLI(t, "info"); code != exitUsage || !strings.Contains(errs, "--backend tpu") {
-		t.Errorf("environment default ignored: code %d, stderr %q", code, errs)
+	// The error names the variable the bad name came from.
+	if code, _, errs := runCLI(t, "info"); code != exitUsage || !strings.Contains(errs, "STABLEGRAPH_BACKEND=tpu (the environment's default for --backend): unknown backend") {
+		t.Errorf("environment default ignored or unnamed: code %d, stderr %q", code, errs)
+	}
+	if code, _, errs := runCLI(t, "--backend", "gpu9", "info"); code != exitUsage || !strings.Contains(errs, "--backend gpu9: unknown backend") {
+		t.Errorf("the flag over the environment: code %d, stderr %q", code, errs)
 	}
 	needSim(t)
 	if code, _, errs := runCLI(t, "--backend", "sim", "info"); code != exitOK {

@@ -17,9 +17,12 @@ func plotCommand() *command {
 		detail: `Reads a report written by "stablegraph bench --json" and draws each strategy's
 time per step against the floor (replay-fixed) to a .png or .svg file: wall
 time when measured, and GPU time per step as p50 with p10-p90 whiskers. It
-opens no backend. The README's chart is drawn by:
+opens no backend; the chart is written whole or not at all. For example:
 
-  stablegraph plot bench/results/h100-final/mlp.json bench/results/h100-final/mlp.png`,
+  stablegraph bench --json mlp.json
+  stablegraph plot mlp.json mlp.png
+
+(the README shows the command that draws its chart).`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			return func(e *env) error {
 				if fs.NArg() != 2 {
@@ -28,6 +31,9 @@ opens no backend. The README's chart is drawn by:
 				in, out := fs.Arg(0), fs.Arg(1)
 				if _, err := report.PlotFormat(out); err != nil {
 					return usagef("%v", err)
+				}
+				if err := checkOutput("the chart", out); err != nil {
+					return err
 				}
 				f, err := os.Open(in)
 				if err != nil {

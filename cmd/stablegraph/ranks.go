@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -38,10 +39,14 @@ import (
 //     rank r on GPU r, with --rank r --world N --rendezvous 127.0.0.1:PORT,
 //     a random job token in the environment (never on the command line,
 //     which every user of the host can read), and the NCCL settings of
-//     ncclDefaults unless the environment sets them. Rank 0's report goes to
-//     stdout; every rank's stderr is relayed with a "[rank r]" prefix. If a
-//     rank fails, the others learn it from the rendezvous and stop; the
-//     command fails.
+//     ncclDefaults unless the environment sets them. The launcher listens on
+//     PORT itself and hands the listening socket to rank 0 (--rendezvous-fd),
+//     so that no other process can take the port between its choice and
+//     rank 0's Join. Rank 0's report goes to stdout; every rank's stderr is
+//     relayed with a "[rank r]" prefix, line by line (a line longer than
+//     relayLineMax is cut, and the rest of it read and dropped: a rank is
+//     never left blocked on a full pipe). If a rank fails, the others learn
+//     it from the rendezvous and stop; the command fails.
 //   - --nproc N on sim runs the N ranks in this process, on N simulated
 //     devices (--devices is raised to N).
 //   - --rank R --world W --rendezvous host:port launches one rank by hand,
@@ -68,26 +73,42 @@ type rankFlags struct {
 	tokenFile  string
 	timeout    time.Duration
 
-	token     string            // the job token, from the environment or --token-file
-	launch    rendezvous.Launch // the launcher's environment, when it gave the ranks
-	deviceSet bool              // --device was given: it wins over the local rank
+	listenFD int // rank 0: the fd of a listening socket it inherited (--nproc's)
+
+	token      string            // the job token, from the environment or --token-file
+	tokenGiven tokenFlag         // --token was given (refused; its value is not kept)
+	launch     rendezvous.Launch // the launcher's environment, when it gave the ranks
+	deviceSet  bool              // --device was given: it wins over the local rank
 }
 
 // rankFlagNames are the flags the --nproc launcher sets for each rank
 // itself, rather than passing on the command line it was given.
-var rankFlagNames = []string{"nproc", "rank", "world", "rendezvous", "token-file", "device"}
+var rankFlagNames = []string{"nproc", "rank", "world", "rendezvous", "rendezvous-fd", "token", "token-file", "device"}
 
 // errTokenFlag refuses a token on the command line.
 var errTokenFlag = errors.New("a token on the command line is visible to every user of the host: pass it in " +
 	rendezvous.EnvToken + ", or in a file named by --token-file or " + rendezvous.EnvTokenFile)
+
+// tokenFlag is --token: refused (check), and its value is dropped at once
+// rather than kept, so that no message can repeat the secret (the flag
+// package quotes the value of a flag whose Set fails).
+type tokenFlag bool
+
+func (t *tokenFlag) String() string     { return "" }
+func (t *tokenFlag) Set(_ string) error { *t = true; return nil }
+
+// listenFDFlag is the fd number a rank 0 started by --nproc finds its
+// listening socket at: the first of exec.Cmd.ExtraFiles.
+const listenFDFlag = 3
 
 func (f *rankFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.nproc, "nproc", 0, "run `N` ranks of a workload with collectives (dp) on this host: N processes, one GPU each (cuda), or N simulated devices in this process (sim)")
 	fs.IntVar(&f.rank, "rank", 0, "this process's `rank`, when ranks are launched by hand (with --world and --rendezvous); default: the launcher's (torchrun, srun, mpirun)")
 	fs.IntVar(&f.world, "world", 0, "the `number` of ranks, when ranks are launched by hand; default: the launcher's")
 	fs.StringVar(&f.rendezvous, "rendezvous", "", "`host:port` rank 0 listens on and the other ranks connect to; default: from the launcher's environment (docs/MULTI-GPU.md)")
+	fs.IntVar(&f.listenFD, "rendezvous-fd", 0, "rank 0 only: the `fd` of a listening socket it inherited, used instead of listening at --rendezvous (--nproc passes it)")
 	fs.StringVar(&f.tokenFile, "token-file", "", "`file` holding the job token, the same on every rank (or set "+rendezvous.EnvToken+" or "+rendezvous.EnvTokenFile+")")
-	fs.Func("token", "not accepted: "+errTokenFlag.Error(), func(string) error { return errTokenFlag })
+	fs.Var(&f.tokenGiven, "token", "not accepted: "+errTokenFlag.Error())
 	fs.DurationVar(&f.timeout, "rendezvous-timeout", rendezvous.DefaultTimeout, "how long ranks wait for each other to arrive")
 }
 
@@ -96,7 +117,16 @@ func hasCollectives(name string) bool { return name == "dp" }
 
 // check validates the rank flags for workload name.
 func (f *rankFlags) check(name string) error {
+	if f.rendezvous != "" {
+		if err := rendezvous.CheckAddr(f.rendezvous); err != nil {
+			return usagef("--rendezvous %q: %v; want rank 0's host:port", f.rendezvous, err)
+		}
+	}
 	switch {
+	case bool(f.tokenGiven):
+		return usagef("--token: %v", errTokenFlag)
+	case f.listenFD < 0 || f.listenFD > 0 && (f.world == 0 || f.rank != 0):
+		return usagef("--rendezvous-fd is for rank 0 of a world given with --world (--nproc sets it)")
 	case f.nproc < 0 || f.world < 0:
 		return usagef("--nproc and --world must not be negative")
 	case f.nproc > 0 && f.world > 0:
@@ -243,25 +273,60 @@ func (f *workloadFlags) inProcess(e *env, cmd string, b gpu.Backend, reason stri
 	}
 	wg.Wait()
 	err = errors.Join(errs...)
+	if reps[0] != nil && err == nil {
+		for _, r := range reps {
+			own := *r
+			own.Ranks = nil
+			reps[0].Ranks = append(reps[0].Ranks, own)
+		}
+	}
 	if reps[0] != nil {
 		err = errors.Join(output(reps[0]), err)
 	}
 	return err
 }
 
+// rankCommand is the executable that runs a rank, and its arguments for
+// the rank's command line args: this executable (tests run their own
+// binary in its child mode).
+var rankCommand = func(args []string) (string, []string, error) {
+	self, err := os.Executable()
+	return self, args, err
+}
+
+// listenRendezvous listens where the ranks of --nproc meet (tests wrap it).
+var listenRendezvous = func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// rendezvousSocket listens on a free loopback port for --nproc's ranks and
+// returns its address and the listening socket as a file for rank 0 to
+// inherit. The launcher's own listener is closed: the file keeps the
+// socket listening, so the port is never free for another process to take
+// before rank 0 accepts on it, and connections that come first wait in its
+// queue.
+func rendezvousSocket() (addr string, sock *os.File, err error) {
+	l, err := listenRendezvous()
+	if err != nil {
+		return "", nil, fmt.Errorf("listen for the rendezvous: %w", err)
+	}
+	defer l.Close()
+	fl, ok := l.(interface{ File() (*os.File, error) })
+	if !ok {
+		return "", nil, fmt.Errorf("listen for the rendezvous: a %T has no file to hand to rank 0", l)
+	}
+	if sock, err = fl.File(); err != nil {
+		return "", nil, fmt.Errorf("listen for the rendezvous: %w", err)
+	}
+	return l.Addr().String(), sock, nil
+}
+
 // spawn starts the N rank processes and waits for them.
 func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
 	n := f.ranks.nproc
-	self, err := os.Executable()
+	addr, sock, err := rendezvousSocket()
 	if err != nil {
-		return fmt.Errorf("find this executable to start the ranks: %w", err)
+		return err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fmt.Errorf("pick a rendezvous port: %w", err)
-	}
-	addr := l.Addr().String()
-	l.Close() // rank 0 listens there; a port taken meanwhile fails its Join clearly
+	defer sock.Close() // also once rank 0 has its copy: the port then lives as long as rank 0's
 	var tok [32]byte
 	if _, err := rand.Read(tok[:]); err != nil {
 		return err
@@ -277,11 +342,23 @@ func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
 	for r := range n {
 		a := slices.Concat(args, []string{"--rank", strconv.Itoa(r), "--world", strconv.Itoa(n),
 			"--rendezvous", addr, "--device", strconv.Itoa(r)})
-		c := exec.CommandContext(ctx, self, a...)
+		if r == 0 {
+			a = append(a, "--rendezvous-fd", strconv.Itoa(listenFDFlag))
+		}
+		path, a, err := rankCommand(a)
+		if err != nil {
+			cancel()
+			for _, p := range procs[:r] {
+				p.Wait()
+			}
+			return fmt.Errorf("find this executable to start the ranks: %w", err)
+		}
+		c := exec.CommandContext(ctx, path, a...)
 		c.Env = childEnv(token)
 		c.WaitDelay = 5 * time.Second
 		if r == 0 {
 			c.Stdout = e.stdout
+			c.ExtraFiles = []*os.File{sock} // fd listenFDFlag in the child
 		}
 		stderr, err := c.StderrPipe()
 		if err != nil {
@@ -295,6 +372,9 @@ func (f *workloadFlags) spawn(e *env, fs *flag.FlagSet, cmd string) error {
 			return fmt.Errorf("start rank %d: %w", r, err)
 		}
 		procs[r] = c
+		if r == 0 {
+			sock.Close() // rank 0 has it: the port is its own now
+		}
 		relays.Go(func() { relay(e.stderr, stderr, fmt.Sprintf("[rank %d] ", r)) })
 	}
 	// Wait for every rank. Once one has failed the others are told by the
@@ -350,12 +430,34 @@ func childArgs(g *globalFlags, fs *flag.FlagSet, cmd string) []string {
 	return args
 }
 
-// relay copies r to w line by line, each line prefixed.
+// relayLineMax bounds a line relayed from a rank's stderr.
+const relayLineMax = 64 << 10
+
+// relay copies r to w line by line, each line prefixed, until r ends. A
+// line longer than relayLineMax is cut there, with a note of how much was
+// dropped; the rest of it is still read, so the rank never blocks on a
+// full pipe, and the lines after it are relayed. Errors writing to w are
+// ignored for the same reason.
 func relay(w io.Writer, r io.Reader, prefix string) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fmt.Fprintf(w, "%s%s\n", prefix, sc.Bytes())
+	br := bufio.NewReaderSize(r, relayLineMax)
+	for {
+		line, err := br.ReadSlice('\n')
+		out := append([]byte(prefix), bytes.TrimSuffix(line, []byte("\n"))...)
+		cut := 0
+		for errors.Is(err, bufio.ErrBufferFull) {
+			var rest []byte
+			rest, err = br.ReadSlice('\n')
+			cut += len(bytes.TrimSuffix(rest, []byte("\n")))
+		}
+		if len(line) > 0 {
+			if cut > 0 {
+				out = fmt.Appendf(out, " [... %d more bytes of this line dropped]", cut)
+			}
+			_, _ = w.Write(append(out, '\n'))
+		}
+		if err != nil {
+			return // the end of the rank's stderr
+		}
 	}
 }
 
@@ -384,8 +486,18 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 	if rk.launch.Found() {
 		e.progress("%s: %s, device %d", cmd, rk.launch, dev)
 	}
-	g, err := rendezvous.Join(e.ctx, rendezvous.Config{Addr: rk.rendezvous, Listen: rendezvous.ListenAddr(rk.rendezvous),
-		Rank: rk.rank, World: rk.world, Token: rk.token, Timeout: rk.timeout, Logger: e.log})
+	cfg := rendezvous.Config{Addr: rk.rendezvous, Listen: rendezvous.ListenAddr(rk.rendezvous),
+		Rank: rk.rank, World: rk.world, Token: rk.token, Timeout: rk.timeout, Logger: e.log}
+	if rk.listenFD > 0 {
+		sock := os.NewFile(uintptr(rk.listenFD), "rendezvous socket")
+		l, err := net.FileListener(sock)
+		sock.Close() // FileListener made its own copy
+		if err != nil {
+			return usagef("--rendezvous-fd %d: not a listening socket: %v", rk.listenFD, err)
+		}
+		cfg.Listener = l // Join closes it
+	}
+	g, err := rendezvous.Join(e.ctx, cfg)
 	if errors.Is(err, rendezvous.ErrNoToken) {
 		return usagef("%v", err)
 	}
@@ -405,9 +517,9 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 		return err // NewRank told the others
 	}
 	defer func() { err = errors.Join(err, r.Close(e.ctx)) }()
-	cfg := f.cfg
-	cfg.Comm = r.Comm
-	w, err := workload.New(f.name, cfg)
+	wcfg := f.cfg
+	wcfg.Comm = r.Comm
+	w, err := workload.New(f.name, wcfg)
 	if err != nil {
 		stop()
 		return abort(usagef("%v", err))
@@ -423,6 +535,12 @@ func (f *workloadFlags) runRank(e *env, cmd string, body rankBody, output func(*
 		stop()
 		return abort(err)
 	}
+	// Rank 0 reports every rank's times (Report.Ranks).
+	ranks, gerr := workload.GatherReports(e.ctx, g, rep)
+	if lead {
+		rep.Ranks = ranks
+	}
+	err = errors.Join(err, gerr)
 	// Every rank finishes its collectives before any destroys its
 	// communicator.
 	berr := g.Barrier(e.ctx)

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -47,6 +51,13 @@ func TestRankUsageErrors(t *testing.T) {
 		{[]string{"run", "--workload", "mlp", "--nproc", "2"}, "workload mlp has no collectives"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rank", "1", "--rendezvous", "127.0.0.1:1"}, "needs a job token"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token", "s3cret"}, "visible to every user of the host"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token=s3cret"}, "visible to every user of the host"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--nproc", "2", "-token", "s3cret"}, "visible to every user of the host"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:"}, `--rendezvous "127.0.0.1:": no port`},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:0"}, `--rendezvous "127.0.0.1:0": port "0" is not a port number`},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1"}, `--rendezvous "127.0.0.1": address 127.0.0.1: missing port`},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", ":29500"}, "no host"},
+		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rank", "1", "--rendezvous", "127.0.0.1:1", "--rendezvous-fd", "3"}, "--rendezvous-fd is for rank 0"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token-file", "/nonexistent/tok"}, "--token-file: open /nonexistent/tok"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--nproc", "3"}, "does not split into 3"},
 	} {
@@ -54,6 +65,118 @@ func TestRankUsageErrors(t *testing.T) {
 		if code != exitUsage || !strings.Contains(errs, tc.want) {
 			t.Errorf("%v: code %d, stderr %q; want usage error %q", tc.args, code, errs, tc.want)
 		}
+		if strings.Contains(errs, "s3cret") {
+			t.Errorf("%v: the error repeats the token given on the command line: %q", tc.args, errs)
+		}
+	}
+}
+
+// TestRelayLongLines: a rank's stderr line of several MiB is cut, the
+// rest of it read and dropped, and the lines after it still relayed; the
+// rank never blocks on its pipe.
+func TestRelayLongLines(t *testing.T) {
+	r, w := io.Pipe()
+	var out bytes.Buffer
+	relayed := make(chan struct{})
+	go func() {
+		relay(&out, r, "[rank 1] ")
+		close(relayed)
+	}()
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(w, "first\n"+strings.Repeat("x", 3<<20)+"\n"+strings.Repeat("y", relayLineMax)+"\nrank 1: the error after it\nlast, unterminated")
+		w.Close()
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the rank is blocked writing its stderr: the relay stopped reading")
+	}
+	<-relayed
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	want := []string{
+		"[rank 1] first",
+		"[rank 1] " + strings.Repeat("x", relayLineMax) + fmt.Sprintf(" [... %d more bytes of this line dropped]", 3<<20-relayLineMax),
+		"[rank 1] " + strings.Repeat("y", relayLineMax),
+		"[rank 1] rank 1: the error after it",
+		"[rank 1] last, unterminated",
+	}
+	if !slices.Equal(lines, want) {
+		for i, l := range lines {
+			if len(l) > 120 {
+				lines[i] = l[:60] + fmt.Sprintf("...(%d bytes)...", len(l)-120) + l[len(l)-60:]
+			}
+		}
+		t.Fatalf("relayed %d lines:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+}
+
+// squatListener is the launcher's rendezvous listener with a neighbour
+// that tries to take its port the moment the launcher closes it.
+type squatListener struct {
+	net.Listener
+	squatted chan error // nil: the port was taken by the neighbour
+	held     net.Listener
+}
+
+func (l *squatListener) File() (*os.File, error) { return l.Listener.(*net.TCPListener).File() }
+
+func (l *squatListener) Close() error {
+	err := l.Listener.Close()
+	s, serr := net.Listen("tcp", l.Addr().String())
+	if serr == nil {
+		l.held = s
+	}
+	l.squatted <- serr
+	return err
+}
+
+// TestNprocHandsRankZeroItsSocket: --nproc starts the ranks as processes
+// (here of this test binary, on sim) and hands rank 0 the socket it
+// listens on: the port is never free in between, so a process that tries
+// to take it the moment the launcher lets go of its own listener fails,
+// and the ranks meet and run.
+func TestNprocHandsRankZeroItsSocket(t *testing.T) {
+	needSim(t)
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	t.Setenv("STABLEGRAPH_TEST_RUN_MAIN", "1")
+	sq := &squatListener{squatted: make(chan error, 1)}
+	defer func() {
+		if sq.held != nil {
+			sq.held.Close()
+		}
+	}()
+	oldListen, oldCommand := listenRendezvous, rankCommand
+	defer func() { listenRendezvous, rankCommand = oldListen, oldCommand }()
+	listenRendezvous = func() (net.Listener, error) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		sq.Listener = l
+		return sq, err
+	}
+	rankCommand = func(args []string) (string, []string, error) { return os.Args[0], args, nil }
+
+	g := &globalFlags{backend: "sim", devices: 2}
+	var wf workloadFlags
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	g.register(fs)
+	wf.register(fs)
+	if err := fs.Parse(append([]string{"--nproc", "2"}, dpSmall...)); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	e := &env{ctx: context.Background(), stdout: &stdout, stderr: &stderr, global: g, log: slog.New(slog.NewTextHandler(&stderr, nil))}
+	err := wf.spawn(e, fs, "run")
+	if serr := <-sq.squatted; serr == nil {
+		t.Errorf("another process took the rendezvous port %s once the launcher closed its listener", sq.Addr())
+	}
+	if err != nil || !strings.Contains(stdout.String(), "rank 0 of 2") {
+		t.Fatalf("spawn: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
 }
 
@@ -137,6 +260,8 @@ func TestLostRankExits(t *testing.T) {
 
 // TestOwnAbortDoesNotExit: a rank that aborts the group itself returns its
 // own error; the watch exits the process only for another rank's failure.
+// (The group records a rank's own abort before it tells rank 0, so an
+// echo cannot replace it: rendezvous.TestOwnAbortIsKept forces that race.)
 func TestOwnAbortDoesNotExit(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -162,10 +287,12 @@ func TestOwnAbortDoesNotExit(t *testing.T) {
 	e := &env{stderr: &stderr, exit: func(code int) { exited <- code }}
 	stop := watchRendezvous(e, gs[1], 1)
 	gs[1].Abort("rank 1 could not make its communicator")
+	<-gs[0].Done() // rank 0 heard the abort (and relays it to the others, not back)
+	<-gs[1].Done()
+	stop() // the watch has made its decision
 	select {
 	case code := <-exited:
 		t.Fatalf("the rank exited %d on its own abort: %s", code, stderr.String())
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
-	stop()
 }

@@ -18,17 +18,25 @@ func soakCommand() *command {
 		summary: "run a workload for a long time, every strategy in turn, checking outputs and memory",
 		detail: `Runs the workload for --duration with the caller's buffers moving (--pattern,
 random by default), the strategies of --strategies taking turns in segments of
---segment. Every --check-every steps the step is also run by an eager
-executable from the same states, and the outputs and the states after it must
-be bit for bit equal. Device memory in use, the executable's memory, live
-handles and the Go heap are sampled; memory is flat when, within every segment
-(one executable's life: auto may keep a different candidate in each), the
-average of the last third of the samples is within the tolerance of the first
-third's, and when the device memory, handles, goroutines and heap left between
-segments do not grow. Each strategy reports its worst segment. A soak too
-short for three samples after warm-up in some segment of every strategy is
-not judged: it says so and fails rather than pass on too few samples.
-Progress, with the time left, goes to stderr every --interval, the report to
+--segment (by default the duration over twice the strategies: two turns each).
+Every --check-every-th step, and the first of each segment, is also run by an
+eager executable from the same states, and the outputs and the states after it
+must be bit for bit equal.
+
+Device memory in use, the executable's memory, live handles and the Go heap
+are sampled up to 30 times a segment, whatever the duration; the first
+--warmup steps of each segment are left out. Memory is flat when, within
+every segment (one executable's life: auto may keep a different candidate in
+each), the average of the last third of the samples is within the tolerance
+of the first third's, and when the device memory, handles, goroutines and
+heap left between segments do not grow. Each strategy reports its worst
+segment. A segment whose strategy has no trend yet runs on past its time
+until it has three samples after its warm-up (for up to three more segments'
+time), so a short soak on a slow device still judges; one with too few
+samples for a trend (a short or interrupted soak) says NOT JUDGED and fails,
+never passing or "growing" on too few samples.
+
+Progress, with the time left, goes to stderr every --interval; the report to
 stdout (and --json). Exit status 1 on any mismatch, memory growth, unjudged
 memory or error; 130 when interrupted (the report of what ran is printed).
 
@@ -36,15 +44,15 @@ The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var cfg soak.Config
 			fs.StringVar(&cfg.Workload, "workload", "mlp", "`name` of the workload: "+strings.Join(workload.Names(), ", ")+" (dp runs one rank)")
-			registerShape(fs, &cfg.Shape, "mlp, train and dp")
-			fs.DurationVar(&cfg.Duration, "duration", soak.DefaultDuration, "how long to soak")
-			fs.IntVar(&cfg.CheckEvery, "check-every", soak.DefaultCheckEvery, "check every `k`-th step against eager")
+			registerShape(fs, &cfg.Shape)
+			fs.DurationVar(&cfg.Duration, "duration", soak.DefaultDuration, "how long to soak; the segments and the memory sampling follow from it")
+			fs.IntVar(&cfg.CheckEvery, "check-every", soak.DefaultCheckEvery, "check every `k`-th step (and the first of each segment) against eager, bit for bit")
 			strategies := fs.String("strategies", "all", "comma-separated `list` of strategies taking turns (all: "+strategyList()+")")
 			fs.DurationVar(&cfg.Segment, "segment", 0, "how long each strategy runs before the next, 1s to 5m (default duration/(2×strategies) within those bounds)")
 			fs.IntVar(&cfg.Warmup, "warmup", soak.DefaultWarmup, "steps at the start of each segment left out of the memory trend")
-			pattern := fs.String("pattern", string(workload.Random), "how the caller's buffers move: fixed, pingpong or random")
+			pattern := fs.String("pattern", string(workload.Random), "how the caller's buffers move: fixed, pingpong or random (swap cannot be soaked: the eager check does not follow swapped sequences)")
 			fs.IntVar(&cfg.Device, "device", 0, "device ordinal")
-			fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "progress every `period`")
+			fs.DurationVar(&cfg.Interval, "interval", soak.DefaultInterval, "progress on stderr every `period` (it sets nothing else)")
 			tol := fs.Uint64("tolerance", soak.DefaultTolerance, "device memory growth in `bytes` still counted as flat (beside 1%)")
 			jsonPath := fs.String("json", "", "write the report, with its memory samples, as JSON to `file` (\"-\": stdout, instead of the text)")
 			return func(e *env) (err error) {
@@ -54,10 +62,10 @@ The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 				if cfg.Segment != 0 && (cfg.Segment < time.Second || cfg.Segment > 5*time.Minute) {
 					return usagef("--segment %v: must be from 1s to 5m", cfg.Segment)
 				}
-				if err := checkShape(fs, cfg.Shape); err != nil {
+				if err := checkShape(fs, cfg.Workload, cfg.Shape); err != nil {
 					return err
 				}
-				if err := checkOutput("json", *jsonPath); err != nil {
+				if err := checkOutput("--json", *jsonPath); err != nil {
 					return err
 				}
 				if cfg.Strategies, err = soak.ParseStrategies(*strategies); err != nil {
@@ -67,8 +75,11 @@ The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 				if err != nil {
 					return usagef("--pattern: %v", err)
 				}
+				if p == workload.Swap {
+					return usagef("--pattern swap: %v", strings.TrimPrefix(soak.ErrSwap.Error(), "soak: pattern swap "))
+				}
 				cfg.Pattern, cfg.Seed, cfg.Tolerance = p, cfg.Shape.Seed, *tol
-				if _, err := workload.New(cfg.Workload, cfg.Shape); err != nil {
+				if cfg.Built, err = workload.New(cfg.Workload, cfg.Shape); err != nil {
 					return usagef("%v", err)
 				}
 				b, reason, err := e.open()
@@ -77,7 +88,7 @@ The one-hour soak: stablegraph soak --duration 1h --json soak.json`,
 				}
 				defer closeBackend(b, &err)
 				if cfg.Device < 0 || cfg.Device >= b.DeviceCount() {
-					return usagef("--device %d: backend %s has %d device(s)", cfg.Device, b.Name(), b.DeviceCount())
+					return usagef("--device %d: backend %s has %s", cfg.Device, b.Name(), plural(b.DeviceCount(), "device", "devices"))
 				}
 				e.progress("soak: %s for %v on backend %s, checking every %d steps", cfg.Workload, cfg.Duration, shortReason(reason), cfg.CheckEvery)
 				cfg.Logger = e.log

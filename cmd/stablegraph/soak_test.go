@@ -46,13 +46,26 @@ func TestSoak(t *testing.T) {
 }
 
 // TestSoakTooShort: a soak too short for a memory trend says so and fails,
-// rather than calling memory flat on a sample or two.
+// rather than calling memory flat (or growing) on a sample or two: one
+// strategy, one segment, two baselines.
 func TestSoakTooShort(t *testing.T) {
 	needSim(t)
 	code, out, errs := runCLI(t, "--backend", "sim", "soak", "--workload", "mlp", "--layers", "2", "--width", "16", "--batch", "4",
-		"--duration", "1500ms")
-	if code != exitFailure || !strings.Contains(out, "NOT JUDGED: mismatches 0, memory not judged: too few samples") ||
-		!strings.Contains(errs, "memory not judged: too few samples") || strings.Contains(out, "PASS") {
+		"--duration", "1s", "--strategies", "patch")
+	if code != exitFailure || !strings.Contains(out, "NOT JUDGED: mismatches 0, memory not judged: too few samples for a trend (baseline)") ||
+		!strings.Contains(errs, "memory not judged: too few samples") || strings.Contains(out, "PASS") || strings.Contains(out, "grows") {
+		t.Errorf("code %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
+	}
+}
+
+// TestSoakDefaultsJudged: a short soak with the default flags (every
+// strategy, default warm-up, sampling and interval) is judged: the
+// sampling follows from the duration, not from the progress interval,
+// and a segment runs on until its strategy has a trend.
+func TestSoakDefaultsJudged(t *testing.T) {
+	needSim(t)
+	code, out, errs := runCLI(t, "--backend", "sim", "soak", "--layers", "2", "--width", "16", "--batch", "4", "--duration", "2s")
+	if code != exitOK || !strings.Contains(out, "PASS: mismatches 0, memory flat") {
 		t.Errorf("code %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
 	}
 }
@@ -63,7 +76,7 @@ func TestSoakJSONStdout(t *testing.T) {
 	needSim(t)
 	t.Chdir(t.TempDir())
 	_, out, errs := runCLI(t, "--backend", "sim", "soak", "--workload", "mlp", "--layers", "2", "--width", "16", "--batch", "4",
-		"--duration", "1s", "--json", "-")
+		"--duration", "1s", "--strategies", "patch", "--json", "-")
 	var rep map[string]any
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep["memory"] == nil {
 		t.Errorf("stdout is not the JSON report: %v\n%s\nstderr:\n%s", err, out, errs)

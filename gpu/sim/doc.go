@@ -51,7 +51,9 @@
 // StreamQuery, EventSynchronize, EventQuery, synchronous copies and memsets,
 // LaunchKernel, GraphLaunch, the async copies, EventRecord, StreamWaitEvent,
 // StreamWriteValue64, StreamBeginCapture) returns an error wrapping the fault
-// until (*Backend).ResetDevice. An error returned by a kernel reference that
+// until (*Backend).ResetDevice (gpu.DeviceResetter, which gpu.Backend
+// lacks: the error says so, and that closing and reopening the backend
+// also recovers). An error returned by a kernel reference that
 // is not a fault (a launch too small for its problem) is sticky the same way,
 // as an *gpu.Error for "LaunchKernel" wrapping it; a panicking reference is
 // one too, wrapping gpu.ErrDeviceLost. Creating, destroying, freeing and

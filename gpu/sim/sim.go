@@ -222,8 +222,16 @@ func (b *Backend) stickyErr(op string, dev int) error {
 	if f == nil {
 		return nil
 	}
-	return &gpu.Error{Op: op, Err: f.err,
-		Detail: fmt.Sprintf("device %d has a sticky error from earlier work (ResetDevice clears it)", dev)}
+	return &gpu.Error{Op: op, Err: f.err, Detail: stickyDetail(dev)}
+}
+
+// stickyDetail says what a sticky error means and how to recover, in
+// calls the caller has: gpu.Backend has no reset, so it names the optional
+// interface the sim implements.
+func stickyDetail(dev int) string {
+	return fmt.Sprintf("this error, from earlier work, is sticky on device %d: its later work is skipped and every call that submits or waits on it fails; "+
+		"to recover, reset the device through gpu.DeviceResetter, which the sim backend implements (b.(gpu.DeviceResetter).ResetDevice(%d)), "+
+		"or close the backend and open a new one", dev, dev)
 }
 
 // ResetDevice clears dev's sticky error, as destroying and recreating a

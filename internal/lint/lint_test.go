@@ -163,3 +163,29 @@ func TestPackagesHaveDocs(t *testing.T) {
 		t.Fatal("lint must run from internal/lint inside the module")
 	}
 }
+
+// writeAllowed lists the files that may create or write files directly:
+// the rest go through internal/atomicfile, so that a file is written whole
+// or not at all and a failed write never removes what was there.
+var writeAllowed = map[string]bool{
+	"internal/atomicfile/atomicfile.go": true,
+}
+
+func TestFilesWrittenWhole(t *testing.T) {
+	for _, gf := range sourceFiles(t) {
+		name, ok := imports(gf.file, "os")
+		if !ok || isTest(gf.rel) || writeAllowed[gf.rel] {
+			continue
+		}
+		ast.Inspect(gf.file, func(n ast.Node) bool {
+			if c, ok := n.(*ast.CallExpr); ok {
+				switch callName(c) {
+				case name + ".Create", name + ".WriteFile", name + ".CreateTemp", name + ".OpenFile":
+					t.Errorf("%s: %s writes a file in place; use internal/atomicfile (see writeAllowed)",
+						gf.fset.Position(c.Pos()), callName(c))
+				}
+			}
+			return true
+		})
+	}
+}

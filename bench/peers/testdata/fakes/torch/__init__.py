@@ -115,6 +115,9 @@ class Tensor:
             self.a[ix] = value.a if isinstance(value, Tensor) else value
         _run(put)
 
+    def view(self, *shape):
+        return self.reshape(*shape)
+
     def reshape(self, *shape):
         v = self.a.reshape(*shape)
         if not np.shares_memory(v, self.a):
@@ -260,6 +263,12 @@ def mm(a, b, out=None):
     return out
 
 
+def sum(x, dim, out=None):  # noqa: A001  (torch.sum)
+    out = _out(out, np.delete(x.shape, dim))
+    _run(lambda: np.sum(x.a, axis=dim, out=out.a))
+    return out
+
+
 def sub(x, y, out=None):
     out = _out(out, x.shape)
     _run(lambda: np.subtract(x.a, y.a, out=out.a))
@@ -354,8 +363,15 @@ class CUDAGraph:
         return id(self) + 1
 
 
+class _NCCL:
+    @staticmethod
+    def version():
+        return (0, 0, 0)
+
+
 class cuda:  # noqa: N801  (torch.cuda)
     Stream = _Stream
+    nccl = _NCCL
     Event = _Event
     CUDAGraph = CUDAGraph
     _stream = _Stream()
@@ -366,6 +382,10 @@ class cuda:  # noqa: N801  (torch.cuda)
 
     @staticmethod
     def init():
+        pass
+
+    @staticmethod
+    def set_device(i):
         pass
 
     @staticmethod

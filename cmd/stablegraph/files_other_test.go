@@ -1,0 +1,5 @@
+//go:build !unix
+
+package main
+
+func limitFileSize(uint64) error { return nil }

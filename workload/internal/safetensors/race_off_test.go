@@ -1,0 +1,5 @@
+//go:build !race
+
+package safetensors
+
+const raceEnabled = false
