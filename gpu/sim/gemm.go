@@ -1,8 +1,11 @@
 package sim
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
+
+	"github.com/stablegraph/stablegraph/gpu"
 
 	"github.com/stablegraph/stablegraph/internal/f32mem"
 )
@@ -102,8 +105,8 @@ func gemmF32(dst, a []float32, loadB bSource, m, n, k int, transA, transB bool, 
 // GOMAXPROCS, each a whole multiple of align but the last; or over all of
 // it on the caller's goroutine when work (multiply-adds) is small. The
 // ranges are disjoint. It returns the error of the lowest failing range. A
-// panic in another goroutine is raised again on the caller's, where the
-// stream's worker turns a kernel's panic into a sticky error.
+// range that panics fails with an error wrapping gpu.ErrDeviceLost (what
+// the stream's worker makes of a kernel's panic) once every range is done.
 func parallel(n, align, work int, f func(lo, hi int) error) error {
 	g := runtime.GOMAXPROCS(0)
 	if work < gemmParMin || g < 2 || n <= align {
@@ -112,21 +115,21 @@ func parallel(n, align, work int, f func(lo, hi int) error) error {
 	per := (n + g - 1) / g
 	per = (per + align - 1) / align * align
 	errs := make([]error, (n+per-1)/per)
-	panics := make([]any, len(errs))
+	run := func(r int) {
+		lo, hi := r*per, min((r+1)*per, n)
+		defer func() {
+			if v := recover(); v != nil {
+				errs[r] = fmt.Errorf("columns %d to %d panicked: %v: %w", lo, hi, v, gpu.ErrDeviceLost)
+			}
+		}()
+		errs[r] = f(lo, hi)
+	}
 	var wg sync.WaitGroup
 	for r := 1; r < len(errs); r++ {
-		wg.Go(func() {
-			defer func() { panics[r] = recover() }()
-			errs[r] = f(r*per, min((r+1)*per, n))
-		})
+		wg.Go(func() { run(r) })
 	}
-	errs[0] = f(0, min(per, n))
+	run(0) // nothing returns before every goroutine is done with the buffers
 	wg.Wait()
-	for _, v := range panics {
-		if v != nil {
-			panic(v)
-		}
-	}
 	for _, err := range errs {
 		if err != nil {
 			return err

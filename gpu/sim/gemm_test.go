@@ -1,11 +1,16 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // plainGemm is the library's arithmetic as its first version computed it,
@@ -181,5 +186,29 @@ func BenchmarkSimGEMM(bm *testing.B) {
 		if c.m*c.n*c.k <= 64<<20 {
 			run(fmt.Sprintf("%s_plain", c.name), func() { plainGemm(dst, a, b, c.m, c.n, c.k, false, c.transB, 0, c.k) })
 		}
+	}
+}
+
+// TestParallelPanics: a range that panics, on the caller's goroutine or
+// another, fails the product with gpu.ErrDeviceLost once every range is
+// done; errors come back from the lowest failing range.
+func TestParallelPanics(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(3))
+	for _, bad := range []int{0, 1, 2} {
+		var done atomic.Int32
+		err := parallel(90, 2, gemmParMin, func(lo, hi int) error {
+			defer done.Add(1)
+			if lo/30 == bad {
+				panic("index out of range")
+			}
+			return nil
+		})
+		if !errors.Is(err, gpu.ErrDeviceLost) || !strings.Contains(err.Error(), "index out of range") || done.Load() != 3 {
+			t.Errorf("range %d panics: %v after %d ranges, want gpu.ErrDeviceLost after 3", bad, err, done.Load())
+		}
+	}
+	errAt := func(lo int) error { return fmt.Errorf("range at %d", lo) }
+	if err := parallel(90, 2, gemmParMin, func(lo, hi int) error { return errAt(lo) }); err == nil || err.Error() != "range at 0" {
+		t.Errorf("every range fails: %v, want the first range's error", err)
 	}
 }
