@@ -310,7 +310,7 @@ func TestGemmMisalignedVectorFaults(t *testing.T) {
 // read of all of B would, at the first byte past it, before C is touched
 // (the kernel streams B, but checks its whole range first).
 func TestGemmShortBFaults(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, transB := range []bool{false, true} {
