@@ -129,6 +129,9 @@ the command line. Rank 0 reports.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					if report.SimulatedBackend(b.Name()) {
+						o = capWall(e, "run", o, lead)
+					}
 					return runBody(e, b, w, o, strat, *check, lead)
 				}
 				return wf.execute(e, fs, "run", w, body, func(rep *report.Report) error {
@@ -237,10 +240,11 @@ steady state.
 
 On sim, where every kernel runs on this CPU, bench fits a time budget:
 unless --steps is given, it first times 3 eager steps, then runs as many
-steps per strategy as fit --budget (default 1m30s; fewer warm-up steps and
+steps per strategy as fit --budget (default 1m0s; fewer warm-up steps and
 wall-time batches with them), and says so on stderr and under the table.
 --budget 0 runs the defaults however long they take. Workloads with
-collectives run the steps the flags say.`,
+collectives run the steps the flags say. With --steps N (or no budget),
+wall time on sim is measured over at most N back-to-back steps.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -279,11 +283,15 @@ collectives run the steps the flags say.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
-					if *budget > 0 && !given["steps"] && report.SimulatedBackend(b.Name()) && w.Comm == nil {
+					switch {
+					case !report.SimulatedBackend(b.Name()):
+					case *budget > 0 && !given["steps"] && w.Comm == nil:
 						var err error
 						if o, fitNote, err = fitBudget(e, b, w, o, strats, *budget, given["warmup"]); err != nil {
 							return nil, err
 						}
+					default:
+						o = capWall(e, "bench", o, lead)
 					}
 					return benchBody(e, b, w, o, strats, lead)
 				}

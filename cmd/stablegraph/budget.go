@@ -22,9 +22,10 @@ import (
 
 // defaultSimBudget is --budget's default. Besides the budget, bench builds
 // the workload and times its steps, and the plan is an estimate from the
-// machine's speed while it timed them; on a shared machine that speed
-// changes. Half of 3 minutes leaves room for both.
-const defaultSimBudget = 90 * time.Second
+// machine's speed while it timed them: on a shared machine that speed
+// changes, and a machine twice as busy later takes twice as long. A third
+// of 3 minutes leaves room for that.
+const defaultSimBudget = time.Minute
 
 // minBudgetSteps is the fewest measured steps a budget cuts a run to.
 const minBudgetSteps = 2
@@ -62,8 +63,9 @@ func (p benchPlan) apply(o workload.RunOptions) workload.RunOptions {
 func (p benchPlan) wallSteps() int { return max(p.wallBatches, 0) * p.wallBatchSize }
 
 // scaled is def cut to x measured steps: as many back-to-back steps for
-// wall time as measured ones (the defaults have 100 of each), in up to
-// def's number of batches of up to def's batch size, and a warm-up of a
+// wall time as measured ones or a few fewer (the defaults have 100 of
+// each), in up to def's number of batches of up to def's batch size,
+// equal batches, and a warm-up of a
 // step per 10 measured ones (at least one) up to def's, unless the
 // warm-up was given.
 func (def benchPlan) scaled(x int, warmupGiven bool) benchPlan {
@@ -74,14 +76,14 @@ func (def benchPlan) scaled(x int, warmupGiven bool) benchPlan {
 	if def.wallBatches > 0 {
 		wall := min(x, def.wallSteps())
 		p.wallBatches = min(def.wallBatches, (wall+def.wallBatchSize-1)/def.wallBatchSize)
-		p.wallBatchSize = (wall + p.wallBatches - 1) / p.wallBatches
+		p.wallBatchSize = max(1, wall/p.wallBatches)
 	}
 	return p
 }
 
-// benchRuns counts the runs of a bench: full ones (eager, each other
-// strategy, the floor) and those without wall time (the floor's eager
-// reference under swap).
+// benchRuns counts the runs of a bench: full ones (eager first, then each
+// other strategy and the floor) and eager ones without wall time (the
+// floor's reference under swap).
 type benchRuns struct{ full, noWall int }
 
 // runsOf counts the runs of a bench of strats (nil: all) with o.
@@ -105,15 +107,25 @@ func runsOf(strats []sg.Strategy, o workload.RunOptions) benchRuns {
 	return r
 }
 
+// replayFactor is what a step of a strategy other than eager costs on sim,
+// in eager steps, as bench's plan counts it. They run the same kernels and
+// more besides (recording, updating, copying, remapping, auto's probes);
+// on mlp-large and gpt2-decode they took 1.0 to 2.0 eager steps, about 1.4
+// on average.
+const replayFactor = 1.4
+
 // stepCost is what calibration measured: a run's fixed cost (compiling,
-// writing the state, the caller's buffers, closing) and a step's.
+// writing the state, the caller's buffers, closing) and an eager step's.
 type stepCost struct{ setup, step time.Duration }
 
-// estimate is the time r's runs take with plan p.
+// estimate is the time r's runs take with plan p: each run's setup, the
+// eager runs' steps at c.step, the others' at replayFactor times that.
 func (c stepCost) estimate(r benchRuns, p benchPlan) time.Duration {
-	full := c.setup + time.Duration(p.warmup+p.steps+p.wallSteps())*c.step
-	noWall := c.setup + time.Duration(p.warmup+p.steps)*c.step
-	return time.Duration(r.full)*full + time.Duration(r.noWall)*noWall
+	full, noWall := p.warmup+p.steps+p.wallSteps(), p.warmup+p.steps
+	eagerSteps := full + r.noWall*noWall
+	otherSteps := max(r.full-1, 0) * full
+	return time.Duration(r.full+r.noWall)*c.setup + time.Duration(eagerSteps)*c.step +
+		time.Duration(float64(otherSteps)*float64(c.step)*replayFactor)
 }
 
 // fitPlan returns def when its runs fit in avail; else the plan of the
@@ -133,12 +145,21 @@ func fitPlan(def benchPlan, r benchRuns, c stepCost, avail time.Duration, warmup
 
 // calibrate times calibrationSteps eager steps of w with o's pattern:
 // the step's cost from the steps after the first, the rest of the run's
-// time as its setup.
+// time as its setup. A step's cost is its wall time or, where larger, the
+// CPU time the process spent on it: the sim shares a product out over the
+// cores, and a machine that is busier later gives it fewer of them.
 func calibrate(ctx context.Context, b gpu.Backend, w *workload.Workload, o workload.RunOptions) (stepCost, error) {
 	o.Strategy, o.Warmup, o.Steps, o.WallBatches = sg.StrategyEager, 0, calibrationSteps, -1
 	o.Reference, o.Dump, o.NoFloor = nil, "", true
-	var done []time.Time
-	o.Progress = func(sg.Strategy, int, int) { done = append(done, time.Now()) }
+	type mark struct {
+		wall time.Time
+		cpu  time.Duration
+	}
+	var done []mark
+	o.Progress = func(sg.Strategy, int, int) {
+		cpu, _ := processCPU()
+		done = append(done, mark{time.Now(), cpu})
+	}
 	start := time.Now()
 	if _, err := workload.Run(ctx, b, w, o); err != nil {
 		return stepCost{}, err
@@ -147,8 +168,36 @@ func calibrate(ctx context.Context, b gpu.Backend, w *workload.Workload, o workl
 	if len(done) != calibrationSteps {
 		return stepCost{}, fmt.Errorf("timing %d steps: %d reported", calibrationSteps, len(done))
 	}
-	step := done[len(done)-1].Sub(done[0]) / time.Duration(len(done)-1)
-	return stepCost{setup: max(total-time.Duration(len(done))*step, 0), step: step}, nil
+	first, last := done[0], done[len(done)-1]
+	n := time.Duration(len(done) - 1)
+	wall := last.wall.Sub(first.wall) / n
+	step := wall
+	if _, ok := processCPU(); ok {
+		step = max(step, (last.cpu-first.cpu)/n)
+	}
+	return stepCost{setup: max(total-time.Duration(len(done))*wall, 0), step: step}, nil
+}
+
+// capWall is o with no more back-to-back steps timed for wall time than
+// measured ones (the defaults have 100 of each), cut as scaled cuts them,
+// for run and bench on sim: a --steps 1 asked for one step, not for the
+// hundred wall-time steps that would take minutes of CPU on a large
+// workload. It says so on stderr when it cuts (lead: the rank that
+// reports). Every rank cuts alike.
+func capWall(e *env, cmd string, o workload.RunOptions, lead bool) workload.RunOptions {
+	p := planOf(o)
+	if p.wallSteps() <= o.Steps {
+		return o
+	}
+	q := p.scaled(o.Steps, true)
+	if lead {
+		batches := fmt.Sprintf("%d batches of %d", q.wallBatches, q.wallBatchSize)
+		if q.wallBatches == 1 {
+			batches = fmt.Sprintf("1 batch of %d", q.wallBatchSize)
+		}
+		e.progress("%s: sim: wall time over %s back-to-back steps, no more than the %d measured", cmd, batches, o.Steps)
+	}
+	return q.apply(o)
 }
 
 // fitBudget is bench's budget on sim (see above): it calibrates, plans

@@ -20,8 +20,11 @@ func TestFitPlan(t *testing.T) {
 		t.Fatalf("default plan %+v", def)
 	}
 	runs := benchRuns{full: 10, noWall: 1} // every strategy, the floor, swap's eager floor
-	if got := (stepCost{setup: time.Second, step: 10 * time.Millisecond}).estimate(runs, def); got != 10*(time.Second+203*10*time.Millisecond)+time.Second+103*10*time.Millisecond {
-		t.Fatalf("estimate %v", got)
+	// 11 setups; eager's 203 steps and the eager floor's 103 at 10 ms; the
+	// 9 others' 203 each at replayFactor times that.
+	want := 11*time.Second + 306*10*time.Millisecond + time.Duration(9*203*replayFactor*float64(10*time.Millisecond))
+	if got := (stepCost{setup: time.Second, step: 10 * time.Millisecond}).estimate(runs, def); got != want {
+		t.Fatalf("estimate %v, want %v", got, want)
 	}
 
 	// A fast step: the defaults, unchanged.
@@ -30,8 +33,8 @@ func TestFitPlan(t *testing.T) {
 		t.Errorf("fast steps: %+v, %v; want the defaults", p, ok)
 	}
 
-	// GPT-2 on sim: about a second a step, seconds of setup per run.
-	slow := stepCost{setup: 3 * time.Second, step: 900 * time.Millisecond}
+	// GPT-2 on sim: half a second a step, seconds of setup per run.
+	slow := stepCost{setup: 2 * time.Second, step: 500 * time.Millisecond}
 	avail := 90 * time.Second
 	p, ok := fitPlan(def, runs, slow, avail, false)
 	if !ok || p.steps >= def.steps || p.steps < minBudgetSteps || slow.estimate(runs, p) > avail {
@@ -40,8 +43,11 @@ func TestFitPlan(t *testing.T) {
 	if next := def.scaled(p.steps+1, false); slow.estimate(runs, next) <= avail {
 		t.Errorf("slow steps: %d steps chosen, but %+v fits too", p.steps, next)
 	}
-	if p.wallSteps() < p.steps || p.wallBatchSize > def.wallBatchSize || p.wallBatches > def.wallBatches || p.warmup != 1 {
-		t.Errorf("slow steps: %+v: want as many wall steps as measured ones, batches of at most %d, one warm-up step", p, def.wallBatchSize)
+	if p.wallSteps() > p.steps || p.wallSteps() <= p.steps-p.wallBatches || p.wallBatchSize > def.wallBatchSize || p.wallBatches > def.wallBatches || p.warmup != 1 {
+		t.Errorf("slow steps: %+v: want as many wall steps as measured ones or a few fewer, batches of at most %d, one warm-up step", p, def.wallBatchSize)
+	}
+	if w := def.scaled(25, false); w != (benchPlan{warmup: 3, steps: 25, wallBatches: 3, wallBatchSize: 8}) {
+		t.Errorf("25 steps: %+v", w)
 	}
 	if w := def.scaled(40, false); w != (benchPlan{warmup: 3, steps: 40, wallBatches: 4, wallBatchSize: 10}) {
 		t.Errorf("40 steps: %+v", w)
@@ -115,5 +121,31 @@ func TestBenchBudget(t *testing.T) {
 	}
 	if code, _, errs := runCLI(t, "--backend", "sim", "bench", "--budget", "-1s"); code != exitUsage || !strings.Contains(errs, "--budget must not be negative") {
 		t.Errorf("--budget -1s: code %d, stderr %q", code, errs)
+	}
+}
+
+// TestWallCappedBySteps: on sim, run and bench with --steps N time no
+// more than N back-to-back steps for wall time (a --steps 1 asked for one
+// step, not a hundred), and say so; with as many measured steps as the
+// defaults' wall steps nothing is cut.
+func TestWallCappedBySteps(t *testing.T) {
+	needSim(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--strategy", "eager", "--steps", "1", "--warmup", "0"}, "run: sim: wall time over 1 batch of 1 back-to-back steps, no more than the 1 measured"},
+		{[]string{"run", "--strategy", "patch", "--steps", "25"}, "run: sim: wall time over 3 batches of 8 back-to-back steps, no more than the 25 measured"},
+		{[]string{"bench", "--strategies", "patch", "--steps", "7"}, "bench: sim: wall time over 1 batch of 7 back-to-back steps, no more than the 7 measured"},
+		{[]string{"bench", "--strategies", "patch", "--steps", "100", "--warmup", "0"}, ""},
+	} {
+		code, out, errs := runCLI(t, append(append([]string{"--backend", "sim"}, c.args...), tiny...)...)
+		if code != exitOK || strings.Contains(out, "NO") {
+			t.Errorf("%v: code %d\n%s\n%s", c.args, code, out, errs)
+			continue
+		}
+		if c.want != "" && !strings.Contains(errs, c.want+"\n") || c.want == "" && strings.Contains(errs, "wall time over") {
+			t.Errorf("%v: stderr lacks %q:\n%s", c.args, c.want, errs)
+		}
 	}
 }
