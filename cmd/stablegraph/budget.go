@@ -28,7 +28,7 @@ import (
 const defaultSimBudget = time.Minute
 
 // minBudgetSteps is the fewest measured steps a budget cuts a run to.
-const minBudgetSteps = 2
+const minBudgetSteps = 1
 
 // calibrationSteps is how many eager steps calibrate times: the first
 // includes the run's setup, the others give a step's cost.

@@ -101,8 +101,8 @@ func TestRunsOf(t *testing.T) {
 func TestBenchBudget(t *testing.T) {
 	needSim(t)
 	code, out, errs := runCLI(t, append([]string{"--backend", "sim", "bench", "--budget", "1ns"}, tiny...)...)
-	if code != exitOK || !strings.Contains(out, ", 2 steps\n") || strings.Contains(out, "NO") ||
-		!strings.Contains(out, "\nsim: 2 steps per strategy (1 warm-up, wall time over 1 batch of 2), the fewest bench runs, take about ") ||
+	if code != exitOK || !strings.Contains(out, ", 1 steps\n") || strings.Contains(out, "NO") ||
+		!strings.Contains(out, "\nsim: 1 steps per strategy (1 warm-up, wall time over 1 batch of 1), the fewest bench runs, take about ") ||
 		!strings.Contains(out, "more than --budget 1ns; --steps N runs N") ||
 		!strings.Contains(errs, "bench: timing 3 eager steps on sim to fit --budget 1ns") {
 		t.Errorf("--budget 1ns: code %d\nstdout:\n%s\nstderr:\n%s", code, out, errs)
