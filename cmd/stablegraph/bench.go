@@ -129,6 +129,9 @@ the command line. Rank 0 reports.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					if report.SimulatedBackend(b.Name()) {
+						o = capWall(e, "run", o, lead)
+					}
 					return runBody(e, b, w, o, strat, *check, lead)
 				}
 				return wf.execute(e, fs, "run", w, body, func(rep *report.Report) error {
@@ -233,14 +236,29 @@ time left; interrupted (Ctrl-C), the command prints the strategies finished so
 far and exits 130. Workloads with collectives (dp) take --nproc or
 --rank/--world/--rendezvous as in run; every rank runs every strategy, rank 0
 reports, and the notes say how many collectives each strategy captured in
-steady state.`,
+steady state.
+
+On sim, where every kernel runs on this CPU, bench fits a time budget:
+unless --steps is given, it first times 3 eager steps, then runs as many
+steps per strategy as fit --budget (default 1m0s; fewer warm-up steps and
+wall-time batches with them), and says so on stderr and under the table.
+--budget 0 runs the defaults however long they take. Workloads with
+collectives run the steps the flags say. With --steps N (or no budget),
+wall time on sim is measured over at most N back-to-back steps.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
 			strategies := fs.String("strategies", "", "comma-separated `list` of strategies (default all: "+strategyList()+")")
 			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
+			budget := fs.Duration("budget", defaultSimBudget, "sim only: the `time` the runs may take; unless --steps is given, the steps per strategy are cut to fit it, and bench says so (0: no budget)")
 			return func(e *env) error {
+				if *budget < 0 {
+					return usagef("--budget must not be negative, got %v", *budget)
+				}
+				given := map[string]bool{}
+				fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+				var fitNote string
 				var strats []sg.Strategy
 				for _, s := range strings.Split(*strategies, ",") {
 					if s = strings.TrimSpace(s); s == "" {
@@ -265,10 +283,24 @@ steady state.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					switch {
+					case !report.SimulatedBackend(b.Name()):
+					case *budget > 0 && !given["steps"] && w.Comm == nil:
+						var err error
+						if o, fitNote, err = fitBudget(e, b, w, o, strats, *budget, given["warmup"]); err != nil {
+							return nil, err
+						}
+					default:
+						o = capWall(e, "bench", o, lead)
+					}
 					return benchBody(e, b, w, o, strats, lead)
 				}
 				return wf.execute(e, fs, "bench", w, body, func(rep *report.Report) error {
-					return writeReport(e, rep, *jsonPath, *plotPath)
+					err := writeReport(e, rep, *jsonPath, *plotPath)
+					if fitNote != "" && *jsonPath != "-" {
+						fmt.Fprintf(e.stdout, "\n%s\n", fitNote)
+					}
+					return err
 				})
 			}
 		},
