@@ -216,7 +216,7 @@ func TestPersistentDefaultShapes(t *testing.T) {
 func TestWorkloadBenchIncludesNewStrategies(t *testing.T) {
 	b := simtest.New(t, 1)
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
-	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random})
+	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

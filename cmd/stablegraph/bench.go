@@ -14,6 +14,12 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
+// wallBatches, when not zero, replaces workload's default wall-time
+// batches (workload.RunOptions.WallBatches and WallBatchSize) of run and
+// bench. The command's tests set it small: on sim the batches are most of
+// a short bench's work, and the tests read no wall time.
+var wallBatches struct{ n, size int }
+
 // workloadFlags are the flags run and bench share.
 type workloadFlags struct {
 	name    string
@@ -33,6 +39,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.cfg.Weights, "weights", "", "safetensors `file` of gpt2-decode's weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	f.ranks.register(fs)
+	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }
 
 // build checks the flags and builds the workload.
