@@ -25,7 +25,7 @@ import (
 // checks at cleanup that everything was released.
 func newSimN(t testing.TB, n int) *sim.Backend {
 	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: n, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: n, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

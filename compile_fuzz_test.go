@@ -295,7 +295,7 @@ func FuzzCompile(f *testing.F) {
 		fp := decodeFuzzProgram(data)
 		strategies := stablegraph.Strategies()
 		strat := strategies[len(data)%len(strategies)]
-		b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+		b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 		if err != nil {
 			t.Fatal(err)
 		}

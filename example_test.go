@@ -16,7 +16,7 @@ import (
 // allocator would hand them out.
 func Example() {
 	ctx := context.Background()
-	backend, err := sim.New(gpu.Config{})
+	backend, err := sim.New(sim.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -29,19 +29,52 @@ type Bindings map[Buffer]gpu.DevicePtr
 // The zero Outputs holds no output. Outputs may be copied; copies share
 // the lease. Release is safe from any goroutine.
 type Outputs struct {
-	addrs map[Buffer]gpu.DevicePtr
+	prog *Program
+	// ids are the output buffers (the executable's own list, never
+	// modified) and addrs their addresses: inline up to outputsInline
+	// outputs, so that a step allocates nothing for them, else in more.
+	ids   []int
+	addrs [outputsInline]gpu.DevicePtr
+	more  []gpu.DevicePtr
 	lease replay.Lease
+}
+
+// outputsInline is how many outputs Outputs holds without an allocation.
+const outputsInline = 8
+
+// at is the address of the k-th output.
+func (o *Outputs) at(k int) gpu.DevicePtr {
+	if o.more != nil {
+		return o.more[k]
+	}
+	return o.addrs[k]
+}
+
+// lookup returns buf's address and whether buf is among the outputs.
+func (o *Outputs) lookup(buf Buffer) (gpu.DevicePtr, bool) {
+	if buf.p != o.prog || o.prog == nil {
+		return 0, false
+	}
+	for k, id := range o.ids {
+		if id == buf.id {
+			return o.at(k), true
+		}
+	}
+	return 0, false
 }
 
 // Addr is the address of output buf's result, 0 when buf is not an output
 // of the step.
-func (o Outputs) Addr(buf Buffer) gpu.DevicePtr { return o.addrs[buf] }
+func (o Outputs) Addr(buf Buffer) gpu.DevicePtr {
+	p, _ := o.lookup(buf)
+	return p
+}
 
 // Buffers lists the outputs, in no particular order.
 func (o Outputs) Buffers() []Buffer {
-	out := make([]Buffer, 0, len(o.addrs))
-	for b := range o.addrs {
-		out = append(out, b)
+	out := make([]Buffer, 0, len(o.ids))
+	for _, id := range o.ids {
+		out = append(out, Buffer{p: o.prog, id: id})
 	}
 	return out
 }
@@ -230,6 +263,9 @@ type Executable struct {
 		tr       *trace.Tracer
 		stats    Stats // Counters as of the last step, Last, Steps, SlotWaits
 		rebound  int   // states bound to the caller's memory (BindState)
+		// probeTrace is the tracer's work in StrategyAuto's probe steps,
+		// which counts in no counter (Counters.ProbeSteps).
+		probeTrace trace.Stats
 		// ov and ids are the scratch of the overlap check (bindLocked).
 		ov  replay.Overlaps
 		ids []int
@@ -358,6 +394,7 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		}
 	}
 	e.trMu.Lock()
+	traced := e.mu.tr.Stats
 	res, err := e.strat.Run(ctx, s, e.mu.addrs)
 	e.trMu.Unlock()
 	// Record even after a failure: part of the step may be enqueued, and
@@ -373,6 +410,11 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 		e.mu.last = s
 	}
 	e.mu.stats.Counters = e.countersLocked()
+	if e.mu.stats.Counters.ProbeSteps != before.ProbeSteps {
+		// A probe step: what the tracer did for it counts nowhere either.
+		e.mu.probeTrace = e.mu.probeTrace.Plus(e.mu.tr.Stats.Minus(traced))
+		e.mu.stats.Counters = e.countersLocked()
+	}
 	e.mu.stats.Last = e.mu.stats.Counters.Sub(before)
 	if err != nil {
 		e.publishLocked(e.mu.stats.Last.UpdateFallbacks != 0)
@@ -383,13 +425,20 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	}
 	e.mu.stats.Steps++
 	e.publishLocked(e.mu.stats.Last.UpdateFallbacks != 0)
-	outs := Outputs{addrs: make(map[Buffer]gpu.DevicePtr, len(e.outputs)), lease: res.Lease}
+	outs := Outputs{prog: e.prog, ids: e.outputs, lease: res.Lease}
+	if len(e.outputs) > outputsInline {
+		outs.more = make([]gpu.DevicePtr, len(e.outputs))
+	}
 	for i, id := range e.outputs {
 		p := e.mu.addrs[id]
 		if res.Outs != nil {
 			p = res.Outs[i]
 		}
-		outs.addrs[Buffer{p: e.prog, id: id}] = p
+		if outs.more != nil {
+			outs.more[i] = p
+		} else {
+			outs.addrs[i] = p
+		}
 	}
 	return outs, nil
 }
@@ -559,7 +608,7 @@ func (e *Executable) describe(id int) string {
 // tracer's and its own slot waits.
 func (e *Executable) countersLocked() Counters {
 	c := e.strat.Counters()
-	t := e.mu.tr.Stats
+	t := e.mu.tr.Stats.Minus(e.mu.probeTrace)
 	c.TracesCaptured = t.Captures
 	c.TracesSynthesized = t.Synthesized
 	c.TracesMoved = t.Moved
@@ -690,7 +739,7 @@ func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) (
 	if err != nil {
 		return nil, err
 	}
-	p, ok := outs.addrs[buf]
+	p, ok := outs.lookup(buf)
 	if d.class != Output || !ok {
 		return nil, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
 	}

@@ -345,7 +345,7 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 		steps      = 20
 	)
 	ctx := context.Background()
-	b, err := sim.New(gpu.Config{Devices: 2, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: 2, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

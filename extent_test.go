@@ -43,9 +43,10 @@ var extentLaunches = map[string]struct {
 	kernels.BiasGelu:     {kernels.Elementwise(12), map[int]gpu.Arg{3: gpu.I32(3), 4: gpu.I32(4)}},
 	kernels.BiasResidual: {kernels.Elementwise(12), map[int]gpu.Arg{3: gpu.I32(3), 4: gpu.I32(4)}},
 	kernels.KVAppend: {kernels.Elementwise(12), map[int]gpu.Arg{12: gpu.I32(3), 13: gpu.I32(4),
-		14: gpu.I32(5)}},
+		14: gpu.I32(1), 15: gpu.I32(0), 16: gpu.I32(5)}},
 	kernels.DecodeAttention: {kernels.DecodeAttentionConfig(3, 2, 2, 5), map[int]gpu.Arg{11: gpu.I32(3),
-		12: gpu.I32(2), 13: gpu.I32(2), 14: gpu.I32(5), 15: gpu.F32(0.5)}},
+		12: gpu.I32(2), 13: gpu.I32(2), 14: gpu.I32(1), 15: gpu.I32(0), 16: gpu.I32(5), 17: gpu.F32(0.5)}},
+	kernels.Argmax: {kernels.ArgmaxConfig(3), map[int]gpu.Arg{3: gpu.I32(3), 4: gpu.I32(5)}},
 }
 
 // extentProgram declares a launch of sig's kernel with the scalars of
@@ -225,7 +226,7 @@ func TestLaunchExtentUnusedCaches(t *testing.T) {
 		t.Fatal(err)
 	}
 	if sizes[3] != 4*2*5*2*2 || sizes[5] != sizes[3] || sizes[6] != 4 || sizes[10] != 4 {
-		t.Errorf("cache sizes %v: c0..c2 used (2·npos·heads·headDim floats), c3..c7 not", sizes)
+		t.Errorf("cache sizes %v: c0..c2 used (npos·layers·2·heads·headDim floats, one layer here), c3..c7 not", sizes)
 	}
 }
 

@@ -212,7 +212,11 @@ func TestRefusedChildGraphUpdateFallsBack(t *testing.T) {
 		if err := env.Backend.LaunchKernel(f, kernels.Elementwise(16), []gpu.Arg{gpu.Ptr(env.Ptrs[1]), gpu.Ptr(env.Ptrs[0]), gpu.I32(16)}, env.Stream); err != nil {
 			return err
 		}
-		return env.Backend.StreamWriteValue64(env.Stream, env.Ptrs[1].Add(56), 7)
+		ops, err := gpu.StreamMemOpsOf(env.Backend, 0)
+		if err != nil {
+			return err
+		}
+		return ops.StreamWriteValue64(env.Stream, env.Ptrs[1].Add(56), 7)
 	}, stablegraph.In(x.All()), stablegraph.Out(y.All()))
 	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
 	if err != nil {

@@ -38,7 +38,7 @@ func withEnv(t *testing.T, env map[string]string) {
 // any other value with an error naming the variable and the fix, before
 // NCCL is touched; other backends leave the environment alone.
 func TestNCCLGraphRegisterOff(t *testing.T) {
-	s, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 20})
+	s, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

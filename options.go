@@ -114,6 +114,16 @@ func ParseStrategy(s string) (Strategy, error) {
 // figures of docs/GPU-MACHINE.md; zero fields of Options.Costs take them.
 type Costs = replay.Costs
 
+// AutoBound is what bounds a step, by which StrategyAuto ranks its
+// candidates (see Options.AutoBound and replay.Bound).
+type AutoBound = replay.Bound
+
+// The bounds of Options.AutoBound.
+const (
+	AutoBoundLatency    = replay.BoundLatency
+	AutoBoundThroughput = replay.BoundThroughput
+)
+
 // ChunkFinder finds the physical memory behind the caller's buffers for
 // StrategyRemap (replay.ChunkFinder); a remappable.Allocator is one.
 type ChunkFinder = replay.ChunkFinder
@@ -195,6 +205,14 @@ type Options struct {
 	// Costs are the per-operation costs StrategyAuto models by. Zero
 	// fields take the values of DefaultCosts.
 	Costs Costs
+	// AutoBound is what bounds a step, by which StrategyAuto ranks the
+	// candidates it measured: AutoBoundLatency (host + GPU time, each step
+	// awaited before the next, as a decode loop runs them) or
+	// AutoBoundThroughput (the larger of the two, steps run back to back,
+	// as a training loop runs them). GPU time alone never ranks: a
+	// candidate whose host time exceeds its GPU time is bound by its host
+	// time. Default AutoBoundLatency; Choice.Reason says which applied.
+	AutoBound AutoBound
 	// AutoProbeSteps is how many steps StrategyAuto measures each of its
 	// candidates over before it keeps one. Compile builds every candidate
 	// the device can run (the model excludes what it cannot, and pool slots
@@ -205,9 +223,11 @@ type Options struct {
 	// stream (GPU time) and by the clock around its enqueueing (host
 	// time). Once the device has passed the last probe step (polled, never
 	// waited for; the model's choice runs meanwhile), auto keeps the
-	// candidate with the lowest median GPU time, then host time (times
-	// within 1% or 0.5 µs are equal; the model breaks ties), and closes
-	// the others, releasing their memory. Default 3; negative: no probing,
+	// candidate with the lowest median step time under AutoBound, then
+	// under the other bound, then host time (times within 1% or 0.5 µs are
+	// equal; the model breaks ties), and closes the others, releasing their
+	// memory. The probe steps count in no counter of Stats but ProbeSteps.
+	// Default 3; negative: no probing,
 	// the model alone decides at Compile. Probing is also skipped with
 	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason
 	// says so).
@@ -234,6 +254,7 @@ const (
 const MaxAutoProbeSteps = 1000
 
 func (o Options) withDefaults() (Options, error) {
+	var err error
 	if o.Strategy == "" {
 		o.Strategy = StrategyPatch
 	}
@@ -282,10 +303,12 @@ func (o Options) withDefaults() (Options, error) {
 	case o.AutoProbeSteps > MaxAutoProbeSteps:
 		return o, fmt.Errorf("stablegraph: %d auto probe steps (at most %d)", o.AutoProbeSteps, MaxAutoProbeSteps)
 	}
+	if o.AutoBound, err = replay.ParseBound(string(o.AutoBound)); err != nil {
+		return o, fmt.Errorf("stablegraph: %w", err)
+	}
 	if err := o.SlotPoll.Validate(); err != nil {
 		return o, fmt.Errorf("stablegraph: slot poll: %w", err)
 	}
-	var err error
 	if o.Costs, err = o.Costs.WithDefaults(); err != nil {
 		return o, fmt.Errorf("stablegraph: %w", err)
 	}
@@ -303,6 +326,7 @@ func (o Options) replayOptions() replay.Options {
 		DeviceTables:    o.DeviceTables,
 		Costs:           o.Costs,
 		AutoProbeSteps:  o.AutoProbeSteps,
+		AutoBound:       o.AutoBound,
 		Remappable:      o.Remappable,
 		DeviceWait:      o.SlotWait,
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/stablegraph/stablegraph/trace"
 )
 
-func openCUDA(tb testing.TB, cfg gpu.Config) *cuda.Backend {
+func openCUDA(tb testing.TB, cfg cuda.Config) *cuda.Backend {
 	tb.Helper()
 	b, err := cuda.Open(cfg)
 	if errors.Is(err, gpu.ErrUnavailable) {
@@ -39,7 +39,7 @@ func openCUDA(tb testing.TB, cfg gpu.Config) *cuda.Backend {
 			tb.Error(err)
 		}
 	})
-	if cfg.CUBLASLibrary == "" {
+	if cfg.LibCUBLAS == "" {
 		blasPath, lt, err := b.GemmLibraries()
 		if blasPath == "" {
 			tb.Skipf("cuBLAS not loaded: %v", err)
@@ -65,7 +65,7 @@ func devAlloc(tb testing.TB, b gpu.Backend, size uint64) gpu.DevicePtr {
 // flatten into kernel nodes only, and after the first step nothing is
 // captured. The GEMM-FLAT line lists the kernels.
 func TestCUDAGemmFlattened(t *testing.T) {
-	b := openCUDA(t, gpu.Config{})
+	b := openCUDA(t, cuda.Config{})
 	m, err := b.ModuleLoad(0, kernels.Module())
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +259,7 @@ func runMLP(t *testing.T, b gpu.Backend, fused bool, strategy sg.Strategy, fresh
 // first step, its GEMMs patchable and flattened. MLP-STATS lines give
 // each strategy's counters.
 func TestCUDAMLPStrategies(t *testing.T) {
-	b := openCUDA(t, gpu.Config{})
+	b := openCUDA(t, cuda.Config{})
 	const steps = 12
 	for _, fused := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fused=%v", fused), func(t *testing.T) {
@@ -305,7 +305,7 @@ func TestCUDAMLPStrategies(t *testing.T) {
 // included) run on the built-in kernels and still match the float64
 // forward pass, under patch too.
 func TestCUDAGemmFallback(t *testing.T) {
-	b := openCUDA(t, gpu.Config{CUBLASLibrary: "/nonexistent/libcublas.so"})
+	b := openCUDA(t, cuda.Config{LibCUBLAS: "/nonexistent/libcublas.so"})
 	_, _, _, _, wData, bData := mlpProgram(true)
 	ref := mlpRef(randF32(rand.New(rand.NewPCG(0, 3)), 8*256), wData, bData)
 	eager, _, _ := runMLP(t, b, true, sg.StrategyEager, true, 3)
@@ -337,7 +337,7 @@ func TestCUDAGemmFallback(t *testing.T) {
 // new address every step (64 address sets in turn, more than the trace
 // cache holds), to compare with bench/compare's PyTorch rows.
 func BenchmarkCUDAMLP(bm *testing.B) {
-	b := openCUDA(bm, gpu.Config{})
+	b := openCUDA(bm, cuda.Config{})
 	ctx := context.Background()
 	for _, fused := range []bool{true, false} {
 		for _, fresh := range []bool{false, true} {

@@ -32,7 +32,7 @@ type clientEnv struct {
 
 func newClientEnv(t testing.TB, devices int, cacheOpts streamcache.Options) *clientEnv {
 	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: devices, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

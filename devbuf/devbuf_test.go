@@ -17,7 +17,7 @@ import (
 // the test ends.
 func open(t *testing.T) *sim.Backend {
 	t.Helper()
-	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

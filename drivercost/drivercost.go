@@ -3,7 +3,9 @@
 // allocation, stream value writes seen by the host, device copies, and graphs
 // of K tiny kernels (capture, instantiate, launch, replay against eager
 // launches, whole-graph exec update, re-capture, per-node parameter updates),
-// and the remap strategy's per-step calls (unmap, map and set access of a
+// exec updates of kernel nodes by parameter block size, idle and in flight,
+// steps of m updates and a launch, and whole-graph updates from a host
+// template (hostupdate.go), and the remap strategy's per-step calls (unmap, map and set access of a
 // granule; whole steps of N moved buffers; remap.go).
 //
 // It runs through the gpu interface only, so the same measurement runs on
@@ -27,7 +29,10 @@
 // that a call never waits behind earlier work for room in the stream's
 // queue. The first launch of a new graph exec uploads the graph to the
 // device and is a row of its own; the GraphLaunch and replay rows measure a
-// later launch of the same exec.
+// later launch of the same exec. The node update section's in-flight and
+// step rows are the exception, on purpose: they update a graph while it
+// runs, and time steps of updates and launches back to back, as a training
+// loop makes them (hostupdate.go).
 //
 // Work that the device does not support (no VMM, no stream memory
 // operations, an exec update the backend refuses with ErrNotSupported) gives
@@ -44,6 +49,8 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -72,6 +79,19 @@ type Options struct {
 	// RemapBuffers are the numbers of moved buffers of the remap step
 	// rows (RemapStepRow). Default 1, 4, 16, 64.
 	RemapBuffers []int
+	// ParamBytes are the parameter block sizes of the node update rows
+	// (hostupdate.go), each 24 plus a multiple of 8. Default 24, 152, 360,
+	// 1024.
+	ParamBytes []int
+	// UpdateNodes are the chain lengths of the node update rows. Default
+	// 16, 200.
+	UpdateNodes []int
+	// UpdateIterations is the number of samples of each node update row.
+	// Default 20.
+	UpdateIterations int
+	// Sections names the sections to run (SectionNames); nil runs every
+	// one.
+	Sections []string
 	// PollTimeout is how long the host waits to see a stream value write
 	// before the run fails. Default 1 s.
 	PollTimeout time.Duration
@@ -97,6 +117,15 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.RemapBuffers) == 0 {
 		o.RemapBuffers = []int{1, 4, 16, 64}
+	}
+	if len(o.ParamBytes) == 0 {
+		o.ParamBytes = []int{24, 152, 360, 1024}
+	}
+	if len(o.UpdateNodes) == 0 {
+		o.UpdateNodes = []int{16, 200}
+	}
+	if o.UpdateIterations <= 0 {
+		o.UpdateIterations = 20
 	}
 	if o.PollTimeout <= 0 {
 		o.PollTimeout = time.Second
@@ -145,6 +174,8 @@ type Result struct {
 	GraphIterations int     `json:"graph_iterations"`
 	Ks              []int   `json:"ks"`
 	RemapBuffers    []int   `json:"remap_buffers"`
+	ParamBytes      []int   `json:"param_bytes"`
+	UpdateNodes     []int   `json:"update_nodes"`
 	Rows            []Row   `json:"rows"`
 	ElapsedS        float64 `json:"elapsed_s"`
 }
@@ -198,6 +229,21 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 			return nil, fmt.Errorf("drivercost: remap step of %d buffers: must be positive", n)
 		}
 	}
+	for _, p := range opts.ParamBytes {
+		if p < 24 || (p-24)%8 != 0 {
+			return nil, fmt.Errorf("drivercost: parameter block of %d bytes: must be 24 plus a multiple of 8", p)
+		}
+	}
+	for _, k := range opts.UpdateNodes {
+		if k <= 0 {
+			return nil, fmt.Errorf("drivercost: node update chain of K=%d: must be positive", k)
+		}
+	}
+	for _, name := range opts.Sections {
+		if !slices.Contains(SectionNames(), name) {
+			return nil, fmt.Errorf("drivercost: no section %q (sections: %s)", name, strings.Join(SectionNames(), ", "))
+		}
+	}
 	before, counted := gpu.LiveHandles(b)
 	m := &bench{ctx: ctx, b: b, dev: opts.Device, opts: opts, props: props, rows: map[string]*Row{}}
 	start := time.Now()
@@ -211,21 +257,10 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		}
 	}()
 
-	sections := []struct {
-		name string
-		fn   func() error
-	}{
-		{"streams", m.streams},
-		{"events", m.events},
-		{"virtual memory", m.vmm},
-		{"remap", m.remap},
-		{"device memory", m.memAlloc},
-		{"stream value writes", m.writeValue},
-		{"device copies", m.copies},
-		{"graphs", m.graphs},
-		{"kernel parameter info", m.paramInfo},
-	}
-	for _, s := range sections {
+	for _, s := range m.sections() {
+		if opts.Sections != nil && !slices.Contains(opts.Sections, s.name) {
+			continue
+		}
 		m.progress("%s", s.name)
 		if err := s.fn(); err != nil {
 			return nil, fmt.Errorf("drivercost: %s: %w", s.name, err)
@@ -234,7 +269,8 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 	res = &Result{
 		Backend: b.Name(), Device: props.Name, Props: devicePropsOf(props), Simulated: report.SimulatedBackend(b.Name()),
 		Iterations: opts.Iterations, HeavyIterations: opts.HeavyIterations, GraphIterations: opts.GraphIterations,
-		Ks: opts.Ks, RemapBuffers: opts.RemapBuffers, ElapsedS: time.Since(start).Seconds(),
+		Ks: opts.Ks, RemapBuffers: opts.RemapBuffers, ParamBytes: opts.ParamBytes, UpdateNodes: opts.UpdateNodes,
+		ElapsedS: time.Since(start).Seconds(),
 	}
 	for _, name := range m.order {
 		row := *m.rows[name]
@@ -249,6 +285,37 @@ func Run(ctx context.Context, b gpu.Backend, opts Options) (res *Result, err err
 		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
+}
+
+// section is one section of a run: its name and what measures it.
+type section struct {
+	name string
+	fn   func() error
+}
+
+// sections are the sections of a run, in order.
+func (m *bench) sections() []section {
+	return []section{
+		{"streams", m.streams},
+		{"events", m.events},
+		{"virtual memory", m.vmm},
+		{"remap", m.remap},
+		{"device memory", m.memAlloc},
+		{"stream value writes", m.writeValue},
+		{"device copies", m.copies},
+		{"graphs", m.graphs},
+		{"node updates", m.hostUpdates},
+		{"kernel parameter info", m.paramInfo},
+	}
+}
+
+// SectionNames lists the sections of a run, in order (Options.Sections).
+func SectionNames() []string {
+	var out []string
+	for _, s := range (&bench{}).sections() {
+		out = append(out, s.name)
+	}
+	return out
 }
 
 // bench holds one run's state.

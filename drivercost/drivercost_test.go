@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	_ "github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/report"
 )
 
@@ -38,7 +38,8 @@ func openSim(t *testing.T) gpu.Backend {
 }
 
 func quick() Options {
-	return Options{Iterations: 5, HeavyIterations: 2, GraphIterations: 2, Ks: []int{10, 100}}
+	return Options{Iterations: 5, HeavyIterations: 2, GraphIterations: 2, Ks: []int{10, 100},
+		ParamBytes: []int{24, 152}, UpdateNodes: []int{4}, UpdateIterations: 2}
 }
 
 func TestRunSim(t *testing.T) {
@@ -241,6 +242,29 @@ type idleCheck struct {
 	capturing map[gpu.Stream]bool
 	launches  int
 	busy      []string
+	// probe is the node update section's module while it is loaded: that
+	// section launches back to back and updates running graphs on
+	// purpose (hostupdate.go), and is not checked.
+	probe gpu.Module
+}
+
+func (c *idleCheck) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
+	m, err := c.Backend.ModuleLoad(dev, img)
+	if err == nil && img.Name == "stablegraph-drivercost-probe" {
+		c.mu.Lock()
+		c.probe = m
+		c.mu.Unlock()
+	}
+	return m, err
+}
+
+func (c *idleCheck) ModuleUnload(m gpu.Module) error {
+	c.mu.Lock()
+	if m == c.probe {
+		c.probe = 0
+	}
+	c.mu.Unlock()
+	return c.Backend.ModuleUnload(m)
 }
 
 func (c *idleCheck) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gpu.Arg, s gpu.Stream) error {
@@ -255,7 +279,7 @@ func (c *idleCheck) LaunchKernel(f gpu.Function, cfg gpu.LaunchConfig, args []gp
 func (c *idleCheck) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	c.mu.Lock()
 	c.launches++
-	if c.pending[s] {
+	if c.pending[s] && c.probe == 0 {
 		c.busy = append(c.busy, fmt.Sprintf("GraphLaunch %d of exec %#x", c.launches, uint64(x)))
 	}
 	c.pending[s] = true
@@ -325,7 +349,7 @@ func TestGraphLaunchOnIdleStream(t *testing.T) {
 func TestRemapRows(t *testing.T) {
 	for _, devices := range []int{1, 2} {
 		t.Run(fmt.Sprintf("devices=%d", devices), func(t *testing.T) {
-			b, _, err := gpu.Open("sim", gpu.Config{Devices: devices, DeviceMemory: 1 << 30})
+			b, _, err := gpu.Open("sim", gpu.Config{Backends: []gpu.BackendConfig{sim.Config{Devices: devices, DeviceMemory: 1 << 30}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -353,7 +377,7 @@ func TestRemapRows(t *testing.T) {
 			}
 		})
 	}
-	b, _, err := gpu.Open("sim", gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+	b, _, err := gpu.Open("sim", gpu.Config{Backends: []gpu.BackendConfig{sim.Config{Devices: 1, DeviceMemory: 1 << 30}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,5 +414,64 @@ func TestRemapRows(t *testing.T) {
 	}
 	if live, _ := gpu.LiveHandles(b); !live.IsZero() {
 		t.Errorf("live after the faults: %s", live)
+	}
+}
+
+// TestNodeUpdateRows: the node update section measures, per parameter
+// block size and chain, every row on sim, and MeasureNodeUpdates gives the
+// figures a bench sets beside its strategies.
+func TestNodeUpdateRows(t *testing.T) {
+	b := openSim(t)
+	res, err := Run(context.Background(), b, quick())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []int{24, 152} {
+		for _, what := range []string{"idle", "in-flight", "call", "slope", "template-set", "exec-update", "whole-per-node"} {
+			if r, ok := res.Row(UpdateRow(what, p, 4, 0)); !ok || r.Samples == 0 || r.Skipped != "" {
+				t.Errorf("row %q: %+v (found %v)", UpdateRow(what, p, 4, 0), r, ok)
+			}
+		}
+		for _, m := range []int{0, 1, 2} {
+			if r, ok := res.Row(UpdateRow("step", p, 4, m)); !ok || r.Samples != 2 {
+				t.Errorf("row %q: %+v", UpdateRow("step", p, 4, m), r)
+			}
+		}
+		if _, ok := res.Row(UpdateRow("step", p, 4, 8)); ok {
+			t.Errorf("a step of 8 updates on a chain of 4")
+		}
+	}
+	// One section alone.
+	o := quick()
+	o.Sections = []string{"node updates"}
+	only, err := Run(context.Background(), b, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range only.Rows {
+		if !strings.HasPrefix(r.Name, "node update") && !strings.HasPrefix(r.Name, "whole update") {
+			t.Errorf("row %q of another section", r.Name)
+		}
+	}
+	o.Sections = []string{"no such section"}
+	if _, err := Run(context.Background(), b, o); err == nil || !strings.Contains(err.Error(), "no such section") {
+		t.Errorf("an unknown section: %v", err)
+	}
+	pr, err := MeasureNodeUpdates(context.Background(), b, 0, 360, 4, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pr.ParamBytes != 360 || pr.Nodes != 4 || pr.Samples != 3 || pr.IdleUS <= 0 || pr.InFlightUS <= 0 || !pr.Simulated {
+		t.Errorf("MeasureNodeUpdates = %+v", pr)
+	}
+	for _, bad := range []int{20, 30} {
+		if _, err := MeasureNodeUpdates(context.Background(), b, 0, bad, 4, 3); err == nil {
+			t.Errorf("a parameter block of %d bytes was taken", bad)
+		}
+		o := quick()
+		o.ParamBytes = []int{bad}
+		if _, err := Run(context.Background(), b, o); err == nil {
+			t.Errorf("Run took a parameter block of %d bytes", bad)
+		}
 	}
 }

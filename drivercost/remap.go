@@ -49,6 +49,7 @@ func remapRows(opts Options) []string {
 // each range maps now.
 type remapState struct {
 	m      *bench
+	vm     gpu.VirtualMemory // m.b's
 	gran   uint64
 	ranges []gpu.DevicePtr
 	chunks [][2]gpu.PhysMem
@@ -64,7 +65,7 @@ func (m *bench) remap() (err error) {
 		return nil
 	}
 	n := max(1, slices.Max(m.opts.RemapBuffers))
-	rs := &remapState{m: m, gran: gran}
+	rs := &remapState{m: m, vm: vm, gran: gran}
 	var st stack
 	defer st.release(&err)
 	for k := range n {
@@ -217,7 +218,7 @@ func (m *bench) remapSteps(rs *remapState, st *stack, devs []int) error {
 // timedRemap unmaps range k, maps its other chunk and grants devs access,
 // timing each call into t.
 func (rs *remapState) timedRemap(k int, devs []int, t *[3]time.Duration) error {
-	vm, p, g := rs.m.b, rs.ranges[k], rs.gran
+	vm, p, g := rs.vm, rs.ranges[k], rs.gran
 	t0 := time.Now()
 	if err := vm.MemUnmap(p, g); err != nil {
 		return fmt.Errorf("MemUnmap: %w", err)
@@ -247,7 +248,7 @@ func (rs *remapState) remapOne(k int, devs []int) error {
 
 // mapNext maps range k, empty, to its first chunk and grants devs access.
 func (rs *remapState) mapNext(k int, devs []int) error {
-	vm, p, g := rs.m.b, rs.ranges[k], rs.gran
+	vm, p, g := rs.vm, rs.ranges[k], rs.gran
 	if err := vm.MemMap(p, g, 0, rs.chunks[k][0]); err != nil {
 		return fmt.Errorf("MemMap: %w", err)
 	}
@@ -265,7 +266,7 @@ func (rs *remapState) unmapAll() error {
 		if c < 0 {
 			continue
 		}
-		if err := rs.m.b.MemUnmap(rs.ranges[k], rs.gran); err != nil {
+		if err := rs.vm.MemUnmap(rs.ranges[k], rs.gran); err != nil {
 			errs = append(errs, fmt.Errorf("MemUnmap: %w", err))
 			continue
 		}

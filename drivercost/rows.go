@@ -111,7 +111,7 @@ var references = func() map[string]float64 {
 		r[fmt.Sprintf(rowEager, k)] = 3.2
 		r[fmt.Sprintf(rowSetParams, k)] = 0.33
 	}
-	r[fmt.Sprintf(rowInstantiate, 1000)] = 1.114 // 1114 µs for the whole graph
+	r[fmt.Sprintf(rowInstantiate, 1000)] = 1.114 // per node, from the document's whole-graph figure
 	r[fmt.Sprintf(rowLaunch, 10)] = 1.4
 	r[fmt.Sprintf(rowLaunch, 1000)] = 2.4
 	r[fmt.Sprintf(rowExecUpdate, 10)] = 2.1

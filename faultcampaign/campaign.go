@@ -99,6 +99,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/client"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/retire"
 	"github.com/stablegraph/stablegraph/streamcache"
 	"github.com/stablegraph/stablegraph/workload"
@@ -149,7 +150,7 @@ type Config struct {
 	Offset int
 	// Open opens a fresh backend for one trial. It must implement
 	// gpu.FaultInjector and gpu.HandleCounter. Default: a one-device sim
-	// of 1 GiB (gpu.Open("sim", ...); the caller links the sim in).
+	// of 1 GiB.
 	Open func() (gpu.Backend, error)
 	// Progress, when set, is called after each (workload, pattern, variant)
 	// cell.
@@ -177,8 +178,11 @@ func (c Config) withDefaults() Config {
 	if c.Open == nil {
 		log := c.Logger
 		c.Open = func() (gpu.Backend, error) {
-			b, _, err := gpu.Open("sim", gpu.Config{Devices: 1, DeviceMemory: 1 << 30, Logger: log})
-			return b, err
+			b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30, Logger: log})
+			if err != nil {
+				return nil, err // not a typed nil inside the interface
+			}
+			return b, nil
 		}
 	}
 	return c
@@ -405,12 +409,14 @@ func DefaultVariants() []Variant {
 }
 
 // Ops are the entry points a campaign counts: the methods of gpu.Backend
-// and of its optional capabilities (gpu.Collectives, gpu.GEMM,
-// gpu.GraphNodeReader, gpu.DeviceUpdates), less Close (the backend's own,
-// which the trial makes) and those that cannot fail.
+// and of the optional capabilities executables use (gpu.VirtualMemory,
+// gpu.StreamMemOps, gpu.Collectives, gpu.GEMM, gpu.GraphNodeReader,
+// gpu.DeviceUpdates), less Close (the backend's own, which the trial
+// makes) and those that cannot fail.
 func Ops() []string {
 	seen := map[string]bool{}
-	for _, t := range []reflect.Type{reflect.TypeFor[gpu.Backend](), reflect.TypeFor[gpu.Collectives](),
+	for _, t := range []reflect.Type{reflect.TypeFor[gpu.Backend](), reflect.TypeFor[gpu.VirtualMemory](),
+		reflect.TypeFor[gpu.StreamMemOps](), reflect.TypeFor[gpu.Collectives](),
 		reflect.TypeFor[gpu.GEMM](), reflect.TypeFor[gpu.GraphNodeReader](), reflect.TypeFor[gpu.DeviceUpdates]()} {
 		for i := range t.NumMethod() {
 			m := t.Method(i)
@@ -816,8 +822,8 @@ func (t *trial) body(ctx context.Context) {
 		t.fail("open backend: %v", err)
 		return
 	}
-	fi, ok1 := b.(gpu.FaultInjector)
-	hc, ok2 := b.(gpu.HandleCounter)
+	fi, ok1 := gpu.FaultInjectorOf(b)
+	hc, ok2 := gpu.HandleCounterOf(b)
 	if !ok1 || !ok2 {
 		t.fail("backend %s implements neither gpu.FaultInjector nor gpu.HandleCounter", b.Name())
 		t.fired = t.fault != nil // nothing to classify

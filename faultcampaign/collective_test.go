@@ -47,7 +47,7 @@ func (ct *collTrial) run(t *testing.T) {
 	t.Helper()
 	start := time.Now()
 	defer func() { ct.elapsed = time.Since(start) }()
-	b, err := sim.New(gpu.Config{Devices: 2, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: 2, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

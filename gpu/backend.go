@@ -2,9 +2,17 @@ package gpu
 
 import "time"
 
-// Backend is an opened device backend. Methods are grouped by concern into
-// the interfaces below; a Backend implements all of them. Consumers that
-// need only part should declare a small interface of their own.
+// Backend is an opened device backend: the small core every backend
+// implements. Methods are grouped by concern into the interfaces below.
+// Consumers that need only part should declare a small interface of their
+// own.
+//
+// Everything a device may lack is an optional interface instead, found by
+// type assertion in capability.go, whose helpers say what a caller does
+// without it: virtual memory (VirtualMemory), host timeline memory and
+// stream writes (StreamMemOps), stream waits, device-side graph updates,
+// collectives, a GEMM library, allocation extents, graph node read-back,
+// handle counts, device reset and fault injection.
 //
 // Backend is safe for concurrent use; see the package doc for the graph
 // serialisation rule.
@@ -19,8 +27,6 @@ type Backend interface {
 	Streams
 	Events
 	DeviceMemory
-	VirtualMemory
-	StreamMemOps
 	Modules
 	Graphs
 }
@@ -90,11 +96,15 @@ type DeviceMemory interface {
 	MemsetAsync(m Memset, s Stream) error
 }
 
-// VirtualMemory is CUDA's VMM: physical chunks mapped into reserved address
-// ranges. Sizes, offsets and addresses must be multiples of the device's
-// granularity. Devices without VMM return ErrNotSupported (see
-// VirtualMemoryOf).
+// VirtualMemory is an optional interface: physical chunks mapped into
+// reserved address ranges (CUDA's VMM). Sizes, offsets and addresses must
+// be multiples of the device's granularity. A backend may implement it and
+// still lack it on some devices: AllocationGranularity then returns an
+// error wrapping ErrNotSupported. Get it with VirtualMemoryOf
+// (capability.go), which says what to do without it.
 type VirtualMemory interface {
+	// AllocationGranularity is dev's granularity, or an error wrapping
+	// ErrNotSupported when dev has no virtual memory management.
 	AllocationGranularity(dev int) (uint64, error)
 	// MemCreate creates a physical chunk of size bytes on dev.
 	MemCreate(dev int, size uint64) (PhysMem, error)
@@ -118,10 +128,16 @@ type VirtualMemory interface {
 	MemSetAccess(p DevicePtr, size uint64, devs []int) error
 }
 
-// StreamMemOps is host-visible timeline memory and stream-ordered writes
-// into it. Devices without stream memory operations return ErrNotSupported
-// from StreamWriteValue64 (see StreamMemOpsOf).
+// StreamMemOps is an optional interface: host-visible timeline memory and
+// stream-ordered writes into it. A backend may implement it and still lack
+// it on some devices: StreamMemOpsSupported then returns an error wrapping
+// ErrNotSupported. Get it with StreamMemOpsOf (capability.go), which says
+// what to do without it.
 type StreamMemOps interface {
+	// StreamMemOpsSupported returns nil when streams of dev can write
+	// values (StreamWriteValue64), else an error wrapping ErrNotSupported
+	// that says why.
+	StreamMemOpsSupported(dev int) error
 	// HostAlloc allocates size bytes of pinned host memory mapped into the
 	// device address space, zeroed.
 	HostAlloc(size uint64) (HostMem, error)

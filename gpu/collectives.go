@@ -96,12 +96,3 @@ func (o ReduceOp) String() string {
 	}
 	return fmt.Sprintf("ReduceOp(%d)", int(o))
 }
-
-// CollectivesOf returns b's collectives, or ErrNotSupported when b has none.
-func CollectivesOf(b Backend) (Collectives, error) {
-	if c, ok := b.(Collectives); ok {
-		return c, nil
-	}
-	return nil, &Error{Op: "CollectivesOf", Err: ErrNotSupported,
-		Detail: fmt.Sprintf("backend %s has no collectives", b.Name())}
-}

@@ -1,7 +1,5 @@
 package gpu
 
-import "fmt"
-
 // DevNode is a device-updatable kernel node as device code names it (CUDA's
 // cudaGraphDeviceNode_t): a value that the host writes into tables the
 // device reads, not a handle to release. Zero is no node.
@@ -79,20 +77,6 @@ type DeviceUpdates interface {
 	// GraphUpload uploads executable graph x to its device, ordered on
 	// stream s: see the rules above for when it is needed.
 	GraphUpload(x GraphExec, s Stream) error
-}
-
-// DeviceUpdatesOf returns b's device-side graph updates for device dev, or
-// an error wrapping ErrNotSupported when b or dev cannot do them.
-func DeviceUpdatesOf(b Backend, dev int) (DeviceUpdates, error) {
-	du, ok := b.(DeviceUpdates)
-	if !ok {
-		return nil, &Error{Op: "DeviceUpdatesOf", Err: ErrNotSupported,
-			Detail: fmt.Sprintf("backend %s has no device-side graph updates", b.Name())}
-	}
-	if err := du.DeviceUpdatesSupported(dev); err != nil {
-		return nil, err
-	}
-	return du, nil
 }
 
 // DeviceRuntime is the part of CUDA's device runtime that a kernel's Go

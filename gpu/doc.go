@@ -1,9 +1,9 @@
 // Package gpu is the backend-neutral device interface of stablegraph.
 //
 // It plays the role that database/sql/driver plays for databases: it names
-// what a backend must provide (devices, streams, events, device memory,
-// virtual memory, host-visible timeline memory, modules and kernels, graphs)
-// and nothing else. Policy (allocation, replay strategies, stream caching,
+// the small core every backend provides (Backend: devices, streams, events,
+// device memory, modules and kernels, graphs) and the optional capabilities
+// a backend may add (capability.go), and nothing else. Policy (allocation, replay strategies, stream caching,
 // locking above the driver) lives in the packages built on top of it.
 //
 // # Two audiences
@@ -14,9 +14,14 @@
 //
 //	func init() { gpu.Register("sim", simDriver{}) }
 //
-// Open picks a registered driver by name; "auto" prefers "cuda" when a driver
-// library and at least one device are present and falls back to "sim",
-// returning the reason for its choice.
+// docs/ARCHITECTURE.md ("Adding a backend") walks a new backend through it.
+//
+// Open picks a registered driver by name; "auto" tries the drivers by the
+// Priority each reports (hardware before simulators: "cuda" when its
+// library loads and finds a device, else "sim"), returning the reason for
+// its choice. Each backend owns its configuration (a type of its package,
+// such as sim.Config or cuda.Config), passed in Config.Backends; Config
+// itself holds only what every backend reads.
 //
 // # Handles
 //
@@ -49,20 +54,29 @@
 //
 // # Optional capabilities
 //
-// Virtual memory management and stream memory operations are part of the
-// interface, but not every device supports them. Use VirtualMemoryOf and
-// StreamMemOpsOf (capability.go) instead of checking DeviceProps by hand: they
-// return ErrNotSupported with the reason when a device cannot do it.
-// Collectives (CollectivesOf), GEMM (GemmOf: matrix products with a bias,
-// a caller's workspace and a preparation step outside capture; AlignClass is
-// the alignment libraries choose kernels by), GraphNodeReader (memcpy and
-// memset nodes read back), allocation extents (AddressRangerOf,
-// extent.go, which CheckBinding uses to refuse a range larger than the
-// memory behind it) and device-side graph updates (DeviceUpdatesOf,
-// devupdate.go: kernel nodes whose parameters a kernel changes while the
-// graph runs) and stream waits (StreamWaitsOf, streamwait.go: a stream held
-// until a word of memory reaches a value) are optional interfaces
-// discovered the same way.
+// What not every backend or device has is an optional interface, found by
+// type assertion in one file, capability.go, whose helpers return
+// ErrNotSupported with the reason when a backend or device cannot do it
+// and say what the caller does instead: virtual memory (VirtualMemoryOf),
+// host timeline memory and stream writes (StreamMemOpsOf), collectives
+// (CollectivesOf), GEMM (GemmOf: matrix products with a bias, a caller's
+// workspace and a preparation step outside capture; AlignClass is the
+// alignment libraries choose kernels by), GraphNodeReader (memcpy and
+// memset nodes read back), allocation extents (AddressRangerOf, extent.go,
+// which CheckBinding uses to refuse a range larger than the memory behind
+// it), device-side graph updates (DeviceUpdatesOf, devupdate.go: kernel
+// nodes whose parameters a kernel changes while the graph runs), stream
+// waits (StreamWaitsOf, streamwait.go: a stream held until a word of memory
+// reaches a value), handle counts, device reset and fault injection.
+// Capabilities lists them for a backend. DeviceProps' VMM and StreamMemOps
+// flags describe a device for reports; code never reads them to decide.
+//
+// # Device code
+//
+// A ModuleImage holds kernel specs with Go references (what the sim runs)
+// and, through Code, device code per Target: PTX, a cubin per
+// architecture, an AMD code object. A backend asks CodeFor the formats it
+// loads, in its order of preference.
 //
 // # Refused graph updates
 //

@@ -1,7 +1,5 @@
 package gpu
 
-import "fmt"
-
 // GEMM is an optional interface: a backend with a matrix-product library
 // (cuBLAS and cuBLASLt on CUDA; a model of them on sim). Use GemmOf to get
 // it. Callers without it, or for which a call returns an error wrapping
@@ -55,15 +53,6 @@ type GemmParams struct {
 	// Zero: the library's own (see GEMM).
 	Workspace     DevicePtr
 	WorkspaceSize uint64
-}
-
-// GemmOf returns b's GEMM library, or ErrNotSupported when b has none.
-func GemmOf(b Backend) (GEMM, error) {
-	if g, ok := b.(GEMM); ok {
-		return g, nil
-	}
-	return nil, &Error{Op: "GemmOf", Err: ErrNotSupported,
-		Detail: fmt.Sprintf("backend %s has no GEMM library", b.Name())}
 }
 
 // MaxAlignClass is the largest alignment class: libraries choose kernels by

@@ -9,7 +9,7 @@ import (
 // TestOpenNotBuiltIn: without the built-in backends registered (this
 // package's tests import neither), Open says which import registers them.
 func TestOpenNotBuiltIn(t *testing.T) {
-	if _, ok := lookup("sim"); ok {
+	if _, ok := std.lookup("sim"); ok {
 		t.Skip("sim is registered in this test binary")
 	}
 	_, _, err := Open("auto", Config{})

@@ -35,13 +35,20 @@ type DeviceProps struct {
 	TotalMemory  uint64 // bytes
 	ComputeMajor int
 	ComputeMinor int
+	// VMM, Granularity and StreamMemOps describe the device, for
+	// reports ("stablegraph info"); code that uses these capabilities
+	// asks VirtualMemoryOf and StreamMemOpsOf (capability.go), which
+	// consult the backend's optional interfaces, and must not read the
+	// flags instead.
+	//
 	// VMM is true when the device supports virtual memory management
-	// (MemCreate, MemAddressReserve, MemMap, MemSetAccess).
+	// (gpu.VirtualMemory).
 	VMM bool
 	// Granularity is the minimum size and alignment of VMM chunks and
 	// mappings, in bytes (2 MiB on an H100); zero without VMM.
 	Granularity uint64
-	// StreamMemOps is true when StreamWriteValue64 works on this device.
+	// StreamMemOps is true when StreamWriteValue64 works on this device
+	// (gpu.StreamMemOps).
 	StreamMemOps bool
 	// DriverVersion is the backend's driver version (CUDA: 13000 for 13.0).
 	DriverVersion int

@@ -3,6 +3,8 @@ package gpu
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -68,5 +70,49 @@ func TestBriefReason(t *testing.T) {
 	}
 	if got := brief(errors.New("short")); got != "short" {
 		t.Errorf("brief(short) = %q", got)
+	}
+}
+
+// TestModuleCodeFor: a backend gets the first target a module has code
+// for, in the order it asks; the module's reasons when it has none; and a
+// module's real error as is.
+func TestModuleCodeFor(t *testing.T) {
+	ptx := []byte(".version 9.0")
+	cubin90 := []byte("\x7fELF sm_90")
+	m := &ModuleImage{Name: "m", Code: func(t Target) ([]byte, error) {
+		switch {
+		case t.Format == CodeCubin && t.Major == 9:
+			return cubin90, nil
+		case t.Format == CodePTX:
+			return ptx, nil
+		}
+		return nil, fmt.Errorf("no %s here: %w", t, ErrNotSupported)
+	}}
+	cubin, ptxT := Target{Format: CodeCubin, Major: 9}, Target{Format: CodePTX, Major: 9}
+	if got, code, err := m.CodeFor(cubin, ptxT); err != nil || got != cubin || !bytes.Equal(code, cubin90) {
+		t.Errorf("CodeFor(cubin 9.0, ptx) = %s, %q, %v; want the cubin", got, code, err)
+	}
+	old := Target{Format: CodeCubin, Major: 8, Minor: 6}
+	if got, code, err := m.CodeFor(old, Target{Format: CodePTX, Major: 8, Minor: 6}); err != nil || got.Format != CodePTX || !bytes.Equal(code, ptx) {
+		t.Errorf("CodeFor(cubin 8.6, ptx) = %s, %q, %v; want the PTX", got, code, err)
+	}
+	_, _, err := m.CodeFor(Target{Format: CodeHSACO, Arch: "gfx942"})
+	if !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "no hsaco for gfx942 here") {
+		t.Errorf("CodeFor(hsaco) = %v, want ErrNotSupported with the module's reason", err)
+	}
+	if _, _, err := (&ModuleImage{Name: "refs"}).CodeFor(ptxT); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "no device code") {
+		t.Errorf("CodeFor of a module without code = %v", err)
+	}
+	broken := errors.New("read failed")
+	bad := &ModuleImage{Name: "bad", Code: func(Target) ([]byte, error) { return nil, broken }}
+	if _, _, err := bad.CodeFor(ptxT); !errors.Is(err, broken) || errors.Is(err, ErrNotSupported) {
+		t.Errorf("CodeFor with a failing Code = %v, want its error", err)
+	}
+	pc := PTXCode(ptx)
+	if code, err := pc(ptxT); err != nil || !bytes.Equal(code, ptx) {
+		t.Errorf("PTXCode(ptx) = %q, %v", code, err)
+	}
+	if _, err := pc(cubin); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("PTXCode(cubin) = %v, want ErrNotSupported", err)
 	}
 }

@@ -449,8 +449,13 @@ func (cb *CommandBuffer) PatchDevice(b ExecPatcher, x *Exec, addrs []gpu.DeviceP
 	if dp == nil {
 		return 0, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "the exec was not recorded for device-side patching")
 	}
+	hs, err := x.preparedSet(b, cb, func(i int) bool { return dp.mode[i] == devHost })
+	if err != nil {
+		return 0, fmt.Errorf("patch device: %w", err)
+	}
 	dirty := x.markDirty(cb.used, dp.watch, addrs)
-	updated := 0
+	hs.apply = hs.apply[:0]
+	updated, stale := 0, false
 	for _, i := range dirty {
 		c := &cb.cmds[i]
 		var err error
@@ -471,11 +476,21 @@ func (cb *CommandBuffer) PatchDevice(b ExecPatcher, x *Exec, addrs []gpu.DeviceP
 			updated += k
 		case devHost:
 			var k int
-			k, err = cb.patchHost(b, x, i, addrs)
+			var moved bool
+			k, moved, err = cb.patchHost(b, x, hs, i, addrs)
 			updated += k
+			stale = stale || moved
 		}
 		if err != nil {
 			return 0, fmt.Errorf("patch %s: %w", c.Name, err)
+		}
+	}
+	if err := hs.applyExec(cb); err != nil {
+		return 0, err
+	}
+	if stale {
+		if err := x.dropSet(); err != nil {
+			return 0, fmt.Errorf("patch device: %w", err)
 		}
 	}
 	copy(x.addrs, addrs)
@@ -507,31 +522,31 @@ func (cb *CommandBuffer) checkFlat(b ExecPatcher, x *Exec, c *Command, fc *flatC
 	return updated, nil
 }
 
-// patchHost moves command i of x from the host, as Patch does.
-func (cb *CommandBuffer) patchHost(b ExecPatcher, x *Exec, i int32, addrs []gpu.DevicePtr) (int, error) {
+// patchHost moves command i of x from the host, as Patch does (its kernel
+// nodes staged in hs); it returns how many nodes it updated and whether
+// they now come from another trace than hs was prepared from.
+func (cb *CommandBuffer) patchHost(b ExecPatcher, x *Exec, hs *hostSet, i int32, addrs []gpu.DevicePtr) (int, bool, error) {
 	c := &cb.cmds[i]
 	n := x.Nodes[i]
 	switch c.Kind {
 	case KindKernel: // a lead command
-		p := c.kernelParamsInto(addrs, x.args)
-		x.args = p.Args
-		return 1, b.GraphExecKernelNodeSetParams(x.X, n, p)
+		return 1, false, hs.stageKernel(c, i, addrs)
 	case KindMemcpy:
-		return 1, b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
+		return 1, false, b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
 	case KindMemset:
-		return 1, b.GraphExecMemsetNodeSetParams(x.X, n, c.memsetParams(addrs))
+		return 1, false, b.GraphExecMemsetNodeSetParams(x.X, n, c.memsetParams(addrs))
 	case KindTraced:
 		x.key = c.operandAddrs(addrs, x.key)
 		if fc := x.flatAt(i); fc != nil {
-			return cb.patchFlat(b, x, c, fc)
+			return cb.patchFlat(b, x, hs, i, c, fc)
 		}
 		child, err := cb.tr.Trace(c.Trace, x.key, true)
 		if err == nil {
 			err = b.GraphExecChildGraphNodeSetParams(x.X, n, child)
 		}
-		return 1, err
+		return 1, false, err
 	}
-	return 0, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "%s of kind %d has no host path", c.Name, c.Kind)
+	return 0, false, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "%s of kind %d has no host path", c.Name, c.Kind)
 }
 
 // Moves counts what moving buffers takes, by how it moves.

@@ -10,7 +10,10 @@
 //     order between the command before and the one after; any other traced
 //     command becomes a child-graph node holding its trace.
 //   - Patch rewrites, in an instantiated graph, only the nodes whose
-//     buffers moved, through the per-node exec parameter updates.
+//     buffers moved, through the per-node exec parameter updates;
+//     PatchWhole moves them with one whole-graph update from the host
+//     template instead (whole.go), and WholeCounts says what each would
+//     take, for the caller to price.
 //   - RecordDevice records the step for device-side patching: its kernel
 //     nodes with pointers into movable buffers opted in to device-side
 //     updates, and where each of those pointers is (the slots a node of
@@ -29,11 +32,14 @@
 // The patch table is built from the commands' typed arguments when the
 // command buffer is made: for each buffer, the commands that reference it.
 // Applying it to a step's addresses marks the commands of the buffers that
-// moved and re-sends each marked node's parameters, rebuilt from its typed
-// arguments with the pointer arguments resolved at the new addresses.
-// Scalars come from the program, never from the old node, so no value is
-// ever treated as a pointer because of what it equals (docs/ARCHITECTURE.md rule
-// 1). A flattened traced command is patched node by node: when its nodes
+// moved and re-sends each marked node's parameters with the pointer
+// arguments resolved at the new addresses. Kernel nodes are prepared once,
+// at the first move, from their typed arguments (a gpu.KernelNodeSet,
+// hostset.go): a step rewrites in place only their pointer words and hands
+// the moved nodes to the backend in one Apply, one driver call per node on
+// CUDA, allocating nothing. Scalars come from the program, never from the
+// old node, so no value is ever treated as a pointer because of what it
+// equals (docs/ARCHITECTURE.md rule 1). A flattened traced command is patched node by node: when its nodes
 // came from a differential template and its operands stay in the alignment
 // class of the template, the template's pointer slots are rewritten in
 // place and only the nodes they change are updated (no capture, no trace

@@ -34,7 +34,7 @@ type mlp struct {
 
 func newMLP(t *testing.T, rows, w, layers int, opts trace.Options) *mlp {
 	t.Helper()
-	b, err := sim.New(gpu.Config{})
+	b, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -394,12 +394,17 @@ type Exec struct {
 	addrs []gpu.DevicePtr // the addresses X's nodes hold
 	flat  []*flatCmd      // per command, its flattened nodes (nil: not flattened)
 	dev   *devPlan        // RecordDevice's: what moves on the host; nil otherwise
+	// hs is the kernel nodes moved from the host, prepared at the first
+	// move (hostset.go); nil before and after a change around it.
+	hs *hostSet
+	// tmpl is what the graph x was instantiated from holds, as the host
+	// template of whole-graph updates (PatchWhole).
+	tmpl template
 	// Scratch for Patch, kept to allocate nothing per step.
 	mark    []uint32 // mark[c] == gen: command c is in dirty
 	gen     uint32
 	dirty   []int32
 	key     []gpu.DevicePtr
-	args    []gpu.Arg
 	changed []int
 }
 
@@ -415,7 +420,7 @@ func (cb *CommandBuffer) Instantiate(b gpu.Backend, addrs []gpu.DevicePtr, patch
 		return nil, errors.Join(fmt.Errorf("instantiate: %w", err), b.GraphDestroy(r.g))
 	}
 	return &Exec{Graph: r.g, Nodes: r.nodes, X: x, addrs: append([]gpu.DevicePtr(nil), addrs...),
-		flat: r.flat, mark: make([]uint32, len(cb.cmds))}, nil
+		flat: r.flat, mark: make([]uint32, len(cb.cmds)), tmpl: newTemplate(r, addrs)}, nil
 }
 
 // Flattened reports, per command, whether x holds it flattened and in how
@@ -453,6 +458,9 @@ func (x *Exec) Launch(b gpu.Backend, s gpu.Stream) error {
 // finishes).
 func (x *Exec) Destroy(b gpu.Backend) error {
 	var errs []error
+	if err := x.dropSet(); err != nil {
+		errs = append(errs, fmt.Errorf("release the prepared kernel nodes: %w", err))
+	}
 	if x.X != 0 {
 		if err := b.GraphExecDestroy(x.X); err != nil {
 			errs = append(errs, fmt.Errorf("destroy exec graph: %w", err))
@@ -489,13 +497,21 @@ func (cb *CommandBuffer) Update(b gpu.Backend, x *Exec, addrs []gpu.DevicePtr) e
 			fc.params, fc.tmpl = r.flat[i].params, r.flat[i].tmpl
 		}
 	}
-	if err := b.GraphDestroy(r.g); err != nil {
+	// The prepared kernel nodes hold what the exec held before; the
+	// graph x was instantiated from is untouched, and describes the exec
+	// no more.
+	x.tmpl.broken = "the exec was updated from another recording"
+	err = x.dropSet()
+	if err := errors.Join(err, b.GraphDestroy(r.g)); err != nil {
 		return fmt.Errorf("destroy update graph: %w", err)
 	}
 	return nil
 }
 
 // ExecPatcher is the part of gpu.Backend that Patch updates nodes through.
+// Kernel nodes go through a gpu.KernelNodeSet (gpu.PrepareKernelNodes): the
+// backend's own when it implements gpu.KernelNodeSets, else one calling
+// GraphExecKernelNodeSetParams per node.
 type ExecPatcher interface {
 	GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error
 	GraphExecMemcpyNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.MemcpyParams) error
@@ -507,15 +523,21 @@ type ExecPatcher interface {
 // every buffer of used whose address in addrs is not x's (x.dirty, reused
 // from call to call).
 func (x *Exec) markDirty(used []int, watch [][]int32, addrs []gpu.DevicePtr) []int32 {
+	x.dirty = x.markAgainst(x.dirty[:0], x.addrs, used, watch, addrs)
+	return x.dirty
+}
+
+// markAgainst appends to dirty, each once, the commands that watch[buf]
+// lists for every buffer of used whose address in addrs is not held's.
+func (x *Exec) markAgainst(dirty []int32, held []gpu.DevicePtr, used []int, watch [][]int32, addrs []gpu.DevicePtr) []int32 {
 	x.gen++
 	if x.gen == 0 {
 		// The generation wrapped: stale marks could equal it again.
 		clear(x.mark)
 		x.gen = 1
 	}
-	dirty := x.dirty[:0]
 	for _, buf := range used {
-		if x.addrs[buf] == addrs[buf] {
+		if held[buf] == addrs[buf] {
 			continue
 		}
 		for _, c := range watch[buf] {
@@ -525,7 +547,6 @@ func (x *Exec) markDirty(used []int, watch [][]int32, addrs []gpu.DevicePtr) []i
 			}
 		}
 	}
-	x.dirty = dirty
 	return dirty
 }
 
@@ -545,20 +566,21 @@ func (x *Exec) markDirty(used []int, watch [][]int32, addrs []gpu.DevicePtr) []i
 // must be destroyed; an error wrapping gpu.ErrGraphUpdate means the driver
 // refused a node update and re-recording will succeed where this did not.
 func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (int, error) {
+	hs, err := x.preparedSet(b, cb, nil)
+	if err != nil {
+		return 0, fmt.Errorf("patch: %w", err)
+	}
 	dirty := x.markDirty(cb.used, cb.byBuf, addrs)
+	hs.apply = hs.apply[:0]
 	updated := 0
+	stale := false
 	for _, i := range dirty {
 		c := &cb.cmds[i]
 		n := x.Nodes[i]
 		var err error
 		switch c.Kind {
 		case KindKernel:
-			// The argument slice is reused from node to node: exec
-			// parameter updates copy the parameters at the call (CUDA
-			// does; so does sim), which is what makes them cheap.
-			p := c.kernelParamsInto(addrs, x.args)
-			x.args = p.Args
-			err = b.GraphExecKernelNodeSetParams(x.X, n, p)
+			err = hs.stageKernel(c, i, addrs)
 			updated++
 		case KindMemcpy:
 			err = b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
@@ -570,8 +592,10 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 			x.key = c.operandAddrs(addrs, x.key)
 			if fc := x.flatAt(i); fc != nil {
 				var k int
-				k, err = cb.patchFlat(b, x, c, fc)
+				var moved bool
+				k, moved, err = cb.patchFlat(b, x, hs, i, c, fc)
 				updated += k
+				stale = stale || moved
 				break
 			}
 			var child gpu.Graph
@@ -584,40 +608,58 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 			return 0, fmt.Errorf("patch %s: %w", c.Name, err)
 		}
 	}
+	if err := hs.applyExec(cb); err != nil {
+		return 0, err
+	}
+	if stale {
+		// A flattened command moved to another class: its nodes in the
+		// set are another trace's, and the template's are the old one's.
+		x.tmpl.broken = "a traced command moved to another alignment class since the template was recorded"
+		if err := x.dropSet(); err != nil {
+			return 0, fmt.Errorf("patch: %w", err)
+		}
+	}
 	copy(x.addrs, addrs)
 	return updated, nil
 }
 
-// patchFlat moves flattened command c (fc in x) to the operands in x.key
-// and returns how many of its nodes it updated.
-func (cb *CommandBuffer) patchFlat(b ExecPatcher, x *Exec, c *Command, fc *flatCmd) (int, error) {
+// patchFlat moves flattened command c (command i, fc in x) to the operands
+// in x.key and returns how many of its nodes it updated, and whether it
+// took them from another trace than the one x's prepared set was made
+// from. The kernel nodes a template moves are staged in hs, the others set
+// at once.
+func (cb *CommandBuffer) patchFlat(b ExecPatcher, x *Exec, hs *hostSet, i int32, c *Command, fc *flatCmd) (int, bool, error) {
 	if tmpl := cb.tr.TemplateFor(c.Trace, x.key); tmpl != nil && tmpl == fc.tmpl {
 		x.changed = tmpl.Apply(fc.params, x.key, x.changed[:0])
 		cb.tr.Moved(c.Trace)
 		for _, j := range x.changed {
-			if err := setNode(b, x.X, fc.nodes[j], &fc.params[j]); err != nil {
-				return 0, fmt.Errorf("node %d of its trace: %w", j, err)
+			staged, err := hs.stageFlat(i, j, fc, x.key)
+			if err == nil && !staged {
+				err = setNode(b, x.X, fc.nodes[j], &fc.params[j])
+			}
+			if err != nil {
+				return 0, false, fmt.Errorf("node %d of its trace: %w", j, err)
 			}
 		}
-		return len(x.changed), nil
+		return len(x.changed), false, nil
 	}
 	// Another class, or nodes read from a capture: the trace at the new
 	// operands, compared node by node.
 	fl, err := cb.tr.Flat(c.Trace, x.key, true)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if fl.Nodes == nil {
-		return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
+		return 0, false, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
 			Detail: fmt.Sprintf("the trace at the new addresses cannot be flattened (%s); it was when recorded", fl.Why)}
 	}
 	if len(fl.Nodes) != len(fc.params) {
-		return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
+		return 0, false, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateTopologyChanged,
 			Detail: fmt.Sprintf("the trace at the new addresses has %d nodes, the recorded one %d", len(fl.Nodes), len(fc.params))}
 	}
 	for j := range fl.Nodes {
 		if !fc.params[j].SameShape(&fl.Nodes[j]) {
-			return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateFunctionChanged, Node: fc.nodes[j],
+			return 0, false, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateFunctionChanged, Node: fc.nodes[j],
 				Detail: fmt.Sprintf("node %d of the trace at the new addresses differs in kind, kernel, launch shape or dependencies", j)}
 		}
 	}
@@ -627,12 +669,12 @@ func (cb *CommandBuffer) patchFlat(b ExecPatcher, x *Exec, c *Command, fc *flatC
 			continue
 		}
 		if err := setNode(b, x.X, fc.nodes[j], &fl.Nodes[j]); err != nil {
-			return 0, fmt.Errorf("node %d of its trace: %w", j, err)
+			return 0, false, fmt.Errorf("node %d of its trace: %w", j, err)
 		}
 		updated++
 	}
 	fc.params, fc.tmpl = fl.Nodes, fl.Template
-	return updated, nil
+	return updated, true, nil
 }
 
 // setNode sets p on exec node n.

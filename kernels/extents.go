@@ -256,7 +256,7 @@ func positiveBounds(params ...int) []Bound {
 }
 
 // cacheExtents are the extents of the MaxSeqsPerLaunch cache parameters from
-// first: cache i, used only when nseq > i, of blocks of 2·npos·rowElems.
+// first: cache i, used only when nseq > i, of the product of perRow.
 func cacheExtents(first, nseq int, a Access, perRow ...Term) []Extent {
 	out := make([]Extent, MaxSeqsPerLaunch)
 	for i := range out {
@@ -331,24 +331,29 @@ var signatures = func() map[string]Signature {
 		{Kernel: BiasResidual, Names: n1("x", "a", "bias", "rows", "cols"), Extents: []Extent{
 			f32x(0, rw, arg(3), arg(4)), f32x(1, Reads, arg(3), arg(4)), f32x(2, Reads, arg(4)),
 		}},
-		// (q, qkv, bias, positions, c0..c7, nseq, d, npos): a cache is a
-		// layer block of 2·npos rows of d, written at rows positions[i]
-		// and npos+positions[i].
-		{Kernel: KVAppend, Names: append(append(n1("q", "qkv", "bias", "positions"), cacheNames()...), "nseq", "d", "npos"),
+		// (q, qkv, bias, positions, c0..c7, nseq, d, layers, layer, npos):
+		// a cache is npos positions of layers·2 rows of d (position-major),
+		// written at position positions[i] of layer `layer`.
+		{Kernel: KVAppend, Names: append(append(n1("q", "qkv", "bias", "positions"), cacheNames()...), "nseq", "d", "layers", "layer", "npos"),
 			Extents: append([]Extent{
 				f32x(0, Writes, arg(12), arg(13)), f32x(1, Reads, arg(12), num(3), arg(13)), f32x(2, Reads, num(3), arg(13)),
 				{Param: 3, Access: Reads, Elem: 4, Count: []Term{arg(12)}},
-			}, cacheExtents(4, 12, Writes, num(2), arg(14), arg(13))...),
-			Bounds: append([]Bound{{Param: 12, Min: 1, Max: MaxSeqsPerLaunch}}, positiveBounds(13, 14)...)},
-		// (out, q, positions, c0..c7, nseq, heads, headDim, npos, scale):
-		// rows of d = heads·headDim; sequence i reads positions[i]+1 ≤
-		// npos keys and values of its cache.
-		{Kernel: DecodeAttention, Names: append(append(n1("out", "q", "positions"), cacheNames()...), "nseq", "heads", "headDim", "npos", "scale"),
+			}, cacheExtents(4, 12, Writes, arg(16), arg(14), num(2), arg(13))...),
+			Bounds: append([]Bound{{Param: 12, Min: 1, Max: MaxSeqsPerLaunch}, {Param: 15, Min: 0, Max: math.MaxInt32}}, positiveBounds(13, 14, 16)...)},
+		// (out, q, positions, c0..c7, nseq, heads, headDim, layers, layer,
+		// npos, scale): rows of d = heads·headDim; sequence i reads
+		// positions[i]+1 ≤ npos positions of layer `layer` of its cache,
+		// npos·layers·2·d floats (position-major).
+		{Kernel: DecodeAttention, Names: append(append(n1("out", "q", "positions"), cacheNames()...), "nseq", "heads", "headDim", "layers", "layer", "npos", "scale"),
 			Extents: append([]Extent{
 				f32x(0, Writes, arg(11), arg(12), arg(13)), f32x(1, Reads, arg(11), arg(12), arg(13)),
 				{Param: 2, Access: Reads, Elem: 4, Count: []Term{arg(11)}},
-			}, cacheExtents(3, 11, Reads, num(2), arg(14), arg(12), arg(13))...),
-			Bounds: append([]Bound{{Param: 11, Min: 1, Max: MaxSeqsPerLaunch}}, positiveBounds(12, 13, 14)...)},
+			}, cacheExtents(3, 11, Reads, arg(16), arg(14), num(2), arg(12), arg(13))...),
+			Bounds: append([]Bound{{Param: 11, Min: 1, Max: MaxSeqsPerLaunch}, {Param: 15, Min: 0, Max: math.MaxInt32}}, positiveBounds(12, 13, 14, 16)...)},
+		// (next, top, logits, rows, vocab): an int32 and two floats a row.
+		{Kernel: Argmax, Names: n1("next", "top", "logits", "rows", "vocab"), Extents: []Extent{
+			{Param: 0, Access: Writes, Elem: 4, Count: []Term{arg(3)}}, f32x(1, Writes, num(2), arg(3)), f32x(2, Reads, arg(3), arg(4)),
+		}, Bounds: positiveBounds(3, 4)},
 	}
 	m := make(map[string]Signature, len(list))
 	for _, s := range list {

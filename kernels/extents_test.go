@@ -46,7 +46,7 @@ func extentCases() map[string][]launchCase {
 	const npos = 5
 	last := make([]int32, 3)
 	for i := range last {
-		last[i] = npos - 1 // every cache's last row: the whole block is touched
+		last[i] = npos - 1 // every cache's last position, of its last layer: the whole cache is touched
 	}
 	return map[string][]launchCase{
 		kernels.Fill:         {n5(map[int]gpu.Arg{1: f32(1)}, 2)},
@@ -71,11 +71,12 @@ func extentCases() map[string][]launchCase {
 		kernels.BiasGelu:     {bias},
 		kernels.BiasResidual: {bias},
 		kernels.KVAppend: {{cfg: kernels.Elementwise(3 * 4),
-			scalars: map[int]gpu.Arg{12: i32(3), 13: i32(4), 14: i32(npos)},
+			scalars: map[int]gpu.Arg{12: i32(3), 13: i32(4), 14: i32(2), 15: i32(1), 16: i32(npos)},
 			data:    map[int][]byte{3: i32s(last...)}}},
 		kernels.DecodeAttention: {{cfg: kernels.DecodeAttentionConfig(3, 2, 2, npos),
-			scalars: map[int]gpu.Arg{11: i32(3), 12: i32(2), 13: i32(2), 14: i32(npos), 15: f32(0.5)},
+			scalars: map[int]gpu.Arg{11: i32(3), 12: i32(2), 13: i32(2), 14: i32(2), 15: i32(1), 16: i32(npos), 17: f32(0.5)},
 			data:    map[int][]byte{2: i32s(last...)}}},
+		kernels.Argmax: {{cfg: kernels.ArgmaxConfig(3), scalars: map[int]gpu.Arg{3: i32(3), 4: i32(5)}}},
 	}
 }
 

@@ -7,40 +7,62 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// The transformer-decode kernels: what a GPT-2 decode step needs besides its
-// GEMMs (workload gpt2-decode, docs/WRITING-A-STEP.md). float32 data,
-// row-major; token ids and positions are int32 arrays in device memory, read
-// by the kernels, so that a step graph does not change with them.
+// The transformer-decode kernels: what a GPT-2 step needs besides its GEMMs
+// (package models/gpt2, workload gpt2-decode, docs/WRITING-A-STEP.md).
+// float32 data, row-major; token ids and positions are int32 arrays in
+// device memory, read by the kernels, so that a step graph does not change
+// with them.
 //
 // # KV caches
 //
-// Each sequence owns its KV cache; a kernel sees one layer of it, a block
-// of 2·npos·d floats: the keys of positions 0..npos-1 (npos rows of d), then
-// their values (npos rows of d). Within a row the heads lie one after
-// another (head h at columns h·headDim..(h+1)·headDim-1), as the query and
-// the attention output do. A cache holding every layer of a model is the
-// layers' blocks one after another (see package workload).
+// Each sequence owns its KV cache, laid out position-major: position t of
+// layer l holds the layer's keys then its values for that position, 2·d
+// floats, at
 //
-// KVAppend and DecodeAttention serve up to MaxSeqsPerLaunch sequences in
-// one launch. Their caches are separate typed pointer arguments (c0..c7),
+//	cache + (t·layers + l)·2·d    (keys; values d floats further)
+//
+// so that the address of a position does not depend on how many positions
+// the cache holds: a cache sized to its sequence's need and one of the
+// model's whole context have the same layout, and one graph serves both. A
+// kernel gets each cache's start, the model's layer count and the layer
+// it works on; a cache of npos positions is npos·layers·2·d floats, which
+// is what a launch may touch through each cache argument. Within a row the
+// heads lie one after another (head h at columns h·headDim..(h+1)·headDim-1),
+// as the query and the attention output do.
+//
+// KVAppend and DecodeAttention serve up to MaxSeqsPerLaunch rows in one
+// launch. Their caches are separate typed pointer arguments (c0..c7),
 // never an array of pointers in device memory: a runtime that moves buffers
 // between steps can patch a kernel's pointer arguments but not pointers
-// stored in data. A batch of B sequences takes ceil(B/8) launches of each
-// per layer; the sequences of a launch are rows 0..nseq-1 of its q, qkv,
-// positions and out arguments, and the cache arguments from nseq on are
-// ignored (pass any valid pointer, e.g. c0 again).
+// stored in data. A batch of B rows takes ceil(B/8) launches of each per
+// layer; the rows of a launch are rows 0..nseq-1 of its q, qkv, positions
+// and out arguments, and the cache arguments from nseq on are ignored (pass
+// any valid pointer, e.g. c0 again). Several rows may name one cache (a
+// prompt's tokens, each at its own position): KVAppend writes every row's
+// keys and values before DecodeAttention, a later launch, reads them, so
+// row t attends to positions 0..positions[t] of what the rows before it
+// wrote (causal attention over a prompt).
+//
+// # Inactive rows
+//
+// A row whose position is InactiveRow (-1) holds no sequence: Embed and
+// DecodeAttention write zeros to its output and KVAppend leaves every cache
+// alone, so its cache argument may point anywhere valid, and no attention
+// work is done for it. A fixed-row step serves a varying number of
+// sequences this way (package models/gpt2, Batcher).
 //
 // # Bad input
 //
-// A token id outside [0, vocab) or a position outside [0, npos) cannot be
-// reported by device code. The CUDA kernels then write NaN to the row's
-// output (Embed, DecodeAttention) and leave the cache alone (KVAppend); the
-// Go references fail the launch with gpu.ErrInvalidValue naming the row,
-// as the sim's checked memory would fault on the out-of-range access.
+// A token id outside [0, vocab) or a position outside [0, npos) other than
+// InactiveRow cannot be reported by device code. The CUDA kernels then
+// write NaN to the row's output (Embed, DecodeAttention) and leave the
+// cache alone (KVAppend); the Go references fail the launch with
+// gpu.ErrInvalidValue naming the row, as the sim's checked memory would
+// fault on the out-of-range access.
 const (
 	// Embed is (y, wte, wpe, tokens, positions, rows, d, vocab, npos):
-	// y[r,c] = wte[tokens[r],c] + wpe[positions[r],c]. Launch
-	// Elementwise(rows*d).
+	// y[r,c] = wte[tokens[r],c] + wpe[positions[r],c], zeros for an
+	// inactive row (its token is not read). Launch Elementwise(rows*d).
 	Embed = "sg_embed"
 	// LayerNorm is (y, x, gamma, beta, rows, cols, eps f32): per row,
 	// y = (x - mean)/sqrt(var + eps)·gamma + beta with the biased variance.
@@ -54,19 +76,42 @@ const (
 	// in place (the residual stream of a transformer block). Launch
 	// Elementwise(rows*cols).
 	BiasResidual = "sg_bias_residual"
-	// KVAppend is (q, qkv, bias, positions, c0..c7, nseq, d, npos): for each
-	// sequence i < nseq, with qkv's row i = [q | k | v] (3d columns) and
-	// bias the 3d biases, q[i] = qkv_q + bias_q, and k + bias_k, v + bias_v
-	// are written at row positions[i] of cache ci's keys and values (a
-	// layer block, see KV caches). Launch Elementwise(nseq*d).
+	// KVAppend is (q, qkv, bias, positions, c0..c7, nseq, d, layers, layer,
+	// npos): for each row i < nseq, with qkv's row i = [q | k | v] (3d
+	// columns) and bias the 3d biases, q[i] = qkv_q + bias_q, and
+	// k + bias_k, v + bias_v are written at position positions[i] of layer
+	// layer of cache ci (keys at ci + (positions[i]·layers + layer)·2·d,
+	// values d floats further; see KV caches); nothing is written to the
+	// cache of an inactive row. Launch Elementwise(nseq*d).
 	KVAppend = "sg_kv_append"
 	// DecodeAttention is (out, q, positions, c0..c7, nseq, heads, headDim,
-	// npos, scale f32): for each sequence i < nseq and head h, one query
-	// q[i] over the first positions[i]+1 keys and values of cache ci:
-	// s_t = scale·q·k_t, p = softmax(s), out[i] = Σ_t p_t·v_t. Launch
+	// layers, layer, npos, scale f32): for each row i < nseq and head h,
+	// one query q[i] over the first positions[i]+1 keys and values of
+	// layer layer of cache ci: s_t = scale·q·k_t, p = softmax(s),
+	// out[i] = Σ_t p_t·v_t; zeros for an inactive row, whose cache is not
+	// read. npos bounds the positions and sizes the shared memory. Launch
 	// DecodeAttentionConfig.
 	DecodeAttention = "sg_decode_attention"
+	// Argmax is (next, top, logits, rows, vocab): for each row r, next[r]
+	// (int32) is the index of the largest of logits[r, 0..vocab-1], the
+	// lowest such index on a tie (torch.argmax's rule), and top[r] holds
+	// that logit and the second largest (2 floats: the gap says how near a
+	// tie greedy decoding was). NaN logits are skipped; a row of NaNs gives
+	// index 0. Launch ArgmaxConfig(rows).
+	Argmax = "sg_argmax"
 )
+
+// InactiveRow is the position that marks a row holding no sequence (see
+// Inactive rows).
+const InactiveRow = -1
+
+// ArgmaxBlock is the block size of Argmax: one block per row.
+const ArgmaxBlock = 256
+
+// ArgmaxConfig is the launch of Argmax over rows rows.
+func ArgmaxConfig(rows int) gpu.LaunchConfig {
+	return gpu.LaunchConfig{Grid: gpu.Dim3{X: uint32(max(rows, 1)), Y: 1, Z: 1}, Block: gpu.Dim3{X: ArgmaxBlock, Y: 1, Z: 1}}
+}
 
 // MaxSeqsPerLaunch is how many sequences (caches) one KVAppend or
 // DecodeAttention launch serves.
@@ -121,8 +166,9 @@ func gpt2Specs() []gpu.KernelSpec {
 		{Name: LayerNorm, Params: []gpu.ArgKind{p, p, p, p, i32, i32, f32}, Ref: refLayerNorm},
 		{Name: BiasGelu, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: bias(gelu32)},
 		{Name: BiasResidual, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: refBiasResidual},
-		{Name: KVAppend, Params: append(append([]gpu.ArgKind{p, p, p, p}, caches...), i32, i32, i32), Ref: refKVAppend},
-		{Name: DecodeAttention, Params: append(append([]gpu.ArgKind{p, p, p}, caches...), i32, i32, i32, i32, f32), Ref: refDecodeAttention},
+		{Name: KVAppend, Params: append(append([]gpu.ArgKind{p, p, p, p}, caches...), i32, i32, i32, i32, i32), Ref: refKVAppend},
+		{Name: DecodeAttention, Params: append(append([]gpu.ArgKind{p, p, p}, caches...), i32, i32, i32, i32, i32, i32, f32), Ref: refDecodeAttention},
+		{Name: Argmax, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: refArgmax},
 	}
 }
 
@@ -181,6 +227,9 @@ func refEmbed(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	}
 	y := make([]float32, rows*d)
 	for r := range rows {
+		if pos[r] == InactiveRow {
+			continue // zeros
+		}
 		if toks[r] < 0 || int(toks[r]) >= vocab {
 			return fmt.Errorf("kernel %s: row %d: token id %d outside [0, %d): %w", Embed, r, toks[r], vocab, gpu.ErrInvalidValue)
 		}
@@ -301,23 +350,38 @@ func seqCaches(name string, a []gpu.Arg, first, nseq int) ([]gpu.DevicePtr, erro
 	return c, nil
 }
 
-// checkPositions fails for a position outside [0, npos).
+// checkPositions fails for a position outside [0, npos) other than
+// InactiveRow.
 func checkPositions(name string, pos []int32, npos int) error {
 	for i, ps := range pos {
-		if ps < 0 || int(ps) >= npos {
-			return fmt.Errorf("kernel %s: sequence %d: position %d outside the cache's [0, %d): %w", name, i, ps, npos, gpu.ErrInvalidValue)
+		if ps != InactiveRow && (ps < 0 || int(ps) >= npos) {
+			return fmt.Errorf("kernel %s: row %d: position %d outside the cache's [0, %d): %w", name, i, ps, npos, gpu.ErrInvalidValue)
 		}
 	}
 	return nil
 }
 
+// checkLayer fails for a layer outside [0, layers), and returns the
+// offset of the layer's keys at position 0 and the stride between
+// positions, in floats.
+func checkLayer(name string, layers, layer, d int) (off, stride int, err error) {
+	if layers <= 0 || layer < 0 || layer >= layers {
+		return 0, 0, fmt.Errorf("kernel %s: layer %d outside [0, %d): %w", name, layer, layers, gpu.ErrInvalidValue)
+	}
+	return layer * 2 * d, layers * 2 * d, nil
+}
+
 func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	nseq, d, npos := int(a[12].AsI32()), int(a[13].AsI32()), int(a[14].AsI32())
+	nseq, d, layers, layer, npos := int(a[12].AsI32()), int(a[13].AsI32()), int(a[14].AsI32()), int(a[15].AsI32()), int(a[16].AsI32())
 	caches, err := seqCaches(KVAppend, a, 4, nseq)
 	if err != nil {
 		return err
 	}
 	if err := positive(KVAppend, size{"d", d}, size{"npos", npos}); err != nil {
+		return err
+	}
+	off, stride, err := checkLayer(KVAppend, layers, layer, d)
+	if err != nil {
 		return err
 	}
 	if err := need(cfg, nseq*d, KVAppend); err != nil {
@@ -339,19 +403,18 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		return err
 	}
 	q := make([]float32, nseq*d)
-	k, v := make([]float32, d), make([]float32, d)
+	kv := make([]float32, 2*d)
 	for i := range nseq {
 		row := qkv[i*3*d : (i+1)*3*d]
 		for c := range d {
 			q[i*d+c] = row[c] + bias[c]
-			k[c] = row[d+c] + bias[d+c]
-			v[c] = row[2*d+c] + bias[2*d+c]
+			kv[c] = row[d+c] + bias[d+c]
+			kv[d+c] = row[2*d+c] + bias[2*d+c]
 		}
-		row4 := uint64(4 * d)
-		if err := gpu.WriteF32(mem, caches[i].Add(uint64(pos[i])*row4), k); err != nil {
-			return err
+		if pos[i] == InactiveRow {
+			continue
 		}
-		if err := gpu.WriteF32(mem, caches[i].Add(uint64(npos+int(pos[i]))*row4), v); err != nil {
+		if err := gpu.WriteF32(mem, caches[i].Add(4*(uint64(pos[i])*uint64(stride)+uint64(off))), kv); err != nil {
 			return err
 		}
 	}
@@ -361,13 +424,19 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 // refDecodeAttention computes scores, softmax and the weighted sum in
 // float64 and rounds each output once to float32.
 func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	nseq, heads, hd, npos := int(a[11].AsI32()), int(a[12].AsI32()), int(a[13].AsI32()), int(a[14].AsI32())
-	scale := float64(a[15].AsF32())
+	nseq, heads, hd := int(a[11].AsI32()), int(a[12].AsI32()), int(a[13].AsI32())
+	layers, layer, npos := int(a[14].AsI32()), int(a[15].AsI32()), int(a[16].AsI32())
+	scale := float64(a[17].AsF32())
 	caches, err := seqCaches(DecodeAttention, a, 3, nseq)
 	if err != nil {
 		return err
 	}
 	if err := positive(DecodeAttention, size{"heads", heads}, size{"headDim", hd}, size{"npos", npos}); err != nil {
+		return err
+	}
+	d := heads * hd
+	off, stride, err := checkLayer(DecodeAttention, layers, layer, d)
+	if err != nil {
 		return err
 	}
 	if err := checkRowBlocks(DecodeAttention, cfg, heads, nseq); err != nil {
@@ -379,7 +448,6 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	case cfg.SharedMem < want:
 		return fmt.Errorf("kernel %s: %d bytes of shared memory, the kernel needs %d for %d positions: %w", DecodeAttention, cfg.SharedMem, want, npos, gpu.ErrInvalidValue)
 	}
-	d := heads * hd
 	q, err := gpu.ReadF32(mem, a[1].AsPtr(), nseq*d)
 	if err != nil {
 		return err
@@ -394,15 +462,19 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	out := make([]float32, nseq*d)
 	s := make([]float64, npos)
 	acc := make([]float64, hd)
+	keys, vals := make([]float32, 0, npos*d), make([]float32, 0, npos*d)
 	for i := range nseq {
-		n := int(pos[i]) + 1
-		keys, err := gpu.ReadF32(mem, caches[i], n*d)
-		if err != nil {
-			return err
+		if pos[i] == InactiveRow {
+			continue // zeros, and the cache is not read
 		}
-		vals, err := gpu.ReadF32(mem, caches[i].Add(uint64(4*npos*d)), n*d)
-		if err != nil {
-			return err
+		n := int(pos[i]) + 1
+		keys, vals = keys[:0], vals[:0]
+		for t := range n {
+			kv, err := gpu.ReadF32(mem, caches[i].Add(4*(uint64(t)*uint64(stride)+uint64(off))), 2*d)
+			if err != nil {
+				return err
+			}
+			keys, vals = append(keys, kv[:d]...), append(vals, kv[d:]...)
 		}
 		for h := range heads {
 			qh := q[i*d+h*hd : i*d+(h+1)*hd]
@@ -432,4 +504,50 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 		}
 	}
 	return gpu.WriteF32(mem, a[0].AsPtr(), out)
+}
+
+// refArgmax scans each row in index order, keeping the first maximum.
+func refArgmax(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
+	rows, vocab := int(a[3].AsI32()), int(a[4].AsI32())
+	if err := positive(Argmax, size{"rows", rows}, size{"vocab", vocab}); err != nil {
+		return err
+	}
+	if err := checkRowBlocks(Argmax, cfg, rows, 1); err != nil {
+		return err
+	}
+	if bx := cfg.Block.X; bx&(bx-1) != 0 {
+		// The CUDA kernel halves the block in its reduction.
+		return fmt.Errorf("kernel %s: block of %d threads is not a power of two: %w", Argmax, bx, gpu.ErrInvalidValue)
+	}
+	logits, err := gpu.ReadF32(mem, a[2].AsPtr(), rows*vocab)
+	if err != nil {
+		return err
+	}
+	next := make([]int32, rows)
+	top := make([]float32, 2*rows)
+	for r := range rows {
+		best, b1, b2 := 0, float32(math.Inf(-1)), float32(math.Inf(-1))
+		for j, v := range logits[r*vocab : (r+1)*vocab] {
+			switch {
+			case v != v: // NaN
+			case v > b1:
+				best, b1, b2 = j, v, b1
+			case v > b2:
+				b2 = v
+			}
+		}
+		next[r], top[2*r], top[2*r+1] = int32(best), b1, b2
+	}
+	if err := mem.Write(a[0].AsPtr(), i32Bytes(next)); err != nil {
+		return err
+	}
+	return gpu.WriteF32(mem, a[1].AsPtr(), top)
+}
+
+func i32Bytes(v []int32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(x), byte(x>>8), byte(x>>16), byte(x>>24)
+	}
+	return b
 }

@@ -36,26 +36,29 @@ func i32s(v ...int32) []byte {
 func f32s(v ...float32) []byte { return gpu.F32ToBytes(v) }
 
 // attention runs DecodeAttention's reference on one sequence of one head
-// (headDim 2) over a cache of npos positions and returns the output.
+// (headDim 2) over a one-layer cache of npos positions (each position's
+// key then value) and returns the output.
 func attention(t *testing.T, q []float32, cache []float32, npos int, pos int32, scale float32) ([]float32, error) {
 	t.Helper()
 	mem := gputest.NewMapMemory()
-	out := mem.Alloc(make([]byte, 8))
+	out := mem.Alloc(f32s(7, 7)) // an inactive row must overwrite it
 	qp, pp, cp := mem.Alloc(f32s(q...)), mem.Alloc(i32s(pos)), mem.Alloc(f32s(cache...))
 	args := []gpu.Arg{gpu.Ptr(out), gpu.Ptr(qp), gpu.Ptr(pp)}
 	for range kernels.MaxSeqsPerLaunch {
 		args = append(args, gpu.Ptr(cp))
 	}
-	args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(int32(npos)), gpu.F32(scale))
+	args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(int32(npos)), gpu.F32(scale))
 	err := spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, npos), args)
 	return gpu.BytesToF32(mem.Bytes(out)), err
 }
 
 func TestDecodeAttentionByHand(t *testing.T) {
-	// Keys k0..k3 then values v0..v3, headDim 2.
-	cache := []float32{
-		1, 0, 0, 1, 1, 1, 9, 9, // keys
-		2, 4, 6, 8, 10, 12, 99, 99, // values
+	// Position-major, headDim 2: k0 v0 k1 v1 k2 v2 k3 v3.
+	keys := []float32{1, 0, 0, 1, 1, 1, 9, 9}
+	vals := []float32{2, 4, 6, 8, 10, 12, 99, 99}
+	var cache []float32
+	for t := range 4 {
+		cache = append(append(cache, keys[2*t:2*t+2]...), vals[2*t:2*t+2]...)
 	}
 	// Position 0: one key, so the output is v0 whatever the score.
 	got, err := attention(t, []float32{3, -7}, cache, 4, 0, 0.5)
@@ -74,6 +77,42 @@ func TestDecodeAttentionByHand(t *testing.T) {
 	want := []float64{(2*2 + 6 + 2*10) / 5.0, (2*4 + 8 + 2*12) / 5.0}
 	if err != nil || math.Abs(float64(got[0])-want[0]) > 1e-6 || math.Abs(float64(got[1])-want[1]) > 1e-6 {
 		t.Fatalf("position 2: %v, %v; want %v", got, err, want)
+	}
+	// An inactive row: zeros, and nothing read (a cache of NaNs is fine).
+	nan := float32(math.NaN())
+	got, err = attention(t, []float32{1, 1}, []float32{nan, nan, nan, nan}, 4, kernels.InactiveRow, 1)
+	if err != nil || got[0] != 0 || got[1] != 0 {
+		t.Fatalf("inactive row: %v, %v; want [0 0]", got, err)
+	}
+}
+
+func TestArgmaxByHand(t *testing.T) {
+	mem := gputest.NewMapMemory()
+	nan := float32(math.NaN())
+	logits := mem.Alloc(f32s(
+		1, 3, 3, 2, // a tie: the first index, the runner-up equal
+		nan, -1, -5, -0.5, // NaN skipped
+		nan, nan, nan, nan, // no number: index 0
+	))
+	next, top := mem.Alloc(make([]byte, 12)), mem.Alloc(make([]byte, 24))
+	args := []gpu.Arg{gpu.Ptr(next), gpu.Ptr(top), gpu.Ptr(logits), gpu.I32(3), gpu.I32(4)}
+	if err := spec(t, kernels.Argmax).Ref(mem, kernels.ArgmaxConfig(3), args); err != nil {
+		t.Fatal(err)
+	}
+	ids := mem.Bytes(next)
+	for r, want := range []int32{1, 3, 0} {
+		if got := int32(binary.LittleEndian.Uint32(ids[4*r:])); got != want {
+			t.Errorf("row %d: next %d, want %d", r, got, want)
+		}
+	}
+	inf := float32(math.Inf(-1))
+	if got, want := gpu.BytesToF32(mem.Bytes(top)), []float32{3, 3, -0.5, -1, inf, inf}; !slicesEqual(got, want) {
+		t.Errorf("top = %v, want %v", got, want)
+	}
+	bad := kernels.ArgmaxConfig(3)
+	bad.Block.X = 96
+	if err := spec(t, kernels.Argmax).Ref(mem, bad, args); !errors.Is(err, gpu.ErrInvalidValue) {
+		t.Errorf("a block of 96 threads: %v, want ErrInvalidValue", err)
 	}
 }
 
@@ -107,18 +146,20 @@ func TestLayerNormByHand(t *testing.T) {
 
 func TestKVAppendByHand(t *testing.T) {
 	mem := gputest.NewMapMemory()
-	const d, npos = 2, 3
-	q := mem.Alloc(make([]byte, 4*2*d))
-	qkv := mem.Alloc(f32s(1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60)) // two rows of [q|k|v]
+	// Two layers (2·2·d = 8 floats a position), the launch over layer 1;
+	// the third row is inactive.
+	const d, npos, stride = 2, 3, 8
+	q := mem.Alloc(make([]byte, 4*3*d))
+	qkv := mem.Alloc(f32s(1, 2, 3, 4, 5, 6, 10, 20, 30, 40, 50, 60, 7, 7, 7, 7, 7, 7)) // three rows of [q|k|v]
 	bias := mem.Alloc(f32s(0.5, 0.5, 1, 1, 2, 2))
-	pos := mem.Alloc(i32s(2, 0))
-	c0, c1 := mem.Alloc(make([]byte, 4*2*npos*d)), mem.Alloc(make([]byte, 4*2*npos*d))
+	pos := mem.Alloc(i32s(2, 0, kernels.InactiveRow))
+	c0, c1 := mem.Alloc(make([]byte, 4*stride*npos)), mem.Alloc(make([]byte, 4*stride*npos))
 	args := []gpu.Arg{gpu.Ptr(q), gpu.Ptr(qkv), gpu.Ptr(bias), gpu.Ptr(pos), gpu.Ptr(c0), gpu.Ptr(c1)}
 	for range 6 {
-		args = append(args, gpu.Ptr(c0))
+		args = append(args, gpu.Ptr(c0)) // the inactive row's cache among them: not written
 	}
-	args = append(args, gpu.I32(2), gpu.I32(d), gpu.I32(npos))
-	if err := spec(t, kernels.KVAppend).Ref(mem, kernels.Elementwise(2*d), args); err != nil {
+	args = append(args, gpu.I32(3), gpu.I32(d), gpu.I32(2), gpu.I32(1), gpu.I32(npos))
+	if err := spec(t, kernels.KVAppend).Ref(mem, kernels.Elementwise(3*d), args); err != nil {
 		t.Fatal(err)
 	}
 	check := func(name string, p gpu.DevicePtr, want ...float32) {
@@ -127,10 +168,10 @@ func TestKVAppendByHand(t *testing.T) {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	check("q", q, 1.5, 2.5, 10.5, 20.5)
-	// Sequence 0 at position 2: keys row 2, values row 2 (rows 3..5).
-	check("cache 0", c0, 0, 0, 0, 0, 4, 5, 0, 0, 0, 0, 7, 8)
-	check("cache 1", c1, 31, 41, 0, 0, 0, 0, 52, 62, 0, 0, 0, 0)
+	check("q", q, 1.5, 2.5, 10.5, 20.5, 7.5, 7.5)
+	// Row 0 at position 2 of layer 1: floats 2·8 + 4 on, key then value.
+	check("cache 0", c0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 5, 7, 8)
+	check("cache 1", c1, 0, 0, 0, 0, 31, 41, 52, 62, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 }
 
 func slicesEqual(a, b []float32) bool {
@@ -156,7 +197,7 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 		want string
 	}{
 		{"attention position too large", func() error { _, err := attention(t, []float32{1, 1}, cache, 4, 4, 1); return err }, "position 4 outside"},
-		{"attention position negative", func() error { _, err := attention(t, []float32{1, 1}, cache, 4, -1, 1); return err }, "position -1 outside"},
+		{"attention position negative", func() error { _, err := attention(t, []float32{1, 1}, cache, 4, -2, 1); return err }, "position -2 outside"},
 		{"attention shared memory", func() error {
 			mem := gputest.NewMapMemory()
 			p := mem.Alloc(make([]byte, 64))
@@ -164,7 +205,7 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.F32(1))
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(4), gpu.F32(1))
 			cfg := kernels.DecodeAttentionConfig(1, 1, 2, 4)
 			cfg.SharedMem = 16
 			return spec(t, kernels.DecodeAttention).Ref(mem, cfg, args)
@@ -176,7 +217,7 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(20000), gpu.F32(1))
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(20000), gpu.F32(1))
 			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, 20000), args)
 		}, "more than the 49152"},
 		{"attention nseq 9", func() error {
@@ -186,11 +227,22 @@ func TestGPT2RefsRejectBadInput(t *testing.T) {
 			for range 8 {
 				args = append(args, gpu.Ptr(p))
 			}
-			args = append(args, gpu.I32(9), gpu.I32(1), gpu.I32(2), gpu.I32(4), gpu.F32(1))
+			args = append(args, gpu.I32(9), gpu.I32(1), gpu.I32(2), gpu.I32(1), gpu.I32(0), gpu.I32(4), gpu.F32(1))
 			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(9, 1, 2, 4), args)
 		}, "nseq = 9"},
+		{"attention layer", func() error {
+			mem := gputest.NewMapMemory()
+			p := mem.Alloc(make([]byte, 64))
+			args := []gpu.Arg{gpu.Ptr(p), gpu.Ptr(p), gpu.Ptr(p)}
+			for range 8 {
+				args = append(args, gpu.Ptr(p))
+			}
+			args = append(args, gpu.I32(1), gpu.I32(1), gpu.I32(2), gpu.I32(2), gpu.I32(2), gpu.I32(4), gpu.F32(1))
+			return spec(t, kernels.DecodeAttention).Ref(mem, kernels.DecodeAttentionConfig(1, 1, 2, 4), args)
+		}, "layer 2 outside [0, 2)"},
 		{"embed token", func() error { return embed(t, 5, 0) }, "token id 5 outside [0, 5)"},
 		{"embed position", func() error { return embed(t, 0, 3) }, "position 3 outside [0, 3)"},
+		{"embed position -2", func() error { return embed(t, 0, -2) }, "position -2 outside [0, 3)"},
 		{"layernorm grid", func() error {
 			mem := gputest.NewMapMemory()
 			p := mem.Alloc(make([]byte, 64))

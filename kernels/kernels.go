@@ -115,10 +115,10 @@ func Specs() []gpu.KernelSpec {
 	}, gpt2Specs()...)
 }
 
-// Module returns the built-in module image: the specs and, when the CUDA
-// sources have been compiled into the build, their PTX.
+// Module returns the built-in module image: the specs and their PTX (the
+// sm_90 build for Hopper, a portable one for the rest).
 func Module() *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "stablegraph-builtin", Kernels: Specs(), PTX: ptx}
+	return &gpu.ModuleImage{Name: "stablegraph-builtin", Kernels: Specs(), Code: moduleCode}
 }
 
 // ptx is set by the file that embeds the compiled PTX, when present.

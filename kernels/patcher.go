@@ -153,11 +153,20 @@ func PatcherInlineSpec() gpu.KernelSpec {
 }
 
 // PatcherModule returns the patcher's module image: its spec and, through
-// Binary, the prebuilt cubins (the patcher calls the device runtime, so it
-// must be linked with cudadevrt when built; it is never JIT-compiled). The
-// sim runs its Go reference and needs no binary.
+// Code, the prebuilt cubins (the patcher calls the device runtime, so it
+// must be linked with cudadevrt when built; it is never JIT-compiled, and
+// ships as no PTX). The sim runs its Go reference and needs no code.
 func PatcherModule() *gpu.ModuleImage {
-	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec(), PatcherInlineSpec()}, Binary: PatcherBinary}
+	return &gpu.ModuleImage{Name: "stablegraph-patcher", Kernels: []gpu.KernelSpec{PatcherSpec(), PatcherInlineSpec()}, Code: patcherCode}
+}
+
+// patcherCode is the patcher module's Code: a cubin for the device
+// (PatcherBinary), nothing else.
+func patcherCode(t gpu.Target) ([]byte, error) {
+	if t.Format != gpu.CodeCubin {
+		return nil, fmt.Errorf("kernels: the patcher ships as cubins only (it links the device runtime), not as %s: %w", t.Format, gpu.ErrNotSupported)
+	}
+	return PatcherBinary(t.Major, t.Minor)
 }
 
 // PatcherConfig is the patcher's launch for up to writes slot writes per
@@ -165,8 +174,8 @@ func PatcherModule() *gpu.ModuleImage {
 // thread has at most two writes to make (up to 2048 writes); blocks of 1024
 // beyond. The patcher is every node's dependency, so its latency is the
 // step's: with one block, its threads finish together at a barrier, where
-// several blocks would count themselves done with device-wide atomics
-// (about a microsecond more on an H100).
+// several blocks would count themselves done with device-wide atomics,
+// which cost more (bench/probes/patcher).
 func PatcherConfig(writes int) gpu.LaunchConfig {
 	const maxBlock, perThread = 1024, 2
 	writes = max(writes, 1)
@@ -381,7 +390,7 @@ func ReadPatchMirror(h gpu.HostMem, off int) PatchMirror {
 // a slot write it refuses with gpu.ErrInvalidValue is counted in failed, as
 // cudaErrorInvalidValue; any other error (a fault) ends the kernel.
 func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	rt, ok := mem.(gpu.DeviceRuntime)
+	rt, ok := gpu.DeviceRuntimeOf(mem)
 	if !ok {
 		return fmt.Errorf("kernel %s calls the device runtime (cudaGraphKernelNodeSetParam), which this backend does not model: %w", Patcher, gpu.ErrNotSupported)
 	}
@@ -490,7 +499,7 @@ func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots 
 // last argument applied as refPatcher applies a ring's, failures counted in
 // the control block and, when there are any, written to the mirror.
 func refPatcherInline(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
-	rt, ok := mem.(gpu.DeviceRuntime)
+	rt, ok := gpu.DeviceRuntimeOf(mem)
 	if !ok {
 		return fmt.Errorf("kernel %s calls the device runtime (cudaGraphKernelNodeSetParam), which this backend does not model: %w", PatcherInline, gpu.ErrNotSupported)
 	}

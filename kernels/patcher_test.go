@@ -403,7 +403,7 @@ func TestRefPatcherErrors(t *testing.T) {
 func TestPatcherModule(t *testing.T) {
 	m := PatcherModule()
 	k, ok := m.Kernel(Patcher)
-	if !ok || k.Ref == nil || m.Binary == nil || m.PTX != nil {
+	if !ok || k.Ref == nil || m.Code == nil {
 		t.Fatalf("PatcherModule = %+v", m)
 	}
 	if err := k.CheckArgs("test", PatcherArgs(1, 2, 3, 4, 5, 6, 7)); err != nil {
@@ -420,8 +420,12 @@ func TestPatcherModule(t *testing.T) {
 			t.Errorf("PatcherConfig(%d): %d threads, more than two writes each", tc.writes, threads)
 		}
 	}
-	if _, err := m.Binary(9, 0); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
-		t.Errorf("Binary(9, 0): %v", err)
+	if _, err := m.Code(gpu.Target{Format: gpu.CodeCubin, Major: 9}); err != nil && !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("Code(cubin for 9.0): %v", err)
+	}
+	// Never as PTX: the patcher links the device runtime.
+	if _, err := m.Code(gpu.Target{Format: gpu.CodePTX, Major: 9}); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("Code(ptx): %v, want ErrNotSupported", err)
 	}
 }
 

@@ -1,8 +1,10 @@
 package kernels
 
 import (
-	"bytes"
 	_ "embed"
+	"fmt"
+
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // The PTX compiled from cuda/kernels.cu by cuda/gen.sh (nvcc 13.0). Both
@@ -23,18 +25,23 @@ var ptxSM90 []byte
 
 func init() { ptx = ptxPortable }
 
-// PTXFor returns the PTX best suited to a device of compute capability
-// major.minor: the sm_90 build on 9.x, the portable build otherwise. The
-// portable build is what Module().PTX holds.
-func PTXFor(major, minor int) []byte {
+// ptxFor returns the PTX best suited to a device of compute capability
+// major.minor: the sm_90 build on 9.x, the portable build otherwise.
+func ptxFor(major, minor int) []byte {
 	if major == 9 {
 		return ptxSM90
 	}
 	return ptxPortable
 }
 
-// IsBuiltinPTX reports whether b is one of the PTX builds of this package
-// (so that a backend may swap in PTXFor's choice for the device).
-func IsBuiltinPTX(b []byte) bool {
-	return len(b) > 0 && (bytes.Equal(b, ptxPortable) || bytes.Equal(b, ptxSM90))
+// moduleCode is the built-in module's Code: PTX, ptxFor's pick for the
+// device; the kernels ship as no other format.
+func moduleCode(t gpu.Target) ([]byte, error) {
+	if t.Format != gpu.CodePTX {
+		return nil, fmt.Errorf("kernels: the built-in kernels ship as PTX only: %w", gpu.ErrNotSupported)
+	}
+	if len(ptx) == 0 {
+		return nil, fmt.Errorf("kernels: the built-in kernels were not compiled to PTX (kernels/cuda/gen.sh): %w", gpu.ErrNotSupported)
+	}
+	return ptxFor(t.Major, t.Minor), nil
 }

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/stablegraph/stablegraph/gpu"
 )
 
 // TestPTXMatchesSource fails when cuda/kernels.cu changed after the PTX was
@@ -51,13 +54,29 @@ func TestPTXHasEveryKernel(t *testing.T) {
 			}
 		}
 	}
-	if !bytes.Equal(Module().PTX, ptxPortable) {
-		t.Errorf("Module().PTX is not the portable build")
+	// The module's code per target: the sm_90 build for Hopper, the
+	// portable one for the rest, and no other format.
+	m := Module()
+	for _, tc := range []struct {
+		t    gpu.Target
+		want []byte
+	}{
+		{gpu.Target{Format: gpu.CodePTX, Major: 9, Minor: 0}, ptxSM90},
+		{gpu.Target{Format: gpu.CodePTX, Major: 8, Minor: 6}, ptxPortable},
+		{gpu.Target{Format: gpu.CodePTX, Major: 10, Minor: 0}, ptxPortable},
+	} {
+		if got, err := m.Code(tc.t); err != nil || !bytes.Equal(got, tc.want) {
+			t.Errorf("Code(%s): the wrong build (%v)", tc.t, err)
+		}
 	}
-	if !bytes.Equal(PTXFor(9, 0), ptxSM90) || !bytes.Equal(PTXFor(8, 6), ptxPortable) {
-		t.Errorf("PTXFor picks the wrong build")
+	for _, f := range []gpu.CodeFormat{gpu.CodeCubin, gpu.CodeHSACO} {
+		if _, err := m.Code(gpu.Target{Format: f, Major: 9}); !errors.Is(err, gpu.ErrNotSupported) {
+			t.Errorf("Code(%s): %v, want ErrNotSupported", f, err)
+		}
 	}
-	if !IsBuiltinPTX(Module().PTX) || IsBuiltinPTX([]byte("x")) {
-		t.Errorf("IsBuiltinPTX wrong")
+	// A CUDA backend asks for a cubin first, then PTX.
+	got, code, err := m.CodeFor(gpu.Target{Format: gpu.CodeCubin, Major: 9}, gpu.Target{Format: gpu.CodePTX, Major: 9})
+	if err != nil || got.Format != gpu.CodePTX || !bytes.Equal(code, ptxSM90) {
+		t.Errorf("CodeFor(cubin, ptx) = %s, %d bytes, %v; want the sm_90 PTX", got, len(code), err)
 	}
 }

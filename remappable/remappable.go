@@ -18,9 +18,9 @@
 // # Cost
 //
 // Every Alloc and Free is a round of driver calls (create, reserve, map,
-// set access; unmap, free, release: tens of microseconds each on an H100,
-// docs/GPU-MACHINE.md), and every buffer takes at least one granule (2 MiB
-// on CUDA and on the sim) however small. That is the price of a buffer
+// set access; unmap, free, release: docs/GPU-MACHINE.md prices each), and
+// every buffer takes at least one granule (2 MiB on CUDA and on the sim)
+// however small. That is the price of a buffer
 // that can be remapped; a caching allocator (package bfc) hands out
 // buffers far cheaper, but from one allocation whose chunk backs every
 // buffer in it.

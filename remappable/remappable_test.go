@@ -104,12 +104,17 @@ func TestNeedsVMM(t *testing.T) {
 	}
 }
 
+// noVMM is the sim whose device lacks virtual memory management.
 type noVMM struct{ *sim.Backend }
 
 func (b noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
 	p, err := b.Backend.DeviceProps(dev)
 	p.VMM, p.Granularity = false, 0
 	return p, err
+}
+
+func (b noVMM) AllocationGranularity(dev int) (uint64, error) {
+	return 0, gpu.Errorf("AllocationGranularity", gpu.ErrNotSupported, "device %d has no virtual memory management", dev)
 }
 
 // TestPeers: a buffer is accessible from the peers asked for.

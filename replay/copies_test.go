@@ -284,7 +284,7 @@ func TestStableCloseReportsFailedFree(t *testing.T) {
 	ctx := context.Background()
 	// Not simtest.New: the allocation whose free fails stays live by
 	// definition.
-	b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

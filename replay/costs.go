@@ -3,52 +3,64 @@ package replay
 import (
 	"fmt"
 	"math"
+
+	"github.com/stablegraph/stablegraph/graph"
 )
 
 // Costs are the per-operation costs, in microseconds of step time, that
 // auto weighs. The defaults (DefaultCosts) are the H100 figures of
-// docs/GPU-MACHINE.md; zero fields take them (WithDefaults). The root
-// package's Costs is this type.
+// docs/GPU-MACHINE.md ("Costs"), which says what each was measured as;
+// zero fields take them (WithDefaults). The root package's Costs is this
+// type.
 type Costs struct {
 	// NodeUpdateUS is the cost of updating one kernel, memcpy or memset
 	// node of an executable graph in place
-	// (cuGraphExecKernelNodeSetParams: 0.33).
+	// (cuGraphExecKernelNodeSetParams).
 	NodeUpdateUS float64
 	// TracedUpdateUS is the cost of moving one traced command that is
 	// not flattened (a collective, or a function whose trace the backend
 	// cannot read back): building its child graph from the template and
-	// setting it on the exec graph. Not measured; estimated at 5 from a
+	// setting it on the exec graph. Not measured: estimated from a
 	// capture-sized graph build plus a node update. A flattened library
 	// call (a GEMM) moves as its kernel nodes, at NodeUpdateUS each
 	// (graph.Moves).
 	TracedUpdateUS float64
 	// CopyLatencyUS and CopyBytesPerUS model one device-to-device copy as
-	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: the line through
-	// the two H100 measurements, 1 MiB in 6.8 and 64 MiB in 51.5 (small
-	// copies are latency-bound). Defaults 6.09 and 1.478e6.
+	// CopyLatencyUS + bytes/CopyBytesPerUS of GPU time: a line through
+	// two measured copies, a small and a large one, since small copies
+	// are latency-bound (docs/GPU-MACHINE.md derives it).
 	CopyLatencyUS, CopyBytesPerUS float64
 	// TimelineWriteUS is the cost of the timeline write that releases a
-	// pool slot (cuStreamWriteValue64 enqueue: 1.0).
+	// pool slot (the cuStreamWriteValue64 enqueue).
 	TimelineWriteUS float64
 	// PoolMemoryFraction is the largest fraction of the device's free
-	// memory that the pool's slots may take for auto to consider pool.
-	// Default 0.25.
+	// memory that the pool's slots may take for auto to consider pool: a
+	// policy, not a measurement. Default 0.25.
 	PoolMemoryFraction float64
 	// PatcherUS is the GPU time the device strategy's patcher node adds to
-	// a step, whatever moves (4.4: 21.19 against 16.70 µs for a chain of
-	// 16 opted-in nodes, every node moved, less their per-node cost;
-	// BenchmarkDeviceUpdatesChain on the H100, 2026-11-24).
+	// a step, whatever moves: a chain of opted-in nodes, every node moved,
+	// against the same chain without the patcher, less the per-node cost
+	// (BenchmarkDeviceUpdatesChain).
 	PatcherUS float64
 	// PatcherInlineUS is what the inline patcher node adds instead, when
-	// at most kernels.PatchInlineCap buffers move (2.2: 19.81 against
-	// 17.59 µs for the same chain of 16; bench/probes/patcher). Its
-	// parameters are set with one exec update (NodeUpdateUS) per step
-	// that moves something.
+	// at most kernels.PatchInlineCap buffers move, measured the same way
+	// (bench/probes/patcher). Its parameters are set with one exec update
+	// (NodeUpdateUS) per step that moves something.
 	PatcherInlineUS float64
 	// PatcherNodeUS is the GPU time per node the patcher moves: opting the
-	// node in (0.018: 965.4 against 947.4 µs for 1000 nodes) and its two
-	// pointer writes (0.013: 982.7 against 965.4 less PatcherUS); 0.03.
+	// node in to device-side updates and its two pointer writes.
 	PatcherNodeUS float64
+	// GraphNodeSetUS is the host cost of setting one kernel node's
+	// parameters on a graph, not an exec (cuGraphKernelNodeSetParams: the
+	// host template of a whole-graph update). Not yet measured: an
+	// estimate, until stablegraph bench-driver's "template node set" rows
+	// are in docs/GPU-MACHINE.md.
+	GraphNodeSetUS float64
+	// ExecUpdateUS and ExecUpdateNodeUS model one whole-graph exec update
+	// (cuGraphExecUpdate) as ExecUpdateUS + ExecUpdateNodeUS per node of
+	// the graph: a line through two measured updates, of a small graph and
+	// of a large one (docs/GPU-MACHINE.md, "Costs").
+	ExecUpdateUS, ExecUpdateNodeUS float64
 }
 
 // DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
@@ -63,6 +75,9 @@ func DefaultCosts() Costs {
 		PatcherUS:          4.4,
 		PatcherInlineUS:    2.2,
 		PatcherNodeUS:      0.03,
+		GraphNodeSetUS:     0.2,
+		ExecUpdateUS:       1,
+		ExecUpdateNodeUS:   0.157,
 	}
 }
 
@@ -84,6 +99,9 @@ func (c Costs) WithDefaults() (Costs, error) {
 		{&c.PatcherUS, d.PatcherUS, math.Inf(1)},
 		{&c.PatcherInlineUS, d.PatcherInlineUS, math.Inf(1)},
 		{&c.PatcherNodeUS, d.PatcherNodeUS, math.Inf(1)},
+		{&c.GraphNodeSetUS, d.GraphNodeSetUS, math.Inf(1)},
+		{&c.ExecUpdateUS, d.ExecUpdateUS, math.Inf(1)},
+		{&c.ExecUpdateNodeUS, d.ExecUpdateNodeUS, math.Inf(1)},
 	} {
 		switch {
 		case *f.v == 0:
@@ -98,4 +116,17 @@ func (c Costs) WithDefaults() (Costs, error) {
 // copyUS is the modelled GPU time of one copy of size bytes.
 func (c Costs) copyUS(size uint64) float64 {
 	return c.CopyLatencyUS + float64(size)/c.CopyBytesPerUS
+}
+
+// wholeUS is the modelled host cost of bringing an exec to new addresses
+// with one whole-graph update from its host template: w.Template nodes set
+// on the template, then the update of a graph of w.Graph nodes.
+func (c Costs) wholeUS(w graph.Whole) float64 {
+	return float64(w.Template)*c.GraphNodeSetUS + c.ExecUpdateUS + float64(w.Graph)*c.ExecUpdateNodeUS
+}
+
+// wholeCheaper reports whether the whole-graph update of w costs less than
+// its w.Nodes per-node updates: many moved nodes in a small graph.
+func (c Costs) wholeCheaper(w graph.Whole) bool {
+	return c.wholeUS(w) < float64(w.Nodes)*c.NodeUpdateUS
 }

@@ -39,9 +39,11 @@ type Counters struct {
 	// unusable (an update or patch that failed with an error other than a
 	// refusal, which that step returned): the next step records it anew.
 	RetryRerecords int64
-	// GraphUpdates counts whole-graph exec updates applied (update).
+	// GraphUpdates counts whole-graph exec updates applied: update's, and
+	// patch's from its host template.
 	GraphUpdates int64
-	// PatchedNodes counts nodes updated in place (patch), traced nodes
+	// PatchedNodes counts nodes moved in place (patch; with a whole-graph
+	// update from the template, the nodes that moved), traced nodes
 	// included.
 	PatchedNodes int64
 	// TracesCaptured counts stream captures of traced commands, including
@@ -93,6 +95,10 @@ type Counters struct {
 	// graphs: one per recording, none in a steady state (what moves from
 	// the host is never a device-updatable node, and needs none).
 	GraphUploads int64
+	// ProbeSteps counts the steps auto ran to measure a candidate. What
+	// those steps did counts in no other counter: the counters are those
+	// of the strategy that runs.
+	ProbeSteps int64
 }
 
 // Sub returns c - d, field by field.
@@ -121,6 +127,7 @@ func (c Counters) Sub(d Counters) Counters {
 		AliasedSteps:      c.AliasedSteps - d.AliasedSteps,
 		DeviceUpdates:     c.DeviceUpdates - d.DeviceUpdates,
 		GraphUploads:      c.GraphUploads - d.GraphUploads,
+		ProbeSteps:        c.ProbeSteps - d.ProbeSteps,
 	}
 }
 

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -31,31 +32,26 @@ import (
 // GEMM reads x), therefore moves from the host, as patch moves it (one
 // exec update per moved node; it is not opted in, so no upload), and the
 // patcher waits only in front of the first command it moves
-// (graph.DeviceOptions.HostLead, hostLead). Measured on the H100 with
-// fresh addresses (bench/results/h100-2026-11-24d): mlp 47.2 against 48.0
-// µs with the patcher first (the floor 45.1), train 1.02× the floor
-// against 1.03×, chain-moving 1.03× against 1.04×. What is left is the
-// patcher node itself: a graph that has it costs mlp 1.9 µs more than the
-// floor even with nothing moving, wherever it sits (a one-element fill
-// kernel in its place 1.3 to 1.9 µs, no node at all 0.5: patcher-cost/ in
-// those results). When nothing is left to move on the device, the graph
-// gets no patcher.
+// (graph.DeviceOptions.HostLead, hostLead). That takes the patcher's
+// writes off the critical path (BENCHMARKS.md, section 0, has the
+// figures). What is left is the patcher node itself: any extra node costs
+// a launch-bound step GPU time even with nothing to do, wherever it sits,
+// so when nothing is left to move on the device, the graph gets no
+// patcher.
 //
 // Where the updates go: when at most kernels.PatchInlineCap buffers can
 // move, into the inline patcher's own kernel parameters, set with one exec
 // update of that node per step that moves something (the node is not
 // device-updatable, so the graph needs no upload); the patcher then reads
-// them with no round trip over the bus, which halves its GPU time (2.2
-// against 4.3 µs on a chain of 16 nodes, bench/probes/patcher), for about
-// a microsecond and a half of host time. Otherwise, or with
-// Options.DeviceTables, into the next table of a ring in mapped pinned
+// them with no round trip over the bus, which halves its GPU time
+// (bench/probes/patcher) for one exec update of host time. Otherwise, or
+// with Options.DeviceTables, into the next table of a ring in mapped pinned
 // host memory, which the patcher reads over the bus: a step is then one
 // graph launch and no other driver call but the first command's update.
 //
 // Only nodes with a pointer into a buffer bound every step opt in: an
-// opted-in cuBLAS kernel node costs GPU time even when nothing moves (with
-// every movable node opted in and nothing moving, mlp-large ran 4.1 µs
-// over the floor on the H100). States keep their recorded addresses; a
+// opted-in cuBLAS kernel node costs GPU time even when nothing moves
+// (BENCHMARKS.md, section 0b). States keep their recorded addresses; a
 // state rebound to another address records the graph afresh.
 //
 // # What moves where
@@ -141,8 +137,8 @@ type device struct {
 // when they point into a bound buffer (graph.DeviceOptions.HostLead). One:
 // the first command is the only one the patcher must delay whatever the
 // step; a later one has the commands before it to run beside the patcher.
-// It costs the host one exec update per moved node of that command (a
-// GEMM's about 1.7 µs on the H100).
+// It costs the host one exec update per moved node of that command
+// (docs/GPU-MACHINE.md prices a GEMM node's).
 const hostLead = 1
 
 // deviceTables is the number of tables in the ring: how many launches the
@@ -192,7 +188,7 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 		st.bound[i] = buf.Class.Bound()
 		// Only what moves every step opts in: a node opted in to
 		// device-side updates costs the GPU time even when nothing moves
-		// (a cuBLAS kernel node about 0.3 µs on the H100), and states
+		// (a cuBLAS kernel node more than a small one), and states
 		// move only when rebound, which records afresh (Run).
 		st.opts.Movable[i] = st.bound[i]
 		if buf.Class == State {
@@ -385,8 +381,15 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 		}
 	}
 	w.Seal(0)
-	kernels.SetInlineArgs(r.args, r.param)
-	if err := st.b.GraphExecKernelNodeSetParams(st.x.X, r.node, gpu.KernelParams{Func: st.inline, Config: r.cfg, Args: r.args}); err != nil {
+	// Only the table's words change: they are rewritten in the node's
+	// prepared parameters and the node set with one driver call.
+	base := len(r.args) - kernels.PatchInlineSize/8
+	for k := range kernels.PatchInlineSize / 8 {
+		if err := r.set.SetWord(0, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
+			return 0, fmt.Errorf("device: write the inline patcher's table: %w", err)
+		}
+	}
+	if _, err := r.set.Apply(r.setNode); err != nil {
 		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
 	}
 	r.applying = moved
@@ -449,7 +452,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	p := gpu.KernelParams{Func: st.patcher, Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}
 	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
 		// Every step's updates fit the patcher's own parameters.
-		rig.inline, rig.cfg = true, p.Config
+		rig.inline = true
 		rig.param = make([]byte, kernels.PatchInlineSize)
 		rig.args = rig.mem.InlineArgs(rig.param)
 		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
@@ -459,7 +462,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 		// Nothing moves on the device (the first command was the only
 		// one to point into bound buffers, or the rest are on the host
 		// path): no patcher, which would cost the step a node's time
-		// for nothing (1.3 to 1.9 µs on mlp on the H100).
+		// for nothing.
 		rig.none = true
 	default:
 		if rig.node, err = st.du.GraphAddKernelNodeBefore(dr.Graph(), p, dr.Before); err != nil {
@@ -469,6 +472,14 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
 	if err != nil {
 		return fmt.Errorf("device: %w", err)
+	}
+	if rig.inline && !rig.none {
+		// The inline patcher's parameters change every step that moves
+		// something: prepared once, only its table rewritten.
+		if rig.set, err = gpu.PrepareKernelNodes(b, x.X, []gpu.GraphNode{rig.node}, []gpu.KernelParams{p}); err != nil {
+			return errors.Join(fmt.Errorf("device: prepare the inline patcher's node: %w", err), x.Destroy(b))
+		}
+		rig.setNode = []int32{0}
 	}
 	if err = st.du.GraphUpload(x.X, s); err != nil {
 		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
@@ -544,21 +555,24 @@ type patchRig struct {
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
 
-	// The inline patcher: its node, launch, table (in its arguments,
-	// rewritten in place each step) and whether that table moves
-	// anything.
+	// The inline patcher: its node, table (in its arguments, rewritten
+	// in place each step) and whether that table moves anything.
 	inline   bool
 	none     bool // no patcher: nothing to move on the device
 	node     gpu.GraphNode
-	cfg      gpu.LaunchConfig
 	param    []byte
 	args     []gpu.Arg
 	applying bool
+	// set holds the inline patcher's node prepared (setNode: its index);
+	// nil without the inline patcher.
+	set     gpu.KernelNodeSet
+	setNode []int32
 
 	// host's lifetime: a wait reads the mirror without the executable's
 	// lock, while Close may free it (see pool's timeline).
 	life   sync.RWMutex
 	host   gpu.HostMem
+	hostOf gpu.StreamMemOps // what allocated host
 	closed bool
 }
 
@@ -588,7 +602,10 @@ func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []grap
 	}
 	capacity := max(len(ranges), 1)
 	stride := kernels.PatchTableStride(capacity)
-	if r.host, err = b.HostAlloc(rigMirrorBytes + deviceTables*stride); err != nil {
+	if r.hostOf, err = gpu.StreamMemOpsOf(b, dev); err != nil {
+		return nil, fmt.Errorf("device: patch tables: %w", err)
+	}
+	if r.host, err = r.hostOf.HostAlloc(rigMirrorBytes + deviceTables*stride); err != nil {
 		return nil, fmt.Errorf("device: patch tables: %w", err)
 	}
 	if uint64(len(r.host.Bytes)) < rigMirrorBytes+deviceTables*stride {
@@ -627,6 +644,12 @@ func (r *patchRig) passed(n uint64) bool {
 // free frees the rig's memory, reporting every failure; it is idempotent.
 func (r *patchRig) free(b gpu.Backend) error {
 	var errs []error
+	if r.set != nil {
+		if err := r.set.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("device: release the inline patcher's node: %w", err))
+		}
+		r.set = nil
+	}
 	if r.dmem != 0 {
 		if err := b.MemFree(r.dmem); err != nil {
 			errs = append(errs, fmt.Errorf("device: free the patcher memory: %w", err))
@@ -636,7 +659,7 @@ func (r *patchRig) free(b gpu.Backend) error {
 	r.life.Lock()
 	defer r.life.Unlock()
 	if r.host.Handle != 0 {
-		if err := b.HostFree(r.host.Handle); err != nil {
+		if err := r.hostOf.HostFree(r.host.Handle); err != nil {
 			errs = append(errs, fmt.Errorf("device: free the patch tables: %w", err))
 		}
 		r.host = gpu.HostMem{}

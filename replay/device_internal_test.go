@@ -173,6 +173,15 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	}
 	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl
+	if !tables {
+		// The inline patcher's node, prepared over nl.
+		set, err := gpu.PrepareKernelNodes(nl, st.x.X, []gpu.GraphNode{st.rig.node},
+			[]gpu.KernelParams{{Func: st.inline, Args: st.rig.args}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.rig.set = set
+	}
 	ctx := context.Background()
 	before := calls(b)
 	i := 0

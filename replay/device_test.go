@@ -336,14 +336,14 @@ func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
 	return gpu.Errorf("DeviceUpdatesSupported", gpu.ErrNotSupported, "the driver is CUDA 12.2; device-updatable kernel nodes need CUDA 12.4 or newer")
 }
 
-// prebuiltOnly is the sim loading modules as CUDA does: a module with
-// prebuilt device code (the patcher) needs its binary, and this build has
-// none.
+// prebuiltOnly is the sim loading modules as CUDA does: a module needs
+// device code for the device (a cubin, else PTX), and this build's patcher
+// has none.
 type prebuiltOnly struct{ *sim.Backend }
 
 func (b prebuiltOnly) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
-	if img.Binary != nil {
-		if _, err := img.Binary(9, 0); err != nil {
+	if img.Code != nil {
+		if _, _, err := img.CodeFor(gpu.Target{Format: gpu.CodeCubin, Major: 9}, gpu.Target{Format: gpu.CodePTX, Major: 9}); err != nil {
 			return 0, err
 		}
 	}

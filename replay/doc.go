@@ -106,6 +106,41 @@
 // themselves (Costs, costs.go) and probe.go measures them on the first
 // steps.
 //
+// # The host side of a moving step
+//
+// A decode loop waits for each step before the next, so what a step costs
+// the host is latency the user sees. The strategies that move nodes from
+// the host (patch, and device for its lead command and its inline
+// patcher) pay the driver's own price and next to nothing of their own:
+// the nodes they move are prepared once as a gpu.KernelNodeSet (the
+// parameters checked and packed in the driver's form at the first move), a
+// step rewrites in place only the pointer words of the nodes that moved,
+// and one Apply hands them to the driver, one call per node, the context
+// made current once (graph/hostset.go). Nothing is allocated per step, on
+// sim or CUDA (TestStubStepAllocatesNothing in package gpu/cuda runs whole
+// executables over a stubbed driver). When many nodes of a small graph
+// move, one whole-graph update from the host template (the graph the exec
+// was made from, its nodes set in place, graph/whole.go) costs less than
+// an update per node; patch prices both with Costs every step and takes
+// the cheaper (patch.go). stablegraph bench-driver measures the driver's
+// prices (node updates by parameter block size, idle and in flight, steps
+// of m updates, whole-graph updates per node), and bench sets every
+// strategy's host time per moved node beside them, measured in the same
+// run.
+//
+// # How auto ranks
+//
+// A step awaited before the next is bound by its latency, about its host
+// time then its GPU time; steps back to back by the larger of the two. Auto
+// ranks the candidates it measured by the bound Options.AutoBound names
+// (Bound, bound.go: latency by default), then by the other, then by host
+// time, never by GPU time alone: a candidate whose host time exceeds its
+// GPU time is bound by its host time (a patch moving a long chain's every
+// node has slightly less GPU time than stable and several times its host
+// time, and loses). Its probe steps count in no counter but ProbeSteps, so
+// that the counters are those of the strategy that runs
+// (testdata/probe_picks.txt holds the cases).
+//
 // # Adding a strategy
 //
 //  1. A new file, named after the strategy, with its type, a constructor

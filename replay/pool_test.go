@@ -19,8 +19,8 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
-// noVMM hides capabilities of a sim backend, as a device without them
-// would report: VMM, or stream memory operations.
+// noVMM hides capabilities of a sim backend, as a backend whose device
+// lacks them reports: VMM, or stream memory operations.
 type noVMM struct {
 	*sim.Backend
 	hideVMM, hideMemOps bool
@@ -35,6 +35,20 @@ func (b noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
 		p.StreamMemOps = false
 	}
 	return p, err
+}
+
+func (b noVMM) AllocationGranularity(dev int) (uint64, error) {
+	if b.hideVMM {
+		return 0, gpu.Errorf("AllocationGranularity", gpu.ErrNotSupported, "device %d has no virtual memory management", dev)
+	}
+	return b.Backend.AllocationGranularity(dev)
+}
+
+func (b noVMM) StreamMemOpsSupported(dev int) error {
+	if b.hideMemOps {
+		return gpu.Errorf("StreamMemOpsSupported", gpu.ErrNotSupported, "device %d has no 64-bit stream memory operations", dev)
+	}
+	return b.Backend.StreamMemOpsSupported(dev)
 }
 
 // poolProgram is a small step: y = tanh(x·W + b) over a param x, a
@@ -406,7 +420,7 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 	}
 	t.Run("small-device", func(t *testing.T) {
 		// Room for the executable's own buffers and two 2 MiB slots.
-		b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 5 << 20})
+		b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 5 << 20})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -711,7 +725,7 @@ func TestPoolCloseReportsFailedRelease(t *testing.T) {
 	for _, op := range []string{"MemUnmap", "MemRelease", "MemAddressFree", "HostFree", "GraphExecDestroy"} {
 		t.Run(op, func(t *testing.T) {
 			// Not simtest.New: what failed to be released stays live by definition.
-			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}

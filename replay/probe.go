@@ -104,6 +104,17 @@ type autoProbe struct {
 	fellBack string // "; fell back because ..." of Compile, or ""
 	// aliasSafe: every candidate handles overlapping bindings.
 	aliasSafe bool
+	// bound is what ranks the measured candidates (Options.AutoBound).
+	bound Bound
+
+	// What the steps did, without the probe steps (Counters): acc holds
+	// the steps the model's choice ran while the decision was pending,
+	// and final's work since base, its counters when it was kept, is
+	// added to it. probeSteps counts the steps run to measure a
+	// candidate, whose work is in no counter.
+	acc        Counters
+	base       Counters
+	probeSteps int64
 
 	info struct {
 		sync.Mutex
@@ -131,7 +142,8 @@ func (a *autoProbe) setLastRan(n Name) {
 // candidates, in the model's order). On error it has released the events;
 // the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built)}
+	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
+		bound: spec.Options.AutoBound}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
@@ -174,7 +186,7 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 // from the first step.
 func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
 	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack,
-		aliasSafe: allAliasSafe([]*probe{pr})}
+		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.AutoBound}
 	ch.Strategy = pr.strategy
 	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
 	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
@@ -240,12 +252,17 @@ func (a *autoProbe) Fallbacks() Fallbacks {
 // otherwise runs the model's choice alone.
 func (a *autoProbe) LeasesOutputs() bool { return LeasesOutputs(a.model.st) }
 
-// Counters sums the candidates' counters, those closed included.
+// Counters are what the steps auto ran did, but for its probe steps, whose
+// work counts in no counter but ProbeSteps: a candidate measured and not
+// kept leaves no trace in them, and the one kept counts from the step it
+// was kept (and while the decision was pending, if it was the model's
+// choice).
 func (a *autoProbe) Counters() Counters {
-	var c Counters
-	for _, pr := range a.probes {
-		c.add(pr.st.Counters())
+	c := a.acc
+	if a.final != nil {
+		c.add(a.final.st.Counters().Sub(a.base))
 	}
+	c.ProbeSteps = a.probeSteps
 	return c
 }
 
@@ -292,7 +309,9 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 	}
 	if a.cur >= len(a.probes) {
 		a.setLastRan(a.model.strategy)
+		before := a.model.st.Counters()
 		res, err := a.model.st.Run(ctx, s, addrs)
+		a.acc.add(a.model.st.Counters().Sub(before))
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
@@ -316,6 +335,7 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 		}
 	}
 	a.setLastRan(pr.strategy)
+	a.probeSteps++
 	t0 := time.Now()
 	res, err := pr.st.Run(ctx, s, addrs)
 	host := time.Since(t0)
@@ -401,14 +421,14 @@ func (a *autoProbe) tryDecide() error {
 	for i, pr := range a.probes {
 		ms[i] = probeResult{gpuUS: pr.gpuUS, hostUS: pr.hostUS, n: pr.n}
 	}
-	best := pickProbed(ms)
+	best := pickProbed(ms, a.bound)
 	if best < 0 {
 		a.keep(a.model, fmt.Sprintf("no probe step was measured; the model's choice: %s%s",
 			othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
 	} else {
 		kept := a.probes[best]
-		a.keep(kept, fmt.Sprintf("fastest measured step (GPU time, then host time): %s%s",
-			othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
+		a.keep(kept, fmt.Sprintf("fastest measured step by %s: %s%s",
+			a.bound.says(), othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
 	}
 	return errors.Join(errs...)
 }
@@ -417,7 +437,7 @@ func (a *autoProbe) tryDecide() error {
 // closed once idle, and publishes the choice (first: the candidate listed
 // first; nil keeps the model's order).
 func (a *autoProbe) keep(pr *probe, reason string, first *probe) {
-	a.final = pr
+	a.final, a.base = pr, pr.st.Counters()
 	for _, o := range a.probes {
 		if o != pr {
 			a.losers = append(a.losers, o)
@@ -498,9 +518,9 @@ func (a *autoProbe) candidatesNow(kept *probe) []Candidate {
 		if rank(x) == 1 {
 			px, py := probeResult{x.GPUUS, x.HostUS, x.Probed}, probeResult{y.GPUUS, y.HostUS, y.Probed}
 			switch {
-			case px.faster(py):
+			case px.faster(py, a.bound):
 				return -1
-			case py.faster(px):
+			case py.faster(px, a.bound):
 				return 1
 			}
 		}
@@ -567,11 +587,13 @@ type probeResult struct {
 	n             int
 }
 
-// faster reports whether r is faster than o by more than a tie: by GPU
-// time, then by host time.
-func (r probeResult) faster(o probeResult) bool {
-	if !near(r.gpuUS, o.gpuUS) {
-		return r.gpuUS < o.gpuUS
+// faster reports whether r is faster than o by more than a tie under bound:
+// by the bound's cost, then by the other bound's, then by host time.
+func (r probeResult) faster(o probeResult, bound Bound) bool {
+	for _, b := range []Bound{bound, bound.other()} {
+		if x, y := b.cost(r.gpuUS, r.hostUS), b.cost(o.gpuUS, o.hostUS); !near(x, y) {
+			return x < y
+		}
 	}
 	if !near(r.hostUS, o.hostUS) {
 		return r.hostUS < o.hostUS
@@ -584,15 +606,15 @@ func near(x, y float64) bool {
 }
 
 // pickProbed returns the index of the fastest measured candidate of ms
-// (given in the model's order, which breaks ties), -1 when none was
-// measured.
-func pickProbed(ms []probeResult) int {
+// under bound (given in the model's order, which breaks ties), -1 when
+// none was measured.
+func pickProbed(ms []probeResult, bound Bound) int {
 	best := -1
 	for i, m := range ms {
 		if m.n == 0 {
 			continue
 		}
-		if best < 0 || m.faster(ms[best]) {
+		if best < 0 || m.faster(ms[best], bound) {
 			best = i
 		}
 	}

@@ -68,6 +68,11 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 			if m := tr.Steps[step].Mem; m.Persistent == 0 || m.Slots == 0 || m.SlotCount != poolSlots {
 				t.Fatalf("step %d: memory while probing %+v", step, m)
 			}
+			// What a probe step did counts nowhere (a row of auto that
+			// ran stable once showed patch's 4004 patched nodes).
+			if last := tr.Steps[step].Stats.Last; last != (stablegraph.Counters{ProbeSteps: 1, SlotWaits: last.SlotWaits}) {
+				t.Fatalf("step %d, a probe of %s, counted %+v", step, st, last)
+			}
 			step++
 		}
 	}
@@ -274,7 +279,7 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			// Not simtest.New: the handle whose release fails stays live.
-			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}

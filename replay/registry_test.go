@@ -46,8 +46,12 @@ func TestStrategiesMatchEager(t *testing.T) {
 func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, res []steptest.Step) {
 	t.Helper()
 	final := res[len(res)-1].Stats
-	if final.Steps != int64(len(res)) || final.GraphLaunches != int64(len(res)) {
-		t.Errorf("steps %d, graph launches %d, want %d", final.Steps, final.GraphLaunches, len(res))
+	// Auto's probe steps count in no counter but ProbeSteps.
+	if final.Steps != int64(len(res)) || final.GraphLaunches+final.ProbeSteps != int64(len(res)) {
+		t.Errorf("steps %d, graph launches %d and probe steps %d, want %d", final.Steps, final.GraphLaunches, final.ProbeSteps, len(res))
+	}
+	if (st == stablegraph.StrategyAuto) != (final.ProbeSteps > 0) {
+		t.Errorf("%d probe steps under %s", final.ProbeSteps, st)
 	}
 	decided := false
 	copied := res[0].Stats.Last.BytesCopied // per step, by stable and pool

@@ -359,7 +359,7 @@ func TestRemapCloseReportsFailedRelease(t *testing.T) {
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			// Not simtest.New: what failed to be released stays live by definition.
-			b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -130,9 +130,11 @@ type Options struct {
 	StreamCopies bool
 	// DeviceTables makes device use its ring of tables for every step.
 	DeviceTables bool
-	// Costs and AutoProbeSteps configure auto.
+	// Costs, AutoProbeSteps and AutoBound configure auto (Costs patch
+	// too: whether a whole-graph update from the template is cheaper).
 	Costs          Costs
 	AutoProbeSteps int
+	AutoBound      Bound
 	// Remappable finds the physical memory behind the caller's params and
 	// outputs, and DeviceWait bounds the wait for the device before they
 	// are remapped: both configure remap (remap.go).

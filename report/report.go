@@ -17,11 +17,13 @@
 //	      "step_us": {"p50": 12.5, "p90": 14.0},
 //	      "host_us": {"p50": 30.1, "p90": 33.9},
 //	      "latency_us": {"p50": 41.0, "p90": 45.2}, "gpu_timing": "gated",
+//	      "moved_nodes_per_step": 0, "host_over_floor_us": 1.2,
 //	      "rerecords": 0, "graph_updates": 0, "patched_nodes": 0, "traces_captured": 0, "bytes_copied": 0,
 //	      "peak_device_bytes": 1048576, "outputs_match_eager": true,
 //	      "step_samples_us": [...], "host_samples_us": [...], "latency_samples_us": [...]
 //	    }
-//	  ]
+//	  ],
+//	  "node_update_probe": {"param_bytes": 360, "nodes": 16, "samples": 20, "idle_us_per_node": 0.4, "in_flight_us_per_node": 0.5}
 //	}
 //
 // step_us is GPU time per step: with "gpu_timing" "gated" the device's work
@@ -39,6 +41,12 @@
 // command was captured again in steady state, a re-capture regression. The
 // per-step samples are kept under their own keys and may be absent; "note"
 // (absent when empty) records why a strategy fell back or failed.
+// moved_nodes_per_step is the nodes a strategy moved from the host per step,
+// host_over_floor_us its host p50 over the floor row's and
+// host_us_per_moved_node the one over the other (both absent without a
+// floor row); node_update_probe (absent when not measured) is the driver's
+// own price of one node update in the same run, idle and in flight, to set
+// host_us_per_moved_node beside.
 //
 // # Percentiles
 //
@@ -62,6 +70,28 @@ import (
 	"slices"
 )
 
+// SetFloor fills, from the floor row (the step replayed with nothing
+// moving), every other result's HostOverFloorUS and HostUSPerMovedNode.
+// Nothing changes without a floor row.
+func (r *Report) SetFloor() {
+	floor, ok := r.Result(FloorRow)
+	if !ok || floor.HostUS.P50 == 0 {
+		return
+	}
+	for i := range r.Results {
+		res := &r.Results[i]
+		if res.Strategy == FloorRow || res.HostUS.P50 == 0 {
+			continue
+		}
+		over := res.HostUS.P50 - floor.HostUS.P50
+		res.HostOverFloorUS = &over
+		if res.MovedNodesPerStep > 0 {
+			per := over / res.MovedNodesPerStep
+			res.HostUSPerMovedNode = &per
+		}
+	}
+}
+
 // Report is the outcome of one bench run.
 type Report struct {
 	Backend  string `json:"backend"`  // registered backend name ("sim", "cuda")
@@ -77,6 +107,22 @@ type Report struct {
 	// Ranks or per-step samples; empty otherwise. WriteRanksTable shows
 	// them side by side.
 	Ranks []Report `json:"ranks,omitempty"`
+	// NodeUpdates is the driver's own price of a moving step's node
+	// updates, measured in the same run; nil when not measured.
+	NodeUpdates *NodeUpdateProbe `json:"node_update_probe,omitempty"`
+}
+
+// NodeUpdateProbe is the host cost of one exec update of a kernel node
+// whose parameter block is ParamBytes bytes, in a chain of Nodes nodes, in
+// microseconds (medians over Samples samples): with the graph idle, and
+// while it runs (what a step moving its nodes pays per node, the driver's
+// own price).
+type NodeUpdateProbe struct {
+	ParamBytes int     `json:"param_bytes"`
+	Nodes      int     `json:"nodes"`
+	Samples    int     `json:"samples"`
+	IdleUS     float64 `json:"idle_us_per_node"`
+	InFlightUS float64 `json:"in_flight_us_per_node"`
 }
 
 // SimulatedBackend reports whether times measured on the registered
@@ -108,6 +154,16 @@ type Result struct {
 	// to a synchronization, divided by the batch size); nil when not
 	// measured.
 	WallUS *Percentiles `json:"wall_us,omitempty"`
+
+	// MovedNodesPerStep is how many nodes the strategy moved from the
+	// host per measured step (node updates; Counters.PatchedNodes), and
+	// HostOverFloorUS its host time p50 over the floor's (the bench's
+	// replay-fixed row), HostUSPerMovedNode the two divided: what moving
+	// a node cost the host, to set beside Report.NodeUpdates. Nil when
+	// not known (no floor; no node moved, for the last).
+	MovedNodesPerStep  float64  `json:"moved_nodes_per_step"`
+	HostOverFloorUS    *float64 `json:"host_over_floor_us,omitempty"`
+	HostUSPerMovedNode *float64 `json:"host_us_per_moved_node,omitempty"`
 
 	// Totals over the measured steps.
 	Rerecords    int64 `json:"rerecords"`

@@ -71,7 +71,7 @@ func TestJSONFieldNames(t *testing.T) {
 	if err := json.Unmarshal(top["results"], &results); err != nil {
 		t.Fatal(err)
 	}
-	required := []string{"bytes_copied", "graph_updates", "host_us", "outputs_match_eager", "patched_nodes",
+	required := []string{"bytes_copied", "graph_updates", "host_us", "moved_nodes_per_step", "outputs_match_eager", "patched_nodes",
 		"peak_device_bytes", "rerecords", "step_us", "strategy", "traces_captured"}
 	for i, res := range results {
 		want := slices.Clone(required)
@@ -400,5 +400,46 @@ func TestTableUnchecked(t *testing.T) {
 	}
 	if !strings.HasSuffix(strings.SplitAfter(buf.String(), "\n")[3], "  -\n") || strings.Contains(buf.String(), "NO") {
 		t.Errorf("unchecked result shown as a mismatch:\n%s", buf.String())
+	}
+}
+
+// TestAgainstFloor: with a floor row, SetFloor gives every strategy its
+// host time over the floor's and, when it moved nodes, per moved node, and
+// the table sets wall, GPU and latency over the floor side by side with
+// the host time per moved node beside the node update probe's.
+func TestAgainstFloor(t *testing.T) {
+	lat := func(v float64) *Percentiles { return &Percentiles{P50: v, P90: v} }
+	r := &Report{Backend: "cuda", Device: "H200", Workload: "chain-moving", Steps: 10,
+		NodeUpdates: &NodeUpdateProbe{ParamBytes: 360, Nodes: 16, Samples: 20, IdleUS: 0.4, InFlightUS: 0.5},
+		Results: []Result{
+			{Strategy: "patch", StepUS: Percentiles{P50: 780}, HostUS: Percentiles{P50: 508}, LatencyUS: lat(1300), WallUS: lat(800), MovedNodesPerStep: 1000},
+			{Strategy: "stable", StepUS: Percentiles{P50: 779}, HostUS: Percentiles{P50: 10}, LatencyUS: lat(800), WallUS: lat(781)},
+			{Strategy: FloorRow, StepUS: Percentiles{P50: 770}, HostUS: Percentiles{P50: 8}, LatencyUS: lat(780), WallUS: lat(775)},
+		}}
+	r.SetFloor()
+	p := r.Results[0]
+	if p.HostOverFloorUS == nil || *p.HostOverFloorUS != 500 || p.HostUSPerMovedNode == nil || *p.HostUSPerMovedNode != 0.5 {
+		t.Fatalf("patch against the floor: %v, %v", p.HostOverFloorUS, p.HostUSPerMovedNode)
+	}
+	if s := r.Results[1]; s.HostOverFloorUS == nil || *s.HostOverFloorUS != 2 || s.HostUSPerMovedNode != nil {
+		t.Errorf("stable against the floor: %v, %v", s.HostOverFloorUS, s.HostUSPerMovedNode)
+	}
+	var buf bytes.Buffer
+	if err := r.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"0.50 µs per node in flight", "wall ×floor", "latency ×floor", "1.03×", "1.67×", "500.0", "1.00×"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the table lacks %q:\n%s", want, out)
+		}
+	}
+	// No floor: nothing to set, no such table.
+	r.Results = r.Results[:2]
+	r.Results[0].HostOverFloorUS = nil
+	r.SetFloor()
+	buf.Reset()
+	if err := r.WriteTable(&buf); err != nil || r.Results[0].HostOverFloorUS != nil || strings.Contains(buf.String(), "against the floor") {
+		t.Errorf("without a floor: %v, %v\n%s", err, r.Results[0].HostOverFloorUS, buf.String())
 	}
 }

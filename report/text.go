@@ -100,6 +100,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	tw.Flush()
+	r.writeAgainstFloor(&b, step, host, lat, wall)
 	if len(notes) > 0 {
 		b.WriteString("\nnotes:\n  " + strings.Join(notes, "\n  ") + "\n")
 	}
@@ -107,4 +108,54 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return fmt.Errorf("report: write table: %w", err)
 	}
 	return nil
+}
+
+// writeAgainstFloor writes, when the report has a floor row, every
+// strategy's wall, GPU and latency p50 over the floor's side by side, its
+// host time over the floor's, the nodes it moved per step and its host time
+// per moved node, beside the driver's price of one node update measured in
+// the same run (NodeUpdates) and the ratio of the two.
+func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string) {
+	floor, ok := r.Result(FloorRow)
+	if !ok {
+		return
+	}
+	probe := "no node update probe in this run"
+	if p := r.NodeUpdates; p != nil {
+		probe = fmt.Sprintf("node update probe, %d-byte parameters, chain of %d: %s µs per node in flight, %s idle",
+			p.ParamBytes, p.Nodes, FormatUS(p.InFlightUS), FormatUS(p.IdleUS))
+	}
+	fmt.Fprintf(b, "\nagainst the floor (%s) and the driver (%s):\n", FloorRow, probe)
+	tw := NewTabWriter(b)
+	fmt.Fprintf(tw, "strategy\t%s ×floor\t%s ×floor\t%s ×floor\t%s over floor µs\tnodes moved/step\t%s µs/moved node\t÷probe\n", wall, step, lat, host, host)
+	ratio := func(x, f float64) string {
+		if f == 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(x/f, 'f', 2, 64) + "×"
+	}
+	for _, res := range r.Results {
+		if res.Strategy == FloorRow || res.StepUS.P50 == 0 {
+			continue
+		}
+		w, l, over, per, vs := "-", "-", "-", "-", "-"
+		if res.WallUS != nil && floor.WallUS != nil {
+			w = ratio(res.WallUS.P50, floor.WallUS.P50)
+		}
+		if res.LatencyUS != nil && floor.LatencyUS != nil {
+			l = ratio(res.LatencyUS.P50, floor.LatencyUS.P50)
+		}
+		if res.HostOverFloorUS != nil {
+			over = FormatUS(*res.HostOverFloorUS)
+		}
+		if res.HostUSPerMovedNode != nil {
+			per = FormatUS(*res.HostUSPerMovedNode)
+			if p := r.NodeUpdates; p != nil && p.InFlightUS > 0 {
+				vs = ratio(*res.HostUSPerMovedNode, p.InFlightUS)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", res.Strategy, w, ratio(res.StepUS.P50, floor.StepUS.P50), l, over,
+			strconv.FormatFloat(res.MovedNodesPerStep, 'f', -1, 64), per, vs)
+	}
+	tw.Flush()
 }

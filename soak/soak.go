@@ -977,11 +977,11 @@ func ParseStrategies(list string) ([]sg.Strategy, error) {
 // n strategies. The first, taken before any step, misses what the first
 // steps set up for good (lazily loaded kernels, the eager shadow's first
 // use): the trend starts at the end of the first segment. Each strategy's
-// first segment may set up more for good in the driver (on the H100, the
-// device runtime's memory at the first device-side graph update: 18 MiB,
-// once per process): when there are at least three baselines beyond the
-// first cycle, the trend starts at the end of that cycle, so that what is
-// judged is growth from one cycle to the next.
+// first segment may set up more for good in the driver (on CUDA, the
+// device runtime's memory at the first device-side graph update, once per
+// process; BENCHMARKS.md, section 6): when there are at least three
+// baselines beyond the first cycle, the trend starts at the end of that
+// cycle, so that what is judged is growth from one cycle to the next.
 func judgedBaselines[T any](bls []T, n int) []T {
 	switch {
 	case len(bls) >= n+1+3:

@@ -50,7 +50,7 @@ func TestShortSoak(t *testing.T) {
 	}
 	for _, name := range workloads {
 		t.Run(name, func(t *testing.T) {
-			b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+			b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,7 +103,7 @@ func TestShortSoak(t *testing.T) {
 // TestShortSoakTooFewSamples: a soak too short for a trend says so, and
 // does not pass, instead of calling memory flat on two samples.
 func TestShortSoakTooFewSamples(t *testing.T) {
-	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestShortSoakTooFewSamples(t *testing.T) {
 // life; a soak that short (or interrupted that soon) is not judged, and
 // never reads as growth.
 func TestTooFewSamplesNeverGrow(t *testing.T) {
-	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
 // as such, its segments skipped, and the soak judges the others; a soak of
 // unsupported strategies only fails at once.
 func TestSoakSkipsUnsupported(t *testing.T) {
-	raw, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	raw, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func (c *tickClock) now() time.Time {
 // past its time until its strategy has a trend, for at most three more
 // segments' time; then the soak is not judged.
 func TestSegmentRunsOnForATrend(t *testing.T) {
-	b, err := sim.New(gpu.Config{DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ func (g *gatedSim) StreamDestroy(s gpu.Stream) error {
 
 func newGatedSim(t *testing.T) (*gatedSim, gpu.Function, func()) {
 	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 28})
+	b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 28})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestSimBusyStreamNotCached(t *testing.T) {
 }
 
 func TestSimFaultedStreamNotCached(t *testing.T) {
-	b, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 28})
+	b, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 28})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package trace
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -147,4 +148,19 @@ func BenchmarkCacheGet(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestStatsArithmetic: Minus and Plus cover every field.
+func TestStatsArithmetic(t *testing.T) {
+	var s Stats
+	v := reflect.ValueOf(&s).Elem()
+	for i := range v.NumField() {
+		v.Field(i).SetInt(int64(i + 1))
+	}
+	if got := s.Minus(s); got != (Stats{}) {
+		t.Errorf("s - s = %+v", got)
+	}
+	if got := s.Plus(s).Minus(s); got != s {
+		t.Errorf("s + s - s = %+v, want %+v", got, s)
+	}
 }

@@ -57,6 +57,16 @@ type Template struct {
 // Slots returns the pointer slots, in node and parameter order.
 func (t *Template) Slots() []Slot { return slices.Clone(t.slots) }
 
+// SlotsOf returns the pointer slots of node i, in parameter order: a view
+// of the template's own, not to be modified (the per-step patch path
+// reads it without a copy). Nil for a node out of range.
+func (t *Template) SlotsOf(i int) []Slot {
+	if i < 0 || i >= len(t.span) {
+		return nil
+	}
+	return t.slots[t.span[i][0]:t.span[i][1]:t.span[i][1]]
+}
+
 // Nodes is the number of nodes a built trace has.
 func (t *Template) Nodes() int { return len(t.nodes) }
 

@@ -123,7 +123,7 @@ func readNodes(r GraphReader, g gpu.Graph) (_ []Node, why string, _ error) {
 	for i, n := range handles {
 		index[n] = i
 	}
-	nr, _ := r.(gpu.GraphNodeReader)
+	nr, _ := gpu.GraphNodeReaderOf(r)
 	out := make([]Node, len(handles))
 	for i, h := range handles {
 		typ, err := r.GraphNodeType(h)

@@ -145,6 +145,16 @@ type Stats struct {
 	Prepares     int64 // Library.Prepare calls (one per command and class)
 }
 
+// Minus returns s - o, field by field.
+func (s Stats) Minus(o Stats) Stats {
+	return Stats{Captures: s.Captures - o.Captures, DiffCaptures: s.DiffCaptures - o.DiffCaptures,
+		Synthesized: s.Synthesized - o.Synthesized, Moved: s.Moved - o.Moved, Hits: s.Hits - o.Hits,
+		Misses: s.Misses - o.Misses, Prepares: s.Prepares - o.Prepares}
+}
+
+// Plus returns s + o, field by field.
+func (s Stats) Plus(o Stats) Stats { return s.Minus(Stats{}.Minus(o)) }
+
 // Options configure a Tracer; zero fields take the defaults given.
 type Options struct {
 	// CacheSize is each command's trace cache capacity. Default

@@ -15,7 +15,7 @@ import (
 // runs correctly), a return to the first addresses hits the cache, and a
 // failing function leaves nothing behind.
 func TestTracerOnSim(t *testing.T) {
-	b, err := sim.New(gpu.Config{})
+	b, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ type Allocation struct {
 // created. When a driver step fails, the steps before it are undone in
 // reverse order and the error is an *AllocateError naming the step.
 func Allocate(drv Driver, dev int, size uint64, peers []int) (*Allocation, error) {
-	rounded, _, err := roundSize(drv, dev, size)
+	vm, rounded, err := roundSize(drv, dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: allocate %d bytes on device %d: %w", size, dev, err)
 	}
@@ -102,13 +102,13 @@ func Allocate(drv Driver, dev int, size uint64, peers []int) (*Allocation, error
 			Cleanup: errors.Join(cleanup...)}
 	}
 
-	phys, err := create(drv, dev, rounded)
+	phys, err := create(vm, dev, rounded)
 	if err != nil {
 		return nil, fail(StepCreate, err)
 	}
 	undo = slices.Insert(undo, 0, phys.Release)
 
-	res, err := reserve(drv, rounded, 0)
+	res, err := reserve(vm, rounded, 0)
 	if err != nil {
 		return nil, fail(StepReserve, err)
 	}

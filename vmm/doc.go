@@ -55,9 +55,12 @@
 // error; a handle whose release failed stays open, so the call may be
 // retried, and a second release after success is gpu.ErrInvalidHandle.
 //
-// Sizes are rounded up to the device's allocation granularity, read with
-// gpu.VirtualMemoryOf; a device without virtual memory management gives
-// gpu.ErrNotSupported before any handle is created.
+// The helpers take a Driver (a backend's devices) and find its virtual
+// memory, an optional capability, with gpu.VirtualMemoryOf; sizes are
+// rounded up to the device's allocation granularity. A backend or device
+// without virtual memory management gives gpu.ErrNotSupported before any
+// handle is created; a Timeline likewise needs gpu.StreamMemOps
+// (gpu.StreamMemOpsOf).
 //
 // # Timelines and deferred frees
 //

@@ -25,6 +25,7 @@ import (
 // A Timeline is safe for concurrent use.
 type Timeline struct {
 	drv TimelineDriver
+	ops gpu.StreamMemOps // drv's, found with gpu.StreamMemOpsOf
 	dev int
 
 	// sig serialises Signal and Close, so that points reach the stream in
@@ -56,20 +57,21 @@ type Timeline struct {
 // of dev. A device without stream memory operations gives an error wrapping
 // gpu.ErrNotSupported, before anything is allocated.
 func NewTimeline(drv TimelineDriver, dev int) (*Timeline, error) {
-	if err := checkStreamMemOps(drv, dev); err != nil {
+	ops, err := gpu.StreamMemOpsOf(drv, dev)
+	if err != nil {
 		return nil, fmt.Errorf("vmm: new timeline on device %d: %w", dev, err)
 	}
-	mem, err := drv.HostAlloc(8)
+	mem, err := ops.HostAlloc(8)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: new timeline on device %d: HostAlloc: %w", dev, err)
 	}
 	if len(mem.Bytes) < 8 {
 		// A short view would make Load64 read out of bounds; refuse it
 		// rather than trust the backend.
-		ferr := drv.HostFree(mem.Handle)
+		ferr := ops.HostFree(mem.Handle)
 		return nil, errors.Join(fmt.Errorf("vmm: new timeline on device %d: host word of %d bytes: %w", dev, len(mem.Bytes), gpu.ErrInvalidValue), ferr)
 	}
-	t := &Timeline{drv: drv, dev: dev}
+	t := &Timeline{drv: drv, ops: ops, dev: dev}
 	t.mu.mem = mem
 	return t, nil
 }
@@ -108,7 +110,7 @@ func (t *Timeline) Signal(s gpu.Stream) (point uint64, err error) {
 			uint64(s), uint64(b), gpu.ErrInvalidValue)
 	}
 	p := t.sig.last + 1
-	if err := t.drv.StreamWriteValue64(s, t.mu.mem.Ptr, p); err != nil {
+	if err := t.ops.StreamWriteValue64(s, t.mu.mem.Ptr, p); err != nil {
 		return 0, fmt.Errorf("vmm: timeline signal of point %d: %w", p, err)
 	}
 	t.sig.last = p
@@ -247,7 +249,7 @@ func (t *Timeline) Close() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	final := t.mu.mem.Load64(0)
-	if err := t.drv.HostFree(t.mu.mem.Handle); err != nil {
+	if err := t.ops.HostFree(t.mu.mem.Handle); err != nil {
 		return fmt.Errorf("vmm: timeline close: HostFree: %w", err)
 	}
 	t.mu.final = final

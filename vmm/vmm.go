@@ -20,7 +20,7 @@ func errReleased(what string) error {
 // PhysicalAllocation is a physical chunk of device memory: the Created
 // state. It is safe for concurrent use.
 type PhysicalAllocation struct {
-	drv  Driver
+	drv  gpu.VirtualMemory
 	dev  int
 	size uint64
 
@@ -33,11 +33,11 @@ type PhysicalAllocation struct {
 // Create makes a physical chunk of at least size bytes on dev, rounded up
 // to the granularity (None → Created).
 func Create(drv Driver, dev int, size uint64) (*PhysicalAllocation, error) {
-	rounded, _, err := roundSize(drv, dev, size)
+	vm, rounded, err := roundSize(drv, dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: create %d bytes on device %d: %w", size, dev, err)
 	}
-	p, err := create(drv, dev, rounded)
+	p, err := create(vm, dev, rounded)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: create %d bytes on device %d: %w", rounded, dev, err)
 	}
@@ -45,7 +45,7 @@ func Create(drv Driver, dev int, size uint64) (*PhysicalAllocation, error) {
 }
 
 // create calls MemCreate for an already rounded size.
-func create(drv Driver, dev int, size uint64) (*PhysicalAllocation, error) {
+func create(drv gpu.VirtualMemory, dev int, size uint64) (*PhysicalAllocation, error) {
 	h, err := drv.MemCreate(dev, size)
 	if err != nil {
 		return nil, err
@@ -96,7 +96,7 @@ func (p *PhysicalAllocation) live() bool { return p.Handle() != 0 }
 // Reservation is a reserved virtual address range: the Reserved state. It
 // is safe for concurrent use.
 type Reservation struct {
-	drv  Driver
+	drv  gpu.VirtualMemory
 	size uint64
 
 	mu struct {
@@ -110,18 +110,18 @@ type Reservation struct {
 // Reserved). dev only selects the granularity: address ranges are shared by
 // all devices.
 func Reserve(drv Driver, dev int, size, align uint64) (*Reservation, error) {
-	rounded, _, err := roundSize(drv, dev, size)
+	vm, rounded, err := roundSize(drv, dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: reserve %d bytes: %w", size, err)
 	}
-	r, err := reserve(drv, rounded, align)
+	r, err := reserve(vm, rounded, align)
 	if err != nil {
 		return nil, fmt.Errorf("vmm: reserve %d bytes aligned to %d: %w", rounded, align, err)
 	}
 	return r, nil
 }
 
-func reserve(drv Driver, size, align uint64) (*Reservation, error) {
+func reserve(drv gpu.VirtualMemory, size, align uint64) (*Reservation, error) {
 	p, err := drv.MemAddressReserve(size, align)
 	if err != nil {
 		return nil, err
@@ -170,7 +170,7 @@ func (r *Reservation) live() bool { return r.Ptr() != 0 }
 // Accessible once SetAccess succeeds. It is scoped: Close unmaps it, and
 // should be deferred by whoever maps. It is safe for concurrent use.
 type Mapping struct {
-	drv  Driver
+	drv  gpu.VirtualMemory
 	ptr  gpu.DevicePtr
 	size uint64
 

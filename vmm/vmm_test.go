@@ -77,50 +77,53 @@ func TestAllocateBadArguments(t *testing.T) {
 	}
 }
 
-// noVMM hides virtual memory management on every device.
-type noVMM struct{ *sim.Backend }
+// hidden is the sim behind its gpu.Backend core alone: a backend without
+// the optional virtual memory and stream memory operations.
+type hidden struct{ gpu.Backend }
 
-func (d noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
-	p, err := d.Backend.DeviceProps(dev)
-	p.VMM, p.Granularity, p.StreamMemOps = false, 0, false
-	return p, err
+// devNoVMM is the sim with the optional interfaces, whose devices lack
+// them: the per-device checks refuse.
+type devNoVMM struct{ *sim.Backend }
+
+func (d devNoVMM) AllocationGranularity(dev int) (uint64, error) {
+	return 0, gpu.Errorf("AllocationGranularity", gpu.ErrNotSupported, "device %d has no VMM", dev)
 }
 
-// narrow is a Driver that is not a whole gpu.Backend: the capability checks
-// must work from the narrow interface alone.
-type narrow struct{ vmm.Driver }
+func (d devNoVMM) StreamMemOpsSupported(dev int) error {
+	return gpu.Errorf("StreamMemOpsSupported", gpu.ErrNotSupported, "device %d has no stream memory operations", dev)
+}
 
-// narrowNoVMM is a narrow driver whose devices lack VMM.
+// narrow is a Driver that is not a whole gpu.Backend: the capability
+// look-ups must work from the narrow interfaces alone.
+type narrow struct {
+	gpu.Devices
+	gpu.VirtualMemory
+}
+
+// narrowNoVMM is a narrow driver without virtual memory.
 type narrowNoVMM struct{ vmm.Driver }
 
-func (d narrowNoVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
-	p, err := d.Driver.DeviceProps(dev)
-	p.VMM, p.Granularity = false, 0
-	return p, err
-}
-
+// narrowTimeline is a narrow timeline driver without stream memory
+// operations.
 type narrowTimeline struct{ vmm.TimelineDriver }
-
-func (d narrowTimeline) DeviceProps(dev int) (gpu.DeviceProps, error) {
-	p, err := d.TimelineDriver.DeviceProps(dev)
-	p.StreamMemOps = false
-	return p, err
-}
 
 func TestCapabilities(t *testing.T) {
 	b := simtest.New(t, 1)
-	for name, drv := range map[string]vmm.Driver{"backend": noVMM{b}, "narrow": narrowNoVMM{b}} {
+	for name, drv := range map[string]vmm.Driver{"backend": hidden{b}, "device": devNoVMM{b}, "narrow": narrowNoVMM{b}} {
 		if _, err := vmm.Allocate(drv, 0, gran, nil); !errors.Is(err, gpu.ErrNotSupported) {
 			t.Errorf("%s: Allocate without VMM: %v, want ErrNotSupported", name, err)
 		}
+		if _, err := vmm.Reserve(drv, 0, gran, 0); !errors.Is(err, gpu.ErrNotSupported) {
+			t.Errorf("%s: Reserve without VMM: %v, want ErrNotSupported", name, err)
+		}
 	}
-	for name, drv := range map[string]vmm.TimelineDriver{"backend": noVMM{b}, "narrow": narrowTimeline{b}} {
+	for name, drv := range map[string]vmm.TimelineDriver{"backend": hidden{b}, "device": devNoVMM{b}, "narrow": narrowTimeline{b}} {
 		if _, err := vmm.NewTimeline(drv, 0); !errors.Is(err, gpu.ErrNotSupported) {
 			t.Errorf("%s: NewTimeline without stream memory operations: %v, want ErrNotSupported", name, err)
 		}
 	}
 	simtest.WantZero(t, b, "after refusals")
-	a, err := vmm.Allocate(narrow{b}, 0, gran+1, nil)
+	a, err := vmm.Allocate(narrow{b, b}, 0, gran+1, nil)
 	if err != nil {
 		t.Fatalf("Allocate through a narrow driver: %v", err)
 	}
@@ -320,7 +323,7 @@ func TestCloseFaults(t *testing.T) {
 		// MemMap fails, then the undo of the reservation fails: both
 		// errors are reported, and the leak is visible. A backend of its
 		// own, since the leaked reservation cannot be freed.
-		b, err := sim.New(gpu.Config{})
+		b, err := sim.New(sim.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,11 +15,12 @@ import (
 const (
 	// DefaultWaitYield is how long a wait polls with yields before it first
 	// sleeps. The common wait is a pool step whose slot the step before last
-	// is still using: it lasts up to one GPU step. With 100 µs, steps of
-	// 350 µs (the train workload on an H100) ran 1.5x slower back to back
-	// than their GPU time, every wait ending in an oversleep; 1 ms covers
-	// the steps this runtime is for, and a hung device still costs a core
-	// for at most 1 ms per wait, as CUDA's own default spin-wait would.
+	// is still using: it lasts up to one GPU step, so the yield phase must
+	// outlast the steps this runtime is for, or every wait ends in an
+	// oversleep and steps run back to back slower than their GPU time
+	// (docs/GPU-MACHINE.md, "The waiting policy", has the measurement). A
+	// hung device still costs a core for at most this long per wait, as
+	// CUDA's own default spin-wait would.
 	DefaultWaitYield = time.Millisecond
 	// DefaultWaitMinSleep is the first sleep after the yield phase. A Go
 	// sleep shorter than this sleeps about this long anyway on Linux (timer

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,7 +27,7 @@ var dpShape = Config{Layers: 3, Width: 32, Batch: 8}
 
 func openSimN(t *testing.T, n int, timeout time.Duration) *sim.Backend {
 	t.Helper()
-	b, err := sim.New(gpu.Config{Devices: n, DeviceMemory: 1 << 30})
+	b, err := sim.New(sim.Config{Devices: n, DeviceMemory: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,6 +562,58 @@ func wantRankReports(t *testing.T, reps []*report.Report) {
 				t.Errorf("rank %d: no row for %s", r, s)
 			}
 		}
+	}
+}
+
+// TestRankKeepsEveryCapability: a rank of a job of one process per rank on
+// the sim offers every capability a plain sim offers (only its collectives
+// go through the rendezvous; TestDPAcrossProcesses runs them); Close gives
+// the sim its in-process communicators back.
+func TestRankKeepsEveryCapability(t *testing.T) {
+	want := gpu.Capabilities(openSimN(t, 1, time.Second), 0)
+	if !slices.Contains(want, "GEMM") || !slices.Contains(want, "AddressRanger") || !slices.Contains(want, "FaultInjector") {
+		t.Fatalf("the plain sim offers %v", want)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const world = 2
+	sims := make([]*sim.Backend, world)
+	ranks := make([]*Rank, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		sims[r] = openSimN(t, 1, 30*time.Second)
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: "dp-test-token-0123456789", Timeout: 30 * time.Second}
+		if r == 0 {
+			cfg.Listener = l
+		}
+		wg.Go(func() { ranks[r], errs[r] = JoinRank(context.Background(), sims[r], 0, cfg) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for r, rk := range ranks {
+		if got := gpu.Capabilities(rk.Backend, 0); !slices.Equal(got, want) {
+			t.Errorf("rank %d's backend offers %v, the plain sim %v", r, got, want)
+		}
+	}
+	for r := range world {
+		wg.Go(func() { errs[r] = ranks[r].Close(context.Background()) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	// In-process again: a communicator of one rank on the sim's device.
+	c, err := sg.NewComms(sims[0], []int{0})
+	if err != nil {
+		t.Fatalf("a communicator in-process after Close: %v", err)
+	}
+	if err := c[0].Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 

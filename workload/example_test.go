@@ -48,7 +48,7 @@ func sumPrefix(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 // per-sequence buffers bound every step, lengths read on the device.
 func Example_ownKernel() {
 	ctx := context.Background()
-	backend, err := sim.New(gpu.Config{})
+	backend, err := sim.New(sim.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func Example_ownKernel() {
 			Params: []gpu.ArgKind{gpu.ArgPtr, gpu.ArgPtr, gpu.ArgPtr, gpu.ArgPtr, gpu.ArgI32},
 			Ref:    sumPrefix,
 		}},
-		PTX: nil, // on CUDA: the output of nvcc -ptx, embedded with go:embed
+		Code: nil, // on CUDA: gpu.PTXCode(ptx), ptx the output of nvcc -ptx embedded with go:embed
 	}
 	const hist = 8 // floats of history per sequence
 	p := stablegraph.NewProgram("sums")

@@ -3,37 +3,40 @@ package workload
 import (
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io/fs"
-	"math"
-	"math/rand/v2"
-	"runtime"
 	"slices"
 	"strconv"
-	"sync"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
+	"github.com/stablegraph/stablegraph/models/gpt2"
 )
 
 // gpt2-decode: one decode step of GPT-2 over a batch of sequences, each with
 // its own KV cache owned by the caller (docs/WORKLOADS.md has the step;
 // docs/WRITING-A-STEP.md walks through how it is written).
 //
+// The step is package models/gpt2's decode step (gpt2.Step with a cache
+// param per row and the logits as output): one builder serves this
+// workload and `stablegraph generate`.
+//
 // # KV caches
 //
 // Every sequence's cache is one caller buffer holding all layers' keys and
-// values, float32:
+// values for Positions positions, float32, position-major
+// (kernels/gpt2.go, KV caches):
 //
-//	cache[layer][k or v][position][column]   (layers × 2 × Positions × d)
+//	cache[position][layer][k or v][column]   (Positions × layers × 2 × d)
 //
 // column = head·headDim + j. The program has one cache param per batch row
-// (kv0, kv1, …), bound every step to the cache of the sequence in that row:
-// which sequence that is, and where its cache lies, is the caller's business
-// (Caller, pattern swap). Each layer's block of 2·Positions·d floats is what
-// kernels.KVAppend and kernels.DecodeAttention see.
+// (kv0, kv1, …), declared whole (so that every strategy, the copying ones
+// included, can run it), bound every step to the cache of the sequence in
+// that row: which sequence that is, and where its cache lies, is the
+// caller's business (Caller, pattern swap). The inputs below number a
+// cache's elements in the order [layer][k or v][position][column] (their
+// logical index, which the PyTorch peer computes the same way), whatever
+// the layout.
 
 // gpt2Shape is the model and batch of a gpt2-decode workload.
 type gpt2Shape struct {
@@ -54,10 +57,8 @@ const gpt2Eps = 1e-5
 
 func (s gpt2Shape) headDim() int { return s.d / s.heads }
 
-// cacheFloats is the size of one sequence's cache in floats; layerFloats
-// that of one layer's block.
-func (s gpt2Shape) cacheFloats() int64 { return int64(s.layers) * s.layerFloats() }
-func (s gpt2Shape) layerFloats() int64 { return 2 * int64(s.npos) * int64(s.d) }
+// cacheFloats is the size of one sequence's cache in floats.
+func (s gpt2Shape) cacheFloats() int64 { return int64(s.npos) * int64(s.config().Stride()) }
 
 // seqPos is the position sequence seq decodes at.
 func (s gpt2Shape) seqPos(seq int) int { return max(0, s.pos-seq%4) }
@@ -116,111 +117,26 @@ func gpt2Decode(name string, base gpt2Shape) func(Config) (*Workload, error) {
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: %w", name, err)
 		}
-		p := sg.NewProgram(name)
+		step, err := gpt2.Step{Config: s.config(), Rows: s.batch}.Build(name)
+		if err != nil {
+			return nil, fmt.Errorf("workload %s: %w", name, err)
+		}
+		p := step.Program
 		wl := &Workload{Name: name, Desc: fmt.Sprintf("%s (%s, weights %s)", name, s, from), Program: p}
-		m := &gpt2Model{shape: s, seed: c.Seed}
+		m := &gpt2Model{shape: s, seed: c.Seed, tokens: step.Tokens, positions: step.Positions, caches: step.Caches}
 		wl.gpt2 = m
-		B := s.batch
-		m.tokens = p.Param("tokens", 4*int64(B))
-		m.positions = p.Param("positions", 4*int64(B))
-		for r := range B {
-			m.caches = append(m.caches, p.Param(fmt.Sprintf("kv%d", r), 4*s.cacheFloats()))
-		}
-		logits := p.Output("logits", f32Bytes(B*s.vocab))
 		wl.Params = append([]sg.Buffer{m.tokens, m.positions}, m.caches...)
-		wl.Outputs = []sg.Buffer{logits}
-
-		st := map[string]sg.Buffer{}
-		for _, t := range weights {
-			b := p.State(t.Name, int64(len(t.Data)))
-			st[t.Name] = b
-			wl.States = append(wl.States, StateInit{b, t.Data})
+		wl.Outputs = []sg.Buffer{step.Logits}
+		for i, t := range weights {
+			wl.States = append(wl.States, StateInit{step.Weights[i], t.Data})
 		}
-		m.build(p, st, logits)
 		return wl, nil
 	}
 }
 
-// build declares the step (docs/WORKLOADS.md, gpt2-decode): embedding, L
-// pre-norm transformer blocks, final layer norm, tied LM head.
-//
-// Biases: the GEMMs have none here, so every bias is added by the kernel
-// after its GEMM: q/k/v's by KVAppend, the attention and MLP projections'
-// by BiasResidual, the MLP's first by BiasGelu. This function is the one
-// place that knows it; with a GEMM bias, pass zeros to those kernels (or
-// drop their bias arguments) here.
-func (m *gpt2Model) build(p *sg.Program, st map[string]sg.Buffer, logits sg.Buffer) {
-	s := m.shape
-	B, d, hd := s.batch, s.d, s.headDim()
-	rowsF32 := func(name string, cols int) sg.Buffer { return p.Temp(name, f32Bytes(B*cols)) }
-	x, h := rowsF32("x", d), rowsF32("h", d)
-	qkv, q, att, proj := rowsF32("qkv", 3*d), rowsF32("q", d), rowsF32("att", d), rowsF32("proj", d)
-	fc, g := rowsF32("fc", 4*d), rowsF32("gelu", 4*d)
-	i32 := func(v int) sg.Arg { return sg.I32(int32(v)) }
-	w := func(name string) sg.Slice { return st[name].All() }
-	layerNorm := func(out sg.Buffer, prefix string) {
-		p.Launch(kernels.LayerNorm, kernels.LayerNormConfig(B), sg.Out(out.All()), sg.In(x.All()),
-			sg.In(w(prefix+".weight")), sg.In(w(prefix+".bias")), i32(B), i32(d), sg.F32(gpt2Eps))
-	}
-	gemm := func(c, a sg.Buffer, b string, n, k int) {
-		p.Gemm(c.All(), a.All(), w(b), sg.GEMM{M: B, N: n, K: k, Alpha: 1})
-	}
-	// rows is rows [r0, r0+n) of a buffer of B rows of cols elements of 4 bytes.
-	rows := func(b sg.Buffer, r0, n, cols int) sg.Slice { return b.Slice(4*int64(r0*cols), 4*int64(n*cols)) }
-
-	p.Launch(kernels.Embed, kernels.Elementwise(B*d), sg.Out(x.All()), sg.In(w("wte.weight")), sg.In(w("wpe.weight")),
-		sg.In(m.tokens.All()), sg.In(m.positions.All()), i32(B), i32(d), i32(s.vocab), i32(s.npos))
-	for l := range s.layers {
-		pre := fmt.Sprintf("h.%d.", l)
-		layerNorm(h, pre+"ln_1")
-		gemm(qkv, h, pre+"attn.c_attn.weight", 3*d, d)
-		// KV caches: ceil(B/8) launches each of append and attention, each
-		// over up to eight caches' layer-l blocks.
-		layer := func(r int) sg.Slice {
-			return m.caches[r].Slice(4*int64(l)*s.layerFloats(), 4*s.layerFloats())
-		}
-		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
-			n := min(kernels.MaxSeqsPerLaunch, B-r0)
-			args := []sg.Arg{sg.Out(rows(q, r0, n, d)), sg.In(rows(qkv, r0, n, 3*d)), sg.In(w(pre + "attn.c_attn.bias")), sg.In(rows(m.positions, r0, n, 1))}
-			args = append(append(args, cacheArgs(layer, r0, n, sg.InOut)...), i32(n), i32(d), i32(s.npos))
-			p.Launch(kernels.KVAppend, kernels.Elementwise(n*d), args...)
-		}
-		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
-			n := min(kernels.MaxSeqsPerLaunch, B-r0)
-			args := []sg.Arg{sg.Out(rows(att, r0, n, d)), sg.In(rows(q, r0, n, d)), sg.In(rows(m.positions, r0, n, 1))}
-			args = append(append(args, cacheArgs(layer, r0, n, sg.In)...),
-				i32(n), i32(s.heads), i32(hd), i32(s.npos), sg.F32(float32(1/math.Sqrt(float64(hd)))))
-			p.Launch(kernels.DecodeAttention, kernels.DecodeAttentionConfig(n, s.heads, hd, s.npos), args...)
-		}
-		gemm(proj, att, pre+"attn.c_proj.weight", d, d)
-		p.Launch(kernels.BiasResidual, kernels.Elementwise(B*d), sg.InOut(x.All()), sg.In(proj.All()),
-			sg.In(w(pre+"attn.c_proj.bias")), i32(B), i32(d))
-		layerNorm(h, pre+"ln_2")
-		gemm(fc, h, pre+"mlp.c_fc.weight", 4*d, d)
-		p.Launch(kernels.BiasGelu, kernels.Elementwise(B*4*d), sg.Out(g.All()), sg.In(fc.All()),
-			sg.In(w(pre+"mlp.c_fc.bias")), i32(B), i32(4*d))
-		gemm(proj, g, pre+"mlp.c_proj.weight", d, 4*d)
-		p.Launch(kernels.BiasResidual, kernels.Elementwise(B*d), sg.InOut(x.All()), sg.In(proj.All()),
-			sg.In(w(pre+"mlp.c_proj.bias")), i32(B), i32(d))
-	}
-	layerNorm(h, "ln_f")
-	// The LM head is the token embedding, transposed: logits = h · wteᵀ.
-	p.Gemm(logits.All(), h.All(), w("wte.weight"), sg.GEMM{M: B, N: s.vocab, K: d, TransB: true, Alpha: 1})
-}
-
-// cacheArgs are the eight cache arguments of a launch over rows r0..r0+n-1:
-// their layer blocks with access acc, then the first one again, read only,
-// for the unused slots (the kernel ignores them).
-func cacheArgs(layer func(r int) sg.Slice, r0, n int, acc func(sg.Slice) sg.Arg) []sg.Arg {
-	a := make([]sg.Arg, kernels.MaxSeqsPerLaunch)
-	for i := range a {
-		if i < n {
-			a[i] = acc(layer(r0 + i))
-		} else {
-			a[i] = sg.In(layer(r0))
-		}
-	}
-	return a
+// config is the model shape of s.
+func (s gpt2Shape) config() gpt2.Config {
+	return gpt2.Config{Layers: s.layers, Width: s.d, Heads: s.heads, Vocab: s.vocab, Positions: s.npos, Eps: gpt2Eps}
 }
 
 // ---------------------------------------------------------------- inputs
@@ -275,19 +191,23 @@ type cacheBlock struct {
 	data []byte
 }
 
-// prefixBlocks are the non-zero runs of sequence seq's initial cache: the
-// first seqPos(seq) rows of each layer's keys and of its values.
+// prefixBlocks are the non-zero runs of sequence seq's initial cache: for
+// each of its first seqPos(seq) positions, every layer's keys and values
+// (one run per position, position-major). Element (l, kv, t, c) holds
+// cacheValue of its logical index ((l·2 + kv)·Positions + t)·d + c.
 func (m *gpt2Model) prefixBlocks(seq int) []cacheBlock {
 	s := m.shape
-	n := int64(s.seqPos(seq)) * int64(s.d)
+	d, stride := int64(s.d), int64(s.config().Stride())
 	var blks []cacheBlock
-	for kv := range 2 * s.layers {
-		off := int64(kv) * int64(s.npos) * int64(s.d)
-		v := make([]float32, n)
-		for i := range v {
-			v[i] = cacheValue(m.seed, uint32(seq), uint32(off+int64(i)))
+	for t := range int64(s.seqPos(seq)) {
+		v := make([]float32, stride)
+		for lk := range int64(2 * s.layers) {
+			logical := (lk*int64(s.npos) + t) * d
+			for c := range d {
+				v[lk*d+c] = cacheValue(m.seed, uint32(seq), uint32(logical+c))
+			}
 		}
-		blks = append(blks, cacheBlock{off, gpu.F32ToBytes(v)})
+		blks = append(blks, cacheBlock{t * stride, gpu.F32ToBytes(v)})
 	}
 	return blks
 }
@@ -341,63 +261,15 @@ func (m *gpt2Model) positionBytes(rows []int) []byte {
 
 // ---------------------------------------------------------------- weights
 
-// gpt2Tensor is one weight: its name and shape as in GPT-2's safetensors
-// checkpoints, and how generated values are drawn.
-type gpt2Tensor struct {
-	name  string
-	shape []int64
-	// Generated values: center + uniform in [-spread, spread].
-	center, spread float64
-}
-
-// gpt2Tensors lists the weights of shape s in checkpoint order. Matrices
-// are stored [in, out], as GPT-2's Conv1D keeps them, so that x·W needs no
-// transpose. Generated ones have GPT-2's initial scales: standard deviation
-// 0.02 (0.02/√(2L) for the projections into the residual stream),
-// uniform rather than normal.
-func gpt2Tensors(s gpt2Shape) []gpt2Tensor {
-	d, L := int64(s.d), s.layers
-	u := math.Sqrt(3) // uniform spread of standard deviation 1
-	std := 0.02 * u
-	resid := 0.02 / math.Sqrt(2*float64(L)) * u
-	ln := func(name string) []gpt2Tensor {
-		return []gpt2Tensor{{name + ".weight", []int64{d}, 1, 0.1}, {name + ".bias", []int64{d}, 0, 0.02}}
-	}
-	ts := []gpt2Tensor{
-		{"wte.weight", []int64{int64(s.vocab), d}, 0, std},
-		{"wpe.weight", []int64{int64(s.npos), d}, 0, 0.01 * u},
-	}
-	for l := range L {
-		pre := fmt.Sprintf("h.%d.", l)
-		ts = append(ts, ln(pre+"ln_1")...)
-		ts = append(ts,
-			gpt2Tensor{pre + "attn.c_attn.weight", []int64{d, 3 * d}, 0, std},
-			gpt2Tensor{pre + "attn.c_attn.bias", []int64{3 * d}, 0, 0.02},
-			gpt2Tensor{pre + "attn.c_proj.weight", []int64{d, d}, 0, resid},
-			gpt2Tensor{pre + "attn.c_proj.bias", []int64{d}, 0, 0.02})
-		ts = append(ts, ln(pre+"ln_2")...)
-		ts = append(ts,
-			gpt2Tensor{pre + "mlp.c_fc.weight", []int64{d, 4 * d}, 0, std},
-			gpt2Tensor{pre + "mlp.c_fc.bias", []int64{4 * d}, 0, 0.02},
-			gpt2Tensor{pre + "mlp.c_proj.weight", []int64{4 * d, d}, 0, resid},
-			gpt2Tensor{pre + "mlp.c_proj.bias", []int64{d}, 0, 0.02})
-	}
-	return append(ts, ln("ln_f")...)
-}
-
-func (t gpt2Tensor) elements() int64 {
-	n := int64(1)
-	for _, d := range t.shape {
-		n *= d
-	}
-	return n
-}
-
-// gpt2Weights returns the weights in checkpoint order and where they came
-// from: read from the safetensors file at path when it exists, else
-// generated from seed (and written to path when path is set).
+// gpt2Weights returns the weights in checkpoint order (gpt2.Specs) and
+// where they came from: read from the safetensors file at path when it
+// exists, else generated from seed (gpt2.Generate; and written to path
+// when path is set).
 func gpt2Weights(s gpt2Shape, seed uint64, path string) ([]safetensors.Tensor, string, error) {
-	specs := gpt2Tensors(s)
+	specs, err := gpt2.Specs(s.config(), gpt2.Shard{})
+	if err != nil {
+		return nil, "", err
+	}
 	if path != "" {
 		f, err := safetensors.Open(path)
 		switch {
@@ -412,7 +284,14 @@ func gpt2Weights(s gpt2Shape, seed uint64, path string) ([]safetensors.Tensor, s
 			return nil, "", fmt.Errorf("weights: %w", err)
 		}
 	}
-	ts := generateGPT2Weights(specs, seed)
+	w, err := gpt2.Generate(s.config(), seed)
+	if err != nil {
+		return nil, "", err
+	}
+	ts := make([]safetensors.Tensor, len(w.Tensors))
+	for i, t := range w.Tensors {
+		ts[i] = safetensors.Tensor{Name: t.Name, DType: "F32", Shape: t.Shape, Data: t.Data}
+	}
 	if path == "" {
 		return ts, "generated from seed " + strconv.FormatUint(seed, 10), nil
 	}
@@ -426,67 +305,24 @@ func gpt2Weights(s gpt2Shape, seed uint64, path string) ([]safetensors.Tensor, s
 
 // readGPT2Weights reads every tensor of specs from f, checking dtype and
 // shape; other tensors of f (a checkpoint's attention masks) are ignored.
-func readGPT2Weights(f *safetensors.File, specs []gpt2Tensor) ([]safetensors.Tensor, error) {
+func readGPT2Weights(f *safetensors.File, specs []gpt2.Spec) ([]safetensors.Tensor, error) {
 	var ts []safetensors.Tensor
 	for _, sp := range specs {
-		in, ok := f.Info(sp.name)
+		in, ok := f.Info(sp.Name)
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("no tensor %q", sp.name)
+			return nil, fmt.Errorf("no tensor %q", sp.Name)
 		case in.DType != "F32":
-			return nil, fmt.Errorf("tensor %q is %s, the workload runs float32 (F32)", sp.name, in.DType)
-		case !slices.Equal(in.Shape, sp.shape):
-			return nil, fmt.Errorf("tensor %q has shape %s, the config needs %s", sp.name,
-				safetensors.ShapeString(in.Shape), safetensors.ShapeString(sp.shape))
+			return nil, fmt.Errorf("tensor %q is %s, the workload runs float32 (F32)", sp.Name, in.DType)
+		case !slices.Equal(in.Shape, sp.Shape):
+			return nil, fmt.Errorf("tensor %q has shape %s, the config needs %s", sp.Name,
+				safetensors.ShapeString(in.Shape), safetensors.ShapeString(sp.Shape))
 		}
-		t, err := f.ReadTensor(sp.name)
+		t, err := f.ReadTensor(sp.Name)
 		if err != nil {
 			return nil, err
 		}
 		ts = append(ts, t)
 	}
 	return ts, nil
-}
-
-// genChunk is the number of elements drawn from one generator: chunks are
-// generated in parallel and each has its own stream, so the values do not
-// depend on how many goroutines made them.
-const genChunk = 1 << 16
-
-// generateGPT2Weights draws every tensor of specs from seed.
-func generateGPT2Weights(specs []gpt2Tensor, seed uint64) []safetensors.Tensor {
-	ts := make([]safetensors.Tensor, len(specs))
-	type job struct{ t, chunk int }
-	var jobs []job
-	for i, sp := range specs {
-		ts[i] = safetensors.Tensor{Name: sp.name, DType: "F32", Shape: sp.shape, Data: make([]byte, 4*sp.elements())}
-		for c := int64(0); c*genChunk < sp.elements(); c++ {
-			jobs = append(jobs, job{i, int(c)})
-		}
-	}
-	work := make(chan job)
-	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
-		wg.Go(func() {
-			for j := range work {
-				sp, data := specs[j.t], ts[j.t].Data
-				h := fnv.New64a()
-				h.Write([]byte(sp.name))
-				r := rand.New(rand.NewPCG(seed, h.Sum64()^uint64(j.chunk)<<40))
-				lo := j.chunk * genChunk
-				hi := min(lo+genChunk, int(sp.elements()))
-				v := make([]float32, hi-lo)
-				for i := range v {
-					v[i] = float32(sp.center + (2*r.Float64()-1)*sp.spread)
-				}
-				copy(data[4*lo:], gpu.F32ToBytes(v))
-			}
-		})
-	}
-	for _, j := range jobs {
-		work <- j
-	}
-	close(work)
-	wg.Wait()
-	return ts
 }

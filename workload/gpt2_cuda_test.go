@@ -8,7 +8,7 @@ import (
 
 	"github.com/stablegraph/stablegraph/gpu"
 	_ "github.com/stablegraph/stablegraph/gpu/cuda"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 )
 
 // The gpt2-decode tests on a GPU: they skip, saying why, where the CUDA

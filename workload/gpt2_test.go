@@ -15,8 +15,9 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
+	"github.com/stablegraph/stablegraph/models/gpt2"
 )
 
 // gpt2Ref is a float64 forward of one decode step of one sequence, written
@@ -91,13 +92,13 @@ func (r *gpt2Ref) logits(tok, pos int, cache []float32) []float64 {
 			if t == pos {
 				return k[c]
 			}
-			return float64(cache[int64(l)*s.layerFloats()+int64(t*d+c)])
+			return float64(cache[int64(t*s.config().Stride()+l*2*d+c)])
 		}
 		val := func(t, c int) float64 {
 			if t == pos {
 				return v[c]
 			}
-			return float64(cache[int64(l)*s.layerFloats()+int64((s.npos+t)*d+c)])
+			return float64(cache[int64(t*s.config().Stride()+l*2*d+d+c)])
 		}
 		att := make([]float64, d)
 		for h := range s.heads {
@@ -317,9 +318,11 @@ func TestGPT2CallerSequences(t *testing.T) {
 				t.Fatal(err)
 			}
 			init := w.gpt2.initialCache(r0)
-			p := w.gpt2.shape.seqPos(r0) * w.gpt2.shape.d * 4
+			// Position-major: the positions before seqPos, then layer 0's key.
+			stride := 4 * w.gpt2.shape.config().Stride()
+			p := w.gpt2.shape.seqPos(r0) * stride
 			if string(got[:p]) != string(init[:p]) || string(got[p:p+4*w.gpt2.shape.d]) == string(init[p:p+4*w.gpt2.shape.d]) {
-				t.Errorf("%s step %d: sequence %d's cache lost its prefix or got no key at position %d", pat, step, r0, p/4/w.gpt2.shape.d)
+				t.Errorf("%s step %d: sequence %d's cache lost its prefix or got no key at position %d", pat, step, r0, p/stride)
 			}
 			prev = bind
 		}
@@ -380,8 +383,12 @@ func TestGPT2SmallShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int64
-	for _, ts := range gpt2Tensors(s) {
-		n += ts.elements()
+	specs, err := gpt2.Specs(s.config(), gpt2.Shard{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range specs {
+		n += ts.Elements()
 	}
 	if n != 124_439_808 || s.headDim() != 64 || s.cacheFloats()*4 != 75_497_472 {
 		t.Errorf("GPT-2 small: %d parameters (want 124439808), head dim %d, cache %d bytes", n, s.headDim(), s.cacheFloats()*4)
@@ -394,7 +401,7 @@ func TestGPT2Config(t *testing.T) {
 		t.Errorf("params %v", w.Params)
 	}
 	if want := 4 * 2 * 2 * 64 * 64; w.Params[2].Size() != int64(want) {
-		t.Errorf("cache of %d bytes, want %d (layers × k,v × positions × d floats)", w.Params[2].Size(), want)
+		t.Errorf("cache of %d bytes, want %d (positions × layers × k,v × d floats)", w.Params[2].Size(), want)
 	}
 	if got := len(w.States); got != 2+12*2+2 {
 		t.Errorf("%d weight tensors", got)

@@ -7,7 +7,7 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 )
 
 // seqCaller is the part of a Caller that plays a serving loop around a

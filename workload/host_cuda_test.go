@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -29,6 +30,30 @@ func (d *driverClock) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphN
 	return err
 }
 
+// PrepareKernelNodes wraps the backend's prepared node sets, through which
+// patch and device make their exec updates, in the clock.
+func (d *driverClock) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode, params []gpu.KernelParams) (gpu.KernelNodeSet, error) {
+	set, err := d.Backend.PrepareKernelNodes(x, nodes, params)
+	if err != nil {
+		return nil, err
+	}
+	return &clockedSet{KernelNodeSet: set, d: d}, nil
+}
+
+// clockedSet times a node set's Apply as exec updates.
+type clockedSet struct {
+	gpu.KernelNodeSet
+	d *driverClock
+}
+
+func (s *clockedSet) Apply(idx []int32) (int, error) {
+	t0 := time.Now()
+	n, err := s.KernelNodeSet.Apply(idx)
+	s.d.update += time.Since(t0)
+	s.d.updates += n
+	return n, err
+}
+
 func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	t0 := time.Now()
 	err := d.Backend.GraphLaunch(x, s)
@@ -36,8 +61,10 @@ func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	return err
 }
 
-// BenchmarkCUDAStepHost takes a step's host time apart: for patch and
-// device, fixed and fresh addresses, on mlp, mlp-large and train, the p50
+// BenchmarkCUDAStepHost takes a step's host time apart: for patch (node
+// by node, and with whole-graph updates from the host template forced by
+// the costs), device (inline patcher, and with the ring of tables), fixed
+// and fresh addresses, on mlp, mlp-large, train and chain-moving, the p50
 // of Run's host time, of the exec updates it made (and how many), of the
 // graph launch, and of the rest (the runtime's own work and the other
 // driver calls). One iteration is one step: inputs bound (not timed), Run,
@@ -53,18 +80,34 @@ func BenchmarkCUDAStepHost(bm *testing.B) {
 		bm.Skipf("backend %T is not the CUDA backend", b)
 	}
 	ctx := context.Background()
-	for _, name := range []string{"mlp", "mlp-large", "train"} {
+	for _, name := range []string{"mlp", "mlp-large", "train", "chain-moving"} {
 		for _, pat := range []Pattern{Fixed, Random} {
-			for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
-				bm.Run(fmt.Sprintf("%s/%s/%s", name, pat, st), func(bm *testing.B) {
-					stepHost(ctx, bm, &driverClock{Backend: cb}, name, pat, st)
+			for _, v := range hostVariants() {
+				bm.Run(fmt.Sprintf("%s/%s/%s", name, pat, v.name), func(bm *testing.B) {
+					stepHost(ctx, bm, &driverClock{Backend: cb}, name, pat, v.opts)
 				})
 			}
 		}
 	}
 }
 
-func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, pat Pattern, st sg.Strategy) {
+// hostVariant is a strategy with the options that select one of its ways.
+type hostVariant struct {
+	name string
+	opts sg.Options
+}
+
+// hostVariants are the ways patch and device move a step from the host.
+func hostVariants() []hostVariant {
+	return []hostVariant{
+		{"patch", sg.Options{Strategy: sg.StrategyPatch}},
+		{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
+		{"device", sg.Options{Strategy: sg.StrategyDevice}},
+		{"device-tables", sg.Options{Strategy: sg.StrategyDevice, DeviceTables: true}},
+	}
+}
+
+func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, pat Pattern, opts sg.Options) {
 	w, err := New(name, Config{})
 	if err != nil {
 		bm.Fatal(err)
@@ -74,7 +117,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 		bm.Fatal(err)
 	}
 	defer c.Close()
-	exe, err := sg.Compile(ctx, d, w.Program, sg.Options{Strategy: st})
+	exe, err := sg.Compile(ctx, d, w.Program, opts)
 	if err != nil {
 		bm.Fatal(err)
 	}
@@ -91,6 +134,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 	defer d.StreamDestroy(s)
 	var run, upd, launch []float64
 	updates := 0
+	var before sg.Counters
 	for step := 0; bm.Loop(); step++ {
 		bind, err := c.Bind(step)
 		if err != nil {
@@ -108,6 +152,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 		}
 		outs.Release()
 		if step < 10 { // recording, probing templates
+			before = exe.Stats().Counters
 			continue
 		}
 		run = append(run, us(host))
@@ -118,12 +163,68 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 	if len(run) == 0 {
 		return
 	}
+	st := exe.Stats().Counters.Sub(before)
 	r, u, l := p50(run), p50(upd), p50(launch)
 	bm.ReportMetric(r, "run-µs")
 	bm.ReportMetric(u, "updates-µs")
 	bm.ReportMetric(float64(updates)/float64(len(run)), "updates/step")
+	bm.ReportMetric(float64(st.PatchedNodes)/float64(len(run)), "moved/step")
+	bm.ReportMetric(float64(st.GraphUpdates)/float64(len(run)), "whole/step")
 	bm.ReportMetric(l, "launch-µs")
 	bm.ReportMetric(r-u-l, "rest-µs")
+}
+
+// TestCUDAHostPathMatchesEager: on a GPU, the ways patch and device move a
+// step from the host (node by node through prepared node sets, whole-graph
+// updates from the host template, the inline patcher and the ring) and
+// auto give eager's bits at every step with fresh addresses, on workloads
+// with GEMMs (flattened cuBLAS kernels), copies, a long chain and GPT-2
+// decode with swapping caches.
+func TestCUDAHostPathMatchesEager(t *testing.T) {
+	b := openCUDA(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		pat  Pattern
+	}{
+		{"mlp", Config{}, Random},
+		{"train", Config{}, Random},
+		{"chain-moving", Config{K: 64}, Random},
+		{"gpt2-decode-tiny", Config{}, Swap},
+	} {
+		w, err := New(c.name, c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := RunOptions{Steps: 12, Warmup: 2, Pattern: c.pat, WallBatches: -1}
+		ref, err := Run(ctx, b, w, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs := append(hostVariants(), hostVariant{"auto", sg.Options{Strategy: sg.StrategyAuto}},
+			hostVariant{"auto-throughput", sg.Options{Strategy: sg.StrategyAuto, AutoBound: sg.AutoBoundThroughput}})
+		for _, v := range vs {
+			t.Run(c.name+"/"+v.name, func(t *testing.T) {
+				ro := o
+				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound, ro.DeviceTables = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.AutoBound, v.opts.DeviceTables
+				res, err := Run(ctx, b, w, ro)
+				if errors.Is(err, gpu.ErrNotSupported) {
+					t.Skipf("not on this device: %v", err)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !res.Result.OutputsMatchEager {
+					t.Fatalf("outputs differ from eager from step %d (%s)", res.Mismatch, res.Result.Note)
+				}
+				if v.name == "patch-whole" && res.Stats.GraphUpdates == 0 {
+					t.Errorf("no whole-graph update from the template: %+v (%s)", res.Stats, res.Result.Note)
+				}
+				t.Logf("%s: %s", v.name, res.Result.Note)
+			})
+		}
+	}
 }
 
 func p50(v []float64) float64 {

@@ -9,6 +9,7 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/netsim"
 	"github.com/stablegraph/stablegraph/internal/perrank"
 	"github.com/stablegraph/stablegraph/rendezvous"
@@ -40,14 +41,19 @@ import (
 type Rank struct {
 	// Comm is the rank's communicator (Config.Comm of its workloads).
 	Comm *sg.Comm
-	// Backend is the backend given to JoinRank or NewRank, except on sim:
-	// the sim's own collectives join the devices of one process, so there
-	// Backend wraps it with collectives that go through the rendezvous
-	// (package internal/netsim). Compile the rank's programs for Backend.
+	// Backend is the backend given to JoinRank or NewRank. Compile the
+	// rank's programs for it. On the sim, whose communicators otherwise
+	// join devices of one process, NewRank gives the sim the rendezvous as
+	// its collective transport (internal/netsim) until Close, so the rank
+	// keeps every capability of the sim.
 	Backend gpu.Backend
 	// Group is the rendezvous JoinRank joined; nil for NewRank's, which
 	// belongs to its caller.
 	Group *rendezvous.Group
+
+	// detach takes the transport NewRank gave the sim away again; nil when
+	// it gave none.
+	detach func() error
 }
 
 // JoinRank joins the rendezvous cfg describes (cfg.Rank of cfg.World) and
@@ -72,17 +78,20 @@ func JoinRank(ctx context.Context, b gpu.Backend, dev int, cfg rendezvous.Config
 // all have. On error the group is aborted, so the other ranks stop too, and
 // nothing is left open.
 func NewRank(ctx context.Context, b gpu.Backend, dev int, g *rendezvous.Group) (*Rank, error) {
+	var detach func() error
 	fail := func(err error) (*Rank, error) {
 		g.Abort(fmt.Sprintf("rank %d: %v", g.Rank(), err))
+		if detach != nil {
+			err = errors.Join(err, detach())
+		}
 		return nil, err
 	}
 	rb := b
-	if b.Name() == "sim" && g.World() > 1 {
-		nb, err := netsim.New(b, g)
-		if err != nil {
-			return fail(err)
+	if s, ok := b.(*sim.Backend); ok && g.World() > 1 {
+		if err := s.SetTransport(netsim.New(g)); err != nil {
+			return fail(fmt.Errorf("workload: rank %d: the sim's collectives over the rendezvous: %w", g.Rank(), err))
 		}
-		rb = nb
+		detach = func() error { return s.SetTransport(nil) }
 	}
 	var id gpu.CommID
 	if g.Rank() == 0 {
@@ -93,6 +102,9 @@ func NewRank(ctx context.Context, b gpu.Backend, dev int, g *rendezvous.Group) (
 	}
 	data, err := g.Broadcast(ctx, id[:])
 	if err != nil {
+		if detach != nil {
+			err = errors.Join(err, detach())
+		}
 		return nil, err
 	}
 	if len(data) != len(id) {
@@ -103,7 +115,7 @@ func NewRank(ctx context.Context, b gpu.Backend, dev int, g *rendezvous.Group) (
 	if err != nil {
 		return fail(err)
 	}
-	return &Rank{Comm: comm, Backend: rb}, nil
+	return &Rank{Comm: comm, Backend: rb, detach: detach}, nil
 }
 
 // Close waits, when the rank has its own group, until every rank has come
@@ -116,6 +128,9 @@ func (r *Rank) Close(ctx context.Context) error {
 		err = r.Group.Barrier(ctx)
 	}
 	err = errors.Join(err, r.Comm.Close())
+	if r.detach != nil {
+		err = errors.Join(err, r.detach())
+	}
 	if r.Group != nil {
 		err = errors.Join(err, r.Group.Close())
 	}

@@ -12,9 +12,10 @@ import (
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/drivercost"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 	"github.com/stablegraph/stablegraph/report"
-	"github.com/stablegraph/stablegraph/workload/internal/safetensors"
 )
 
 // RunOptions configure Run and Bench. The zero value is valid; defaults are
@@ -61,6 +62,22 @@ type RunOptions struct {
 	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
 	NoFloor bool
+	// NoProbe leaves out Bench's node update probe (the driver's own
+	// price of a node update, drivercost.MeasureNodeUpdates), measured
+	// before the strategies run so that every row's host time per moved
+	// node sits beside it.
+	NoProbe bool
+	// ProbeParamBytes is the parameter block size of Bench's node update
+	// probe (24 plus a multiple of 8). Default 360, about a cuBLAS GEMM
+	// kernel's.
+	ProbeParamBytes int
+	// Costs, AutoBound and DeviceTables are the executable options of the
+	// same names (stablegraph.Options): the cost model of auto and patch,
+	// what auto ranks its candidates by, and device's ring of tables for
+	// every step. Zero: the defaults.
+	Costs        sg.Costs
+	AutoBound    sg.AutoBound
+	DeviceTables bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -101,8 +118,19 @@ func (o RunOptions) withDefaults() RunOptions {
 	if o.GateWatchdog <= 0 {
 		o.GateWatchdog = DefaultGateWatchdog
 	}
+	if o.ProbeParamBytes <= 0 {
+		o.ProbeParamBytes = defaultProbeParamBytes
+	}
 	return o
 }
+
+// The node update probe Bench measures: its parameter block size by
+// default, its chain and its samples.
+const (
+	defaultProbeParamBytes = 360
+	probeNodes             = 16
+	probeSamples           = 20
+)
 
 // Digest is the SHA-256 of one step's outputs, concatenated in the order of
 // Workload.Outputs: equal digests mean bit-identical outputs.
@@ -179,7 +207,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 
 	baseUsed, memInfo := usedMemory(b, opts.Device)
 	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
-		Remappable: caller.Remappable()})
+		Remappable: caller.Remappable(), Costs: opts.Costs, AutoBound: opts.AutoBound, DeviceTables: opts.DeviceTables})
 	if err != nil {
 		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
 	}
@@ -263,6 +291,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		Remaps:            st.Remaps,
 		PeakDeviceBytes:   max(peak, exe.Memory().Total()),
 		OutputsMatchEager: opts.Reference != nil && res.Mismatch < 0,
+		MovedNodesPerStep: float64(st.PatchedNodes) / float64(max(opts.Steps, 1)),
 	}
 	r.SetSamples(stepUS, hostUS)
 	r.SetLatency(latencyUS)
@@ -295,6 +324,12 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 	if n := st.MoveRerecords + st.RetryRerecords; n > 0 && opts.Strategy != sg.StrategyRecord {
 		r.Note = joinNote(r.Note, fmt.Sprintf("re-records: %d for moved addresses (a state rebound), %d after a failed step", st.MoveRerecords, st.RetryRerecords))
+	}
+	if st.ProbeSteps > 0 {
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d of the measured steps probed auto's candidates (their work counts in no counter)", st.ProbeSteps))
+	}
+	if st.GraphUpdates > 0 && opts.Strategy == sg.StrategyPatch {
+		r.Note = joinNote(r.Note, fmt.Sprintf("%d moves by a whole-graph update from the host template", st.GraphUpdates))
 	}
 	if st.DeviceUpdates > 0 || st.GraphUploads > 0 {
 		// The device strategy: its pointer moves are no node updates.
@@ -479,6 +514,16 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		Workload: fmt.Sprintf("%s, %s buffers", w.Desc, opts.Pattern),
 		Steps:    opts.Steps,
 	}
+	if !opts.NoProbe {
+		// The driver's own price of a node update, in this run.
+		p, err := drivercost.MeasureNodeUpdates(ctx, b, opts.Device, opts.ProbeParamBytes, probeNodes, probeSamples)
+		if err != nil {
+			return nil, fmt.Errorf("workload: node update probe: %w", err)
+		}
+		rep.NodeUpdates = &report.NodeUpdateProbe{ParamBytes: p.ParamBytes, Nodes: p.Nodes, Samples: p.Samples,
+			IdleUS: p.IdleUS, InFlightUS: p.InFlightUS}
+	}
+	defer rep.SetFloor()
 	for _, strat := range order {
 		o := opts
 		o.Strategy = strat

@@ -119,7 +119,15 @@ func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions, barrier
 		t.why = err.Error()
 		return t, release, nil
 	}
-	gate, err := b.HostAlloc(8)
+	host, err := gpu.StreamMemOpsOf(b, dev)
+	if err != nil {
+		if !errors.Is(err, gpu.ErrNotSupported) {
+			return nil, nil, fmt.Errorf("workload: step gate: %w", err)
+		}
+		t.why = err.Error()
+		return t, release, nil
+	}
+	gate, err := host.HostAlloc(8)
 	if err != nil {
 		if !errors.Is(err, gpu.ErrNotSupported) {
 			return nil, nil, fmt.Errorf("workload: step gate: %w", err)
@@ -131,7 +139,7 @@ func newStepTimer(b gpu.Backend, dev int, s gpu.Stream, opts RunOptions, barrier
 		// Open for every ticket handed out, let the stream pass, then
 		// free the word it polls.
 		t.open(t.ticket, false)
-		return errors.Join(b.StreamSynchronize(s), b.HostFree(gate.Handle))
+		return errors.Join(b.StreamSynchronize(s), host.HostFree(gate.Handle))
 	})
 	if t.pre, err = event(); err != nil {
 		return nil, nil, err

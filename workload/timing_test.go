@@ -21,7 +21,7 @@ import (
 // left live and that Close is clean.
 func openRaw(t *testing.T) *sim.Backend {
 	t.Helper()
-	b, err := sim.New(gpu.Config{})
+	b, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

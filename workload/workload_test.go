@@ -191,7 +191,7 @@ func (noDeviceUpdates) DeviceUpdatesSupported(int) error {
 // TestBenchSkipsUnsupported: a strategy Compile refuses with
 // gpu.ErrNotSupported gets a row saying so, unchecked, and the others run.
 func TestBenchSkipsUnsupported(t *testing.T) {
-	raw, err := sim.New(gpu.Config{})
+	raw, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

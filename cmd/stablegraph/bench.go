@@ -10,6 +10,7 @@ import (
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/replay"
 	"github.com/stablegraph/stablegraph/report"
 	"github.com/stablegraph/stablegraph/workload"
 )
@@ -22,11 +23,12 @@ var wallBatches struct{ n, size int }
 
 // workloadFlags are the flags run and bench share.
 type workloadFlags struct {
-	name    string
-	cfg     workload.Config
-	run     workload.RunOptions
-	pattern string
-	ranks   rankFlags
+	name      string
+	cfg       workload.Config
+	run       workload.RunOptions
+	pattern   string
+	autoBound string
+	ranks     rankFlags
 }
 
 func (f *workloadFlags) register(fs *flag.FlagSet) {
@@ -38,6 +40,8 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.pattern, "pattern", string(workload.PingPong), "how the caller's buffers move: fixed, pingpong, random, or swap (gpt2-decode: sequences and their KV caches swap in and out of the batch)")
 	fs.StringVar(&f.cfg.Weights, "weights", "", "safetensors `file` of gpt2-decode's weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
+	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
+	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
 	f.ranks.register(fs)
 	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }
@@ -52,6 +56,11 @@ func (f *workloadFlags) build(fs *flag.FlagSet) (*workload.Workload, error) {
 	if f.run.Steps <= 0 || f.run.Warmup < 0 {
 		return nil, usagef("--steps must be positive and --warmup not negative")
 	}
+	bound, err := replay.ParseBound(f.autoBound)
+	if err != nil {
+		return nil, usagef("--auto-bound: %v", err)
+	}
+	f.run.AutoBound = bound
 	if err := checkShape(fs, f.name, f.cfg); err != nil {
 		return nil, err
 	}
@@ -215,9 +224,15 @@ end of its device work), each p50 and p90, wall time per step with steps
 back to back, re-records, graph updates, patched nodes, traces captured in
 steady state (above 0: a traced library call is captured again every step),
 bytes copied, peak device memory and whether the outputs matched. Last comes
-replay-fixed, the floor: the same graph replayed with nothing moving. On the
-sim backend every time is simulated (its model on this CPU), not a GPU
-measurement, and the table and JSON say so.
+replay-fixed, the floor: the same graph replayed with nothing moving. A
+second table sets every strategy against the floor: wall, GPU and latency
+p50 over the floor's side by side, host time over the floor's, the nodes it
+moved from the host per step and its host time per moved node, beside the
+driver's own price of one node update (a probe measured first in the same
+run: a chain of 16 kernels with 360-byte parameter blocks, updated while it
+runs) and the ratio of the two. On the sim backend every time is simulated
+(its model on this CPU), not a GPU measurement, and the table and JSON say
+so.
 
 With no flags: the mlp workload (8 layers, width 256, batch 8), 100 steps,
 pingpong buffers, on the default backend. Progress goes to stderr with the

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,7 +20,12 @@ blocks cost: stream and event creation, VMM create/reserve/map/set access/
 unmap/free/release at 2 MiB and 64 MiB, MemAlloc/MemFree, stream value writes
 until the host sees them, device copies (GPU time by events), and graphs of K
 tiny kernels (capture, instantiate, launch, replay vs eager launches, exec
-update, re-capture + update, per-node parameter updates), FuncParamInfo, and
+update, re-capture + update, per-node parameter updates), the host side of a
+moving step at the driver's own price (exec updates of kernel nodes by
+parameter block size --param-bytes, in chains of --update-nodes, with the
+graph idle and while it runs, through GraphExecKernelNodeSetParams and the
+prepared node sets patch uses; steps of m updates and a launch back to back;
+whole-graph updates from a host template, per node), FuncParamInfo, and
 the remap strategy's per-step calls: unmap, map and set access of a granule
 (and set access for every device, on several), and whole steps of N moved
 buffers (--remap-buffers).
@@ -38,6 +44,10 @@ is still live at the end.`,
 			fs.IntVar(&o.GraphIterations, "graph-iters", 50, "samples of each graph row (K < 100 runs proportionally more)")
 			ks := fs.String("ks", "10,100,1000", "graph sizes `K`, comma-separated")
 			remapN := fs.String("remap-buffers", "1,4,16,64", "moved buffers `N` of the remap step rows, comma-separated")
+			paramBytes := fs.String("param-bytes", "24,152,360,1024", "parameter block sizes `P` of the node update rows, comma-separated (24 plus a multiple of 8)")
+			updateNodes := fs.String("update-nodes", "16,200", "chain lengths `K` of the node update rows, comma-separated")
+			fs.IntVar(&o.UpdateIterations, "update-iters", 20, "samples of each node update row")
+			sections := fs.String("sections", "", "comma-separated `list` of the sections to run (default all: "+strings.Join(drivercost.SectionNames(), ", ")+")")
 			fs.DurationVar(&o.PollTimeout, "poll-timeout", time.Second, "deadline for the host to see a stream value write")
 			jsonPath := fs.String("json", "", "also write the results as JSON to `file` (\"-\": stdout, instead of the table)")
 			return func(e *env) error {
@@ -48,7 +58,27 @@ is still live at the end.`,
 				if o.RemapBuffers, err = parseInts(*remapN); err != nil {
 					return usagef("--remap-buffers: %v", err)
 				}
-				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 {
+				if o.ParamBytes, err = parseInts(*paramBytes); err != nil {
+					return usagef("--param-bytes: %v", err)
+				}
+				for _, p := range o.ParamBytes {
+					if p < 24 || (p-24)%8 != 0 {
+						return usagef("--param-bytes: %d is not 24 plus a multiple of 8", p)
+					}
+				}
+				if o.UpdateNodes, err = parseInts(*updateNodes); err != nil {
+					return usagef("--update-nodes: %v", err)
+				}
+				for _, name := range strings.Split(*sections, ",") {
+					if name = strings.TrimSpace(name); name == "" {
+						continue
+					}
+					if !slices.Contains(drivercost.SectionNames(), name) {
+						return usagef("--sections: no section %q (%s)", name, strings.Join(drivercost.SectionNames(), ", "))
+					}
+					o.Sections = append(o.Sections, name)
+				}
+				if o.Iterations <= 0 || o.HeavyIterations <= 0 || o.GraphIterations <= 0 || o.UpdateIterations <= 0 {
 					return usagef("iteration counts must be positive")
 				}
 				if err := checkOutput("--json", *jsonPath); err != nil {

@@ -209,7 +209,8 @@ func TestJSONStdout(t *testing.T) {
 	for _, args := range [][]string{
 		append([]string{"--backend", "sim", "bench", "--steps", "3", "--json", "-"}, tiny...),
 		append([]string{"--backend", "sim", "run", "--steps", "3", "--json", "-"}, tiny...),
-		{"--backend", "sim", "bench-driver", "--iters", "2", "--heavy-iters", "1", "--graph-iters", "1", "--ks", "10", "--json", "-"},
+		{"--backend", "sim", "bench-driver", "--iters", "2", "--heavy-iters", "1", "--graph-iters", "1", "--ks", "10",
+			"--param-bytes", "24", "--update-nodes", "4", "--update-iters", "1", "--json", "-"},
 	} {
 		code, out, errs := runCLI(t, args...)
 		if code != exitOK {
@@ -435,8 +436,13 @@ func TestSIGINT(t *testing.T) {
 
 // TestPlotCommand draws the chart of a bench report with no backend.
 func TestPlotCommand(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "mlp.png")
-	code, _, errs := runCLI(t, "plot", "../../bench/results/h100-final/mlp.json", out)
+	needSim(t)
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "mlp.json"), filepath.Join(dir, "mlp.png")
+	if code, _, errs := runCLI(t, append([]string{"--backend", "sim", "bench", "--steps", "4", "--json", in}, tiny...)...); code != exitOK {
+		t.Fatalf("bench: code %d\n%s", code, errs)
+	}
+	code, _, errs := runCLI(t, "plot", in, out)
 	if code != exitOK || !strings.Contains(errs, "wrote "+out) {
 		t.Fatalf("code %d\n%s", code, errs)
 	}

@@ -41,17 +41,22 @@ type deviceInfo struct {
 	VMM               bool   `json:"vmm"`
 	GranularityBytes  uint64 `json:"granularity_bytes"`
 	StreamMemOps      bool   `json:"stream_mem_ops"`
-	Error             string `json:"error,omitempty"`
+	// Capabilities are the optional gpu capabilities the backend offers
+	// on the device (gpu.Capabilities).
+	Capabilities []string `json:"capabilities"`
+	Error        string   `json:"error,omitempty"`
 }
 
 func infoCommand() *command {
 	return &command{
 		name:    "info",
 		summary: "show the backend chosen and why, the registered drivers, devices and libraries",
-		detail: `The backend is opened as --backend says ("auto" tries cuda, then sim) and the
+		detail: `The backend is opened as --backend says ("auto" tries the hardware backends,
+cuda, before the simulator, sim) and the
 reason for the choice is printed, with each device's properties: memory,
 compute capability, driver version, virtual memory support and granularity,
-and 64-bit stream memory operations.`,
+64-bit stream memory operations, and the optional capabilities the backend
+offers on it.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			asJSON := fs.Bool("json", false, "print JSON instead of text")
 			return func(e *env) error { return info(e, *asJSON) }
@@ -78,6 +83,7 @@ func info(e *env, asJSON bool) (err error) {
 		d.Name, d.TotalMemoryBytes = p.Name, p.TotalMemory
 		d.ComputeCapability = fmt.Sprintf("%d.%d", p.ComputeMajor, p.ComputeMinor)
 		d.DriverVersion, d.VMM, d.GranularityBytes, d.StreamMemOps = p.DriverVersion, p.VMM, p.Granularity, p.StreamMemOps
+		d.Capabilities = gpu.Capabilities(b, dev)
 		if free, _, err := b.MemGetInfo(dev); err == nil {
 			d.FreeMemoryBytes = free
 		} else {
@@ -120,6 +126,7 @@ func writeInfo(w io.Writer, out infoOutput) error {
 		fmt.Fprintf(tw, "  driver version\t%s\n", driverVersion(d.DriverVersion))
 		fmt.Fprintf(tw, "  virtual memory (VMM)\t%s\n", vmm)
 		fmt.Fprintf(tw, "  stream memory ops\t%s\n", yesNo(d.StreamMemOps))
+		fmt.Fprintf(tw, "  capabilities\t%s\n", strings.Join(d.Capabilities, ", "))
 		tw.Flush()
 	}
 	if len(out.Libraries) > 0 {

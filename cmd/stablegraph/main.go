@@ -40,6 +40,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda"
+	"github.com/stablegraph/stablegraph/gpu/sim"
 	"github.com/stablegraph/stablegraph/internal/atomicfile"
 )
 
@@ -159,11 +161,11 @@ type env struct {
 // it whole) and says how to run without a GPU.
 func (e *env) open() (gpu.Backend, string, error) {
 	cfg := gpu.Config{
-		Devices:       e.global.devices,
-		CUDALibrary:   e.global.libcuda,
-		CUBLASLibrary: e.global.libcublas,
-		NCCLLibrary:   e.global.libnccl,
-		Logger:        e.log,
+		Logger: e.log,
+		Backends: []gpu.BackendConfig{
+			sim.Config{Devices: e.global.devices},
+			cuda.Config{LibCUDA: e.global.libcuda, LibCUBLAS: e.global.libcublas, LibNCCL: e.global.libnccl},
+		},
 	}
 	name := e.global.backend
 	if name == "auto" && e.global.libraries() {
@@ -220,7 +222,7 @@ type command struct {
 
 // commands returns the commands in the order help lists them.
 func commands() []*command {
-	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand(), plotCommand()}
+	return []*command{infoCommand(), runCommand(), benchCommand(), benchDriverCommand(), soakCommand(), generateCommand(), plotCommand()}
 }
 
 func findCommand(name string) *command {

@@ -73,6 +73,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--devices", "0", "info"}, "--devices must be positive"},
 		{[]string{"bench-driver", "--ks", "10,x"}, `--ks: "x" is not a positive integer`},
 		{[]string{"bench-driver", "--iters", "-1"}, "iteration counts must be positive"},
+		{[]string{"bench-driver", "--param-bytes", "24,20"}, "--param-bytes: 20 is not 24 plus a multiple of 8"},
+		{[]string{"bench-driver", "--update-iters", "0"}, "iteration counts must be positive"},
+		{[]string{"bench-driver", "--sections", "graphs,nodes"}, `--sections: no section "nodes"`},
+		{[]string{"bench", "--auto-bound", "fast"}, `--auto-bound: unknown auto bound "fast"`},
 	} {
 		code, out, errs := runCLI(t, tc.args...)
 		if code != exitUsage {
@@ -123,7 +127,8 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("code %d, stderr %s", code, errs)
 	}
 	for _, want := range []string{"backend:  sim", "reason:   sim (requested)", "drivers:", "devices:  2", "device 0:", "device 1:",
-		"compute capability", "driver version", "virtual memory (VMM)", "stream memory ops"} {
+		"compute capability", "driver version", "virtual memory (VMM)", "stream memory ops",
+		"capabilities", "VirtualMemory, StreamMemOps, StreamWaits, DeviceUpdates, Collectives, GEMM"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("info lacks %q:\n%s", want, out)
 		}
@@ -149,7 +154,7 @@ func TestBenchDriver(t *testing.T) {
 	needSim(t)
 	path := filepath.Join(t.TempDir(), "cost.json")
 	code, out, errs := runCLI(t, "bench-driver", "--backend", "sim", "--iters", "5", "--heavy-iters", "2",
-		"--graph-iters", "2", "--ks", "10,100", "--json", path)
+		"--graph-iters", "2", "--ks", "10,100", "--param-bytes", "24", "--update-nodes", "4", "--update-iters", "2", "--json", path)
 	if code != exitOK {
 		t.Fatalf("code %d, stderr:\n%s", code, errs)
 	}
@@ -184,7 +189,7 @@ func TestBenchDriver(t *testing.T) {
 	}
 
 	code, out, errs = runCLI(t, "bench-driver", "--backend", "sim", "--iters", "2", "--heavy-iters", "1",
-		"--graph-iters", "1", "--ks", "10", "--json", "-")
+		"--graph-iters", "1", "--ks", "10", "--param-bytes", "24", "--update-nodes", "4", "--update-iters", "1", "--json", "-")
 	if code != exitOK || !json.Valid([]byte(out)) {
 		t.Errorf("--json -: code %d, valid %v, stderr %s", code, json.Valid([]byte(out)), errs)
 	}

@@ -23,12 +23,16 @@ var (
 type driver struct{}
 
 func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
-	b, err := Open(cfg)
+	b, err := Open(configOf(cfg))
 	if err != nil {
 		return nil, err
 	}
 	return b, nil
 }
+
+// Priority is gpu.PriorityHardware: "auto" prefers CUDA whenever its driver
+// loads and finds a device.
+func (driver) Priority() gpu.Priority { return gpu.PriorityHardware }
 
 // Backend is the CUDA implementation of gpu.Backend. It also implements
 // gpu.HandleCounter, gpu.Collectives, gpu.GEMM, gpu.GraphNodeReader and
@@ -47,6 +51,12 @@ type Backend struct {
 	// not yet ended: while it is 0 no stream of the backend is capturing,
 	// so launches need not ask the driver (devupdate.go).
 	captures atomic.Int64
+
+	// setByKernel makes prepared node sets (nodeset.go) name a library
+	// kernel's node by its context-independent kernel, as the library
+	// made it, rather than by its function in the context: set by
+	// BenchmarkGemmNodeUpdate, which measures both.
+	setByKernel bool
 
 	// mu guards the handle tables. Driver calls are made without it.
 	mu struct {
@@ -140,7 +150,7 @@ type mapInfo struct {
 // Open loads the CUDA driver, initializes it and retains the primary context
 // of every device. It fails with an error wrapping gpu.ErrUnavailable when
 // no driver library loads, cuInit fails or there is no device.
-func Open(cfg gpu.Config) (*Backend, error) {
+func Open(cfg Config) (*Backend, error) {
 	o := resolveOptions(cfg)
 	d, err := cu.Open(o.cudaLibrary)
 	if err != nil {

@@ -18,7 +18,7 @@ type benchEnv struct {
 }
 
 func newBenchEnv(tb testing.TB) *benchEnv {
-	b, err := Open(gpu.Config{})
+	b, err := Open(Config{})
 	if errors.Is(err, gpu.ErrUnavailable) {
 		tb.Skipf("no CUDA here: %v", err)
 	}

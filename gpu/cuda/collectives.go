@@ -10,7 +10,7 @@ import (
 )
 
 // Collectives: the CUDA backend implements gpu.Collectives with NCCL, loaded
-// at the first collective call like cuBLAS (gpu.Config.NCCLLibrary, else
+// at the first collective call like cuBLAS (Config.LibNCCL, else
 // STABLEGRAPH_LIBNCCL, else cu.NCCLCandidates). Without a libnccl every
 // collective entry point returns an error wrapping gpu.ErrNotSupported that
 // lists the places tried; the rest of the backend works as before.

@@ -36,10 +36,10 @@ func TestNCCLErrors(t *testing.T) {
 
 func TestResolveNCCLOption(t *testing.T) {
 	t.Setenv(EnvLibNCCL, "/env/libnccl.so.2")
-	if o := resolveOptions(gpu.Config{}); o.ncclLibrary != "/env/libnccl.so.2" {
+	if o := resolveOptions(Config{}); o.ncclLibrary != "/env/libnccl.so.2" {
 		t.Fatalf("ncclLibrary from the environment = %q", o.ncclLibrary)
 	}
-	if o := resolveOptions(gpu.Config{NCCLLibrary: "/cfg/libnccl.so"}); o.ncclLibrary != "/cfg/libnccl.so" {
+	if o := resolveOptions(Config{LibNCCL: "/cfg/libnccl.so"}); o.ncclLibrary != "/cfg/libnccl.so" {
 		t.Fatalf("Config.NCCLLibrary did not win: %q", o.ncclLibrary)
 	}
 }
@@ -48,7 +48,7 @@ func TestResolveNCCLOption(t *testing.T) {
 // works, and its collectives say why they cannot.
 func TestCollectivesWithoutNCCL(t *testing.T) {
 	const path = "/nonexistent/stablegraph-test/libnccl.so.2"
-	b := openOrSkip(t, gpu.Config{NCCLLibrary: path})
+	b := openOrSkip(t, Config{LibNCCL: path})
 	closeClean(t, b)
 	_, err := b.CommUniqueID()
 	if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), path) {
@@ -68,7 +68,7 @@ func TestCollectivesWithoutNCCL(t *testing.T) {
 // others have made theirs (one thread driving several ranks needs
 // ncclGroupStart). It needs NCCL and skips without it.
 func TestNCCLAllReduce(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	id, err := b.CommUniqueID()
 	if errors.Is(err, gpu.ErrNotSupported) {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -15,7 +16,7 @@ import (
 
 // openOrSkip opens the CUDA backend, skipping the test (with the reason)
 // where there is no driver or no device.
-func openOrSkip(t testing.TB, cfg gpu.Config) *Backend {
+func openOrSkip(t testing.TB, cfg Config) *Backend {
 	t.Helper()
 	b, err := Open(cfg)
 	if errors.Is(err, gpu.ErrUnavailable) {
@@ -49,32 +50,57 @@ func TestRegistered(t *testing.T) {
 // naming the place tried, from the Config field and from the environment.
 func TestOpenMissingLibrary(t *testing.T) {
 	const path = "/nonexistent/stablegraph-test/libcuda.so.1"
-	_, err := Open(gpu.Config{CUDALibrary: path})
+	_, err := Open(Config{LibCUDA: path})
 	if !errors.Is(err, gpu.ErrUnavailable) || !strings.Contains(err.Error(), path) {
-		t.Fatalf("Open(CUDALibrary: missing) = %v, want ErrUnavailable naming %s", err, path)
+		t.Fatalf("Open(LibCUDA: missing) = %v, want ErrUnavailable naming %s", err, path)
 	}
 	const envPath = "/nonexistent/stablegraph-env/libcuda.so.1"
 	t.Setenv(EnvLibCUDA, envPath)
-	_, err = Open(gpu.Config{})
+	_, err = Open(Config{})
 	if !errors.Is(err, gpu.ErrUnavailable) || !strings.Contains(err.Error(), envPath) {
 		t.Fatalf("Open with %s set = %v, want ErrUnavailable naming %s", EnvLibCUDA, err, envPath)
 	}
 	// The Config field wins over the environment.
-	_, err = Open(gpu.Config{CUDALibrary: path})
+	_, err = Open(Config{LibCUDA: path})
 	if !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), envPath) {
-		t.Fatalf("Config.CUDALibrary did not win over %s: %v", EnvLibCUDA, err)
+		t.Fatalf("Config.LibCUDA did not win over %s: %v", EnvLibCUDA, err)
 	}
-	// Through the registry too.
-	_, _, err = gpu.Open("cuda", gpu.Config{CUDALibrary: path})
-	if !errors.Is(err, gpu.ErrUnavailable) {
-		t.Fatalf("gpu.Open(cuda) = %v, want ErrUnavailable", err)
+	// Through the registry too: the backend reads its own configuration
+	// from gpu.Config.Backends.
+	_, _, err = gpu.Open("cuda", gpu.Config{Backends: []gpu.BackendConfig{Config{LibCUDA: path}}})
+	if !errors.Is(err, gpu.ErrUnavailable) || !strings.Contains(err.Error(), path) {
+		t.Fatalf("gpu.Open(cuda) = %v, want ErrUnavailable naming %s", err, path)
 	}
 }
+
+// TestConfigOf: the backend takes its own configuration out of a
+// gpu.Config, by value or pointer, with the gpu.Config's logger unless it
+// names one.
+func TestConfigOf(t *testing.T) {
+	shared := slog.New(slog.DiscardHandler)
+	own := slog.New(slog.DiscardHandler)
+	if c := configOf(gpu.Config{Logger: shared}); c != (Config{Logger: shared}) {
+		t.Errorf("no cuda configuration: %+v", c)
+	}
+	gc := gpu.Config{Logger: shared, Backends: []gpu.BackendConfig{otherConfig{}, Config{LibNCCL: "/x/libnccl.so"}}}
+	if c := configOf(gc); c.LibNCCL != "/x/libnccl.so" || c.Logger != shared {
+		t.Errorf("configOf = %+v", c)
+	}
+	gc.Backends = []gpu.BackendConfig{&Config{LibCUBLAS: "/y/libcublas.so", Logger: own}}
+	if c := configOf(gc); c.LibCUBLAS != "/y/libcublas.so" || c.Logger != own {
+		t.Errorf("configOf(pointer) = %+v", c)
+	}
+}
+
+// otherConfig is another backend's configuration.
+type otherConfig struct{}
+
+func (otherConfig) BackendName() string { return "other" }
 
 func TestResolveOptions(t *testing.T) {
 	t.Setenv(EnvLibCUDA, "/env/libcuda.so.1")
 	t.Setenv(EnvLibCUBLAS, "/env/libcublas.so.13")
-	o := resolveOptions(gpu.Config{CUBLASLibrary: "/cfg/libcublas.so"})
+	o := resolveOptions(Config{LibCUBLAS: "/cfg/libcublas.so"})
 	if o.cudaLibrary != "/env/libcuda.so.1" || o.cublasLibrary != "/cfg/libcublas.so" || o.log == nil {
 		t.Fatalf("resolveOptions = %+v", o)
 	}

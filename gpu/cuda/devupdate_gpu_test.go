@@ -124,10 +124,12 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 		c.must(tb, b.Memset(gpu.Memset{Dst: c.ctl, ElemSize: 4, Count: kernels.PatchCtlSize / 4}))
 		sl := c.alloc(tb, uint64(len(slots)*kernels.PatchSlotSize))
 		c.must(tb, b.MemcpyHtoD(sl, kernels.EncodePatchSlots(slots)))
-		c.tables, err = b.HostAlloc(c.stride * uint64(ntables))
+		ops, err := gpu.StreamMemOpsOf(b, 0)
+		c.must(tb, err)
+		c.tables, err = ops.HostAlloc(c.stride * uint64(ntables))
 		c.must(tb, err)
 		h := c.tables.Handle
-		c.release = append(c.release, func() error { return b.HostFree(h) })
+		c.release = append(c.release, func() error { return ops.HostFree(h) })
 		_, err = du.GraphAddKernelNodeBefore(c.g, gpu.KernelParams{Func: patcher, Config: kernels.PatcherConfig(c.capacity),
 			Args: kernels.PatcherArgs(c.ctl, sl, len(slots), c.tables.Ptr, c.stride, ntables, c.capacity)}, []gpu.GraphNode{first})
 		c.must(tb, err)
@@ -219,7 +221,7 @@ func (c *devChain) wantAll(tb testing.TB, what string, p gpu.DevicePtr, v float3
 // backend: every pointer of a 1000-node chain moved to fresh buffers by the
 // patcher root node, in the same launch, five launches in a row.
 func TestDeviceUpdatesChain1000(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	checkDevChain(t, b, 1000) // 2000 pointer writes: the patcher in one block
 	checkDevChain(t, b, 1500) // 3000: in several blocks
@@ -229,7 +231,7 @@ func TestDeviceUpdatesChain1000(t *testing.T) {
 // this file on the sim, which models device updates: it checks the GPU
 // tests themselves (their protocol and checks) where no GPU is.
 func TestDevChainHarnessOnSim(t *testing.T) {
-	b, err := sim.New(gpu.Config{})
+	b, err := sim.New(sim.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +283,7 @@ func checkDevChain(t *testing.T, b gpu.Backend, K int) {
 // backend's sentinel; the rest is logged. Lines starting DEVUPDATE-RULE
 // say what the driver did.
 func TestDeviceUpdatesDriverRules(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	if _, err := gpu.DeviceUpdatesOf(b, 0); err != nil {
 		t.Skipf("device-side graph updates: %v", err)
@@ -387,7 +389,7 @@ func BenchmarkDeviceUpdatesChain(bm *testing.B) {
 }
 
 func benchDevChain(bm *testing.B, k int, mode string) {
-	b, err := Open(gpu.Config{})
+	b, err := Open(Config{})
 	if errors.Is(err, gpu.ErrUnavailable) {
 		bm.Skipf("no CUDA here: %v", err)
 	}

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -105,7 +106,7 @@ type devEnv struct {
 
 func newDevEnv(t *testing.T, sd *devStub, missing ...string) *devEnv {
 	t.Helper()
-	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call, missing...), resolveOptions(gpu.Config{}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call, missing...), resolveOptions(Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,8 +380,14 @@ func TestStubModuleBinary(t *testing.T) {
 	e := newDevEnv(t, sd)
 	b := e.b
 	spec := kernels.PatcherSpec()
+	// img offers bin's cubins and no PTX, as the patcher does.
 	img := func(bin func(int, int) ([]byte, error)) *gpu.ModuleImage {
-		return &gpu.ModuleImage{Name: "test-binary", Kernels: []gpu.KernelSpec{spec}, Binary: bin}
+		return &gpu.ModuleImage{Name: "test-binary", Kernels: []gpu.KernelSpec{spec}, Code: func(t gpu.Target) ([]byte, error) {
+			if t.Format != gpu.CodeCubin {
+				return nil, fmt.Errorf("cubins only: %w", gpu.ErrNotSupported)
+			}
+			return bin(t.Major, t.Minor)
+		}}
 	}
 	sd.startCounting()
 	_, err := b.ModuleLoad(0, img(func(major, minor int) ([]byte, error) {
@@ -422,6 +429,38 @@ func TestStubModuleBinary(t *testing.T) {
 		}
 	}
 	sd.fail = nil
+	// A module with a cubin and PTX loads the cubin; one with PTX alone
+	// is JIT-compiled (JIT options given, nothing loaded as built).
+	both := &gpu.ModuleImage{Name: "both", Kernels: []gpu.KernelSpec{spec}, Code: func(t gpu.Target) ([]byte, error) {
+		if t.Format == gpu.CodeCubin {
+			return []byte("\x7fELFboth"), nil
+		}
+		return []byte(".version 9.0"), nil
+	}}
+	sd.loaded = nil
+	if m, err := b.ModuleLoad(0, both); err != nil || len(sd.loaded) != 1 {
+		t.Errorf("a module with a cubin and PTX: %v, %d loaded as built; want the cubin", err, len(sd.loaded))
+	} else {
+		b.ModuleUnload(m)
+	}
+	ptxOnly := &gpu.ModuleImage{Name: "ptx-only", Kernels: []gpu.KernelSpec{spec}, Code: func(t gpu.Target) ([]byte, error) {
+		if t.Format != gpu.CodePTX {
+			return nil, fmt.Errorf("PTX only: %w", gpu.ErrNotSupported)
+		}
+		return []byte(".version 9.0"), nil
+	}}
+	sd.loaded = nil
+	before := sd.callCount("cuModuleLoadDataEx")
+	if m, err := b.ModuleLoad(0, ptxOnly); err != nil || len(sd.loaded) != 0 || sd.callCount("cuModuleLoadDataEx") != before+1 {
+		t.Errorf("a module with PTX only: %v, %d loaded as built; want it JIT-compiled", err, len(sd.loaded))
+	} else {
+		b.ModuleUnload(m)
+	}
+	// No device code at all: refused before the driver is asked.
+	if _, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "refs-only", Kernels: []gpu.KernelSpec{spec}}); !errors.Is(err, gpu.ErrNotSupported) ||
+		!strings.Contains(err.Error(), "no device code") {
+		t.Errorf("a module without device code: %v", err)
+	}
 	if len(kernels.PatcherArchs()) == 0 {
 		_, err := b.ModuleLoad(0, kernels.PatcherModule())
 		if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), "not built") {

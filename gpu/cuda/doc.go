@@ -89,10 +89,12 @@
 // read back with cuGraphKernelNodeSetAttribute/GetAttribute, cuGraphUpload,
 // and the patcher's edges through cuGraphAddDependencies. The
 // backend enforces the rules of gpu.DeviceUpdates itself, before the driver
-// sees the calls, from its handle tables. Modules with prebuilt code
-// (gpu.ModuleImage.Binary, the patcher of package kernels) are loaded as
-// built, never JIT-compiled or linked; a device or driver that cannot run
-// them is gpu.ErrNotSupported naming the device's compute capability.
+// sees the calls, from its handle tables. ModuleLoad asks a module's Code
+// for a cubin of the device's compute capability first, then for PTX
+// (gpu.ModuleImage.CodeFor): a cubin (the patcher of package kernels ships
+// only those) is loaded as built, never JIT-compiled or linked; a device or
+// driver that cannot run it is gpu.ErrNotSupported naming the device's
+// compute capability.
 //
 // # Faults
 //

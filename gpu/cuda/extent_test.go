@@ -180,7 +180,7 @@ func TestStubAddressRangeVMM(t *testing.T) {
 
 func TestStubAddressRangeClosed(t *testing.T) {
 	sd := newStubDriver()
-	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(gpu.Config{}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,13 +156,17 @@ func packArgs(args []gpu.Arg) *frame {
 // is current). When it returns nil the caller makes its driver calls and
 // then calls runtime.UnlockOSThread; on error the thread is already
 // unlocked.
-func (b *Backend) enter(ctx cu.Context, fr *frame) error {
+func (b *Backend) enter(ctx cu.Context, fr *frame) error { return b.enterCtx(ctx, &fr.ctx) }
+
+// enterCtx is enter with cuCtxGetCurrent's output at cur (heap memory the
+// caller holds, as a frame's).
+func (b *Backend) enterCtx(ctx cu.Context, cur *cu.Context) error {
 	runtime.LockOSThread()
-	if r := b.d.CtxGetCurrent(&fr.ctx); r != cu.Success {
+	if r := b.d.CtxGetCurrent(cur); r != cu.Success {
 		runtime.UnlockOSThread()
 		return b.check("cuCtxGetCurrent", r)
 	}
-	if fr.ctx != ctx {
+	if *cur != ctx {
 		if r := b.d.CtxSetCurrent(ctx); r != cu.Success {
 			runtime.UnlockOSThread()
 			return b.check("cuCtxSetCurrent", r)

@@ -238,9 +238,13 @@ func (b *Backend) biasFuncLocked(dev int, d *device) (cu.Function, error) {
 		return d.gemm.biasFn, nil
 	}
 	img := kernels.Module()
+	_, ptx, err := img.CodeFor(gpu.Target{Format: gpu.CodePTX, Major: d.props.ComputeMajor, Minor: d.props.ComputeMinor})
+	if err != nil {
+		return 0, err
+	}
 	var fn cu.Function
-	err := b.onDevice(dev, func() error {
-		m, err := b.loadPTX(dev, d, img)
+	err = b.onDevice(dev, func() error {
+		m, err := b.loadPTX(dev, img, ptx)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 func TestGemmOverStubWithoutCUBLAS(t *testing.T) {
 	sd := newStubDriver()
 	const missing = "/nonexistent/stablegraph-test/libcublas.so.13"
-	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(gpu.Config{CUBLASLibrary: missing}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(Config{LibCUBLAS: missing}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestLibraryKernelLaunchAttributes(t *testing.T) {
 				}
 				return sd.call(name, a)
 			}
-			b, err := openDriver(cu.NewStub("stub-libcuda", stub), resolveOptions(gpu.Config{}))
+			b, err := openDriver(cu.NewStub("stub-libcuda", stub), resolveOptions(Config{}))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -131,7 +131,7 @@ func (g *gemmBufs) check(t *testing.T, b *Backend, c gemmCase, what string) []by
 
 func cublasOrSkip(t testing.TB) *Backend {
 	t.Helper()
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	blas, lt, err := b.GemmLibraries()
 	if blas == "" {
@@ -145,7 +145,7 @@ func cublasOrSkip(t testing.TB) *Backend {
 // gpu.ErrNotSupported, which is the callers' cue for the built-in kernels
 // (package blas's fallback, tested on CUDA in blas's tests).
 func TestGemmWithoutCUBLAS(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{CUBLASLibrary: "/nonexistent/libcublas.so"})
+	b := openOrSkip(t, Config{LibCUBLAS: "/nonexistent/libcublas.so"})
 	closeClean(t, b)
 	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	if err != nil {
@@ -541,7 +541,9 @@ func TestGemmWorkspace(t *testing.T) {
 // one exec update (cuGraphExecKernelNodeSetParams_v2) of each kernel node
 // of a captured GEMM, at the shapes of mlp's and mlp-large's layers, with
 // the node's own parameters (the driver does the same work whatever the
-// values), and the graph launch that follows an update against one that
+// values), through GraphExecKernelNodeSetParams and through a prepared node
+// set (naming the node's function, or the library's context-independent
+// kernel), and the graph launch that follows an update against one that
 // follows none. Sub-benchmarks are named by shape, node and kernel; the
 // metrics are host microseconds per update and per launch.
 func BenchmarkGemmNodeUpdate(bm *testing.B) {
@@ -594,6 +596,26 @@ func BenchmarkGemmNodeUpdate(bm *testing.B) {
 					}
 				}
 			})
+			// The prepared node set patch uses: one driver call, the node
+			// named by its function in the context, or (kern) by the
+			// context-independent kernel the library launched.
+			for _, byKernel := range []bool{false, true} {
+				bm.Run(fmt.Sprintf("%s/update-set-kern=%v", label, byKernel), func(bm *testing.B) {
+					b.setByKernel = byKernel
+					defer func() { b.setByKernel = false }()
+					set, err := b.PrepareKernelNodes(x, []gpu.GraphNode{n}, []gpu.KernelParams{kp})
+					if err != nil {
+						bm.Fatal(err)
+					}
+					defer set.Close()
+					idx := []int32{0}
+					for bm.Loop() {
+						if _, err := set.Apply(idx); err != nil {
+							bm.Fatal(err)
+						}
+					}
+				})
+			}
 			for _, update := range []bool{false, true} {
 				bm.Run(fmt.Sprintf("%s/launch-after-update=%v", label, update), func(bm *testing.B) {
 					var host time.Duration

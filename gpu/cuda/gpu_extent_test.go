@@ -30,7 +30,7 @@ func wantNotInAlloc(t *testing.T, b *Backend, what string, p, base gpu.DevicePtr
 // memory (unknown extent); the backend's own virtual memory and host
 // memory; freed memory.
 func TestAddressRangeGPU(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 
 	// Own allocations: exact sizes from the tables.

@@ -19,7 +19,7 @@ import (
 // ran. A child of the same topology is taken. Memset and memcpy nodes
 // moved to host memory or freed memory are refused the same way.
 func TestNodeRefusalGPU(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	m, err := b.ModuleLoad(0, kernels.Module())
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // context current itself, including queries and destruction of handles
 // created elsewhere.
 func TestContextFromAnyThread(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	if err != nil {
@@ -100,7 +100,7 @@ func TestContextFromAnyThread(t *testing.T) {
 // TestCapturedOwnKernelIsTyped: a captured launch of one of our kernels
 // reads back with typed arguments (its spec is known).
 func TestCapturedOwnKernelIsTyped(t *testing.T) {
-	b := openOrSkip(t, gpu.Config{})
+	b := openOrSkip(t, Config{})
 	closeClean(t, b)
 	m, err := b.ModuleLoad(0, kernels.Module())
 	if err != nil {

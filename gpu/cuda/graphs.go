@@ -522,11 +522,13 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 		return gpu.KernelParams{}, err
 	}
 	var kp cu.KernelNodeParams
+	var kern cu.Kernel
 	err = b.onDevice(dev, func() error {
 		if r := b.d.GraphKernelNodeGetParams(ni.n, &kp); r != cu.Success {
 			return b.check("cuGraphKernelNodeGetParams_v2", r)
 		}
 		if kp.Func == 0 && kp.Kern != 0 {
+			kern = kp.Kern
 			// A context-independent kernel (cuLibrary, the runtime's
 			// launches): its function in this context.
 			return b.check("cuKernelGetFunction", b.d.KernelGetFunction(&kp.Func, kp.Kern))
@@ -537,8 +539,11 @@ func (b *Backend) GraphKernelNodeParams(n gpu.GraphNode) (gpu.KernelParams, erro
 		return gpu.KernelParams{}, err
 	}
 	b.mu.Lock()
-	f := b.funcHandleLocked(kp.Func, &funcInfo{dev: dev, f: kp.Func})
+	f := b.funcHandleLocked(kp.Func, &funcInfo{dev: dev, f: kp.Func, kern: kern})
 	fi := b.mu.funcs[f]
+	if fi.kern == 0 {
+		fi.kern = kern
+	}
 	kinds := ni.kinds
 	if kinds == nil && fi.spec != nil {
 		kinds = fi.spec.Params
@@ -910,20 +915,7 @@ func (b *Backend) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode,
 		return err
 	}
 	// Refused: a change of function, or bad parameters? Ask the node.
-	var kp cu.KernelNodeParams
-	if b.onDevice(xi.dev, func() error {
-		if r := b.d.GraphKernelNodeGetParams(cn, &kp); r != cu.Success {
-			return b.check("cuGraphKernelNodeGetParams_v2", r)
-		}
-		if kp.Func == 0 && kp.Kern != 0 {
-			return b.check("cuKernelGetFunction", b.d.KernelGetFunction(&kp.Func, kp.Kern))
-		}
-		return nil
-	}) != nil || kp.Func == fi.f {
-		return err
-	}
-	return refused(op, gpu.UpdateFunctionChanged, n, err,
-		"the driver refused to change the node's function (CUDA allows no change of context, nor to a function using dynamic parallelism, device-side graph launch or device-side update)")
+	return b.kernelUpdateRefusal(op, xi.dev, n, cn, fi, err)
 }
 
 // isInvalidValue reports whether err is CUDA_ERROR_INVALID_VALUE from the

@@ -199,8 +199,8 @@ func (b *Backend) AllocationGranularity(dev int) (uint64, error) {
 }
 
 // MemCreate implements gpu.VirtualMemory. The chunk is made of one driver
-// allocation per granule (size/granularity cuMemCreate calls, about 8 µs
-// each for 2 MiB on an H100), because cuMemMap maps only whole allocations
+// allocation per granule (size/granularity cuMemCreate calls, each priced
+// in docs/GPU-MACHINE.md), because cuMemMap maps only whole allocations
 // from offset 0 while MemMap may map any granule-aligned part of a chunk.
 func (b *Backend) MemCreate(dev int, size uint64) (gpu.PhysMem, error) {
 	gran, err := b.vmmDev("MemCreate", dev)
@@ -530,6 +530,20 @@ func (b *Backend) HostFree(h gpu.HostAlloc) error {
 		b.ext.insert(extent{base: uint64(hi.dp), size: hi.size, kind: extOwnHost})
 	}
 	return err
+}
+
+// StreamMemOpsSupported implements gpu.StreamMemOps: dev must report
+// 64-bit stream memory operations and the driver have cuStreamWriteValue64.
+func (b *Backend) StreamMemOpsSupported(dev int) error {
+	const op = "StreamMemOpsSupported"
+	d, err := b.device(op, dev)
+	if err != nil {
+		return err
+	}
+	if !d.props.StreamMemOps {
+		return errf(op, gpu.ErrNotSupported, "device %d (%s) has no 64-bit stream memory operations", dev, d.props.Name)
+	}
+	return nil
 }
 
 // StreamWriteValue64 implements gpu.StreamMemOps.

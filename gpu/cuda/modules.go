@@ -9,7 +9,6 @@ import (
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
-	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // moduleInfo is a loaded module: its device and the image it came from.
@@ -29,12 +28,16 @@ type funcInfo struct {
 	name   string     // "" until asked, for discovered kernels
 	spec   *gpu.KernelSpec
 	params []gpu.ParamInfo // cached cuFuncGetParamInfo layout; nil until asked
+	// kern is the context-independent kernel a node read back named
+	// instead of f (a library's cuLibrary kernel), 0 when none did.
+	kern cu.Kernel
 }
 
-// ModuleLoad implements gpu.Modules. It JIT-compiles img.PTX for dev; for the
-// built-in kernel set it prefers the build kernels.PTXFor picks for the
-// device (sm_90 PTX on Hopper). A module with prebuilt code (img.Binary,
-// such as the patcher) is loaded as built instead (loadBinary).
+// ModuleLoad implements gpu.Modules. It asks img for a cubin of dev's
+// architecture and loads it as built (loadBinary), else for PTX, which the
+// driver JIT-compiles for dev (loadPTX). A module with neither (one whose
+// kernels run only as Go references) is gpu.ErrNotSupported naming the
+// device and the module's reasons.
 func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) {
 	d, err := b.device("ModuleLoad", dev)
 	if err != nil {
@@ -43,14 +46,22 @@ func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) 
 	if img == nil {
 		return 0, errf("ModuleLoad", gpu.ErrInvalidValue, "nil module image")
 	}
+	p := d.props
+	where := fmt.Sprintf("module %q on device %d (%s, compute %d.%d, driver %d)", img.Name, dev, p.Name, p.ComputeMajor, p.ComputeMinor, p.DriverVersion)
+	t, code, err := img.CodeFor(
+		gpu.Target{Format: gpu.CodeCubin, Major: p.ComputeMajor, Minor: p.ComputeMinor},
+		gpu.Target{Format: gpu.CodePTX, Major: p.ComputeMajor, Minor: p.ComputeMinor})
+	if err != nil {
+		if errors.Is(err, gpu.ErrNotSupported) {
+			return 0, &gpu.Error{Op: "ModuleLoad", Err: gpu.ErrNotSupported, Detail: where + ": " + err.Error()}
+		}
+		return 0, err
+	}
 	var m cu.Module
-	switch {
-	case img.Binary != nil:
-		m, err = b.loadBinary(dev, d, img)
-	case len(img.PTX) == 0:
-		return 0, errf("ModuleLoad", gpu.ErrNotSupported, "module %q has no PTX", img.Name)
-	default:
-		m, err = b.loadPTX(dev, d, img)
+	if t.Format == gpu.CodeCubin {
+		m, err = b.loadBinary(dev, where, code)
+	} else {
+		m, err = b.loadPTX(dev, img, code)
 	}
 	if err != nil {
 		return 0, err
@@ -62,13 +73,9 @@ func (b *Backend) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, error) 
 	return h, nil
 }
 
-// loadPTX loads img's PTX (or the device's preferred built-in build) on dev,
-// with the JIT's error log in the error when it fails.
-func (b *Backend) loadPTX(dev int, d *device, img *gpu.ModuleImage) (cu.Module, error) {
-	src := img.PTX
-	if kernels.IsBuiltinPTX(src) {
-		src = kernels.PTXFor(d.props.ComputeMajor, d.props.ComputeMinor)
-	}
+// loadPTX loads PTX src of img on dev, with the JIT's error log in the
+// error when it fails.
+func (b *Backend) loadPTX(dev int, img *gpu.ModuleImage, src []byte) (cu.Module, error) {
 	image := make([]byte, len(src)+1) // NUL-terminated
 	copy(image, src)
 	logBuf := make([]byte, 8192)
@@ -92,21 +99,12 @@ func (b *Backend) loadPTX(dev int, d *device, img *gpu.ModuleImage) (cu.Module, 
 	return m, nil
 }
 
-// loadBinary loads the prebuilt device code img.Binary returns for dev's
-// architecture, as is (cuModuleLoadDataEx without JIT options: a cubin is
-// not compiled or linked). A device or driver that cannot run it is
-// gpu.ErrNotSupported naming the device's compute capability and the
-// driver; only running out of memory keeps its own sentinel.
-func (b *Backend) loadBinary(dev int, d *device, img *gpu.ModuleImage) (cu.Module, error) {
-	p := d.props
-	where := fmt.Sprintf("module %q on device %d (%s, compute %d.%d, driver %d)", img.Name, dev, p.Name, p.ComputeMajor, p.ComputeMinor, p.DriverVersion)
-	bin, err := img.Binary(p.ComputeMajor, p.ComputeMinor)
-	if err == nil && len(bin) == 0 {
-		err = errors.New("empty binary")
-	}
-	if err != nil {
-		return 0, &gpu.Error{Op: "ModuleLoad", Err: gpu.ErrNotSupported, Detail: where + ": " + err.Error()}
-	}
+// loadBinary loads prebuilt device code (a cubin for dev's architecture)
+// as is: cuModuleLoadDataEx without JIT options, so it is not compiled or
+// linked. A device or driver that cannot run it is gpu.ErrNotSupported
+// naming where (the module, the device's compute capability and the
+// driver); only running out of memory keeps its own sentinel.
+func (b *Backend) loadBinary(dev int, where string, bin []byte) (cu.Module, error) {
 	var m cu.Module
 	var r cu.Result
 	if err := b.onDevice(dev, func() error { r = b.d.ModuleLoadDataEx(&m, bin, nil, nil); return nil }); err != nil {

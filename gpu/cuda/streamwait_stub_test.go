@@ -30,7 +30,7 @@ func waitCalls(t *testing.T, missing ...string) (*Backend, *stubDriver, func() [
 		}
 		return sd.call(name, a)
 	}
-	b, err := openDriver(cu.NewStub("stub-libcuda", stub, missing...), resolveOptions(gpu.Config{}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", stub, missing...), resolveOptions(Config{}))
 	if err != nil {
 		t.Fatalf("open over the stub driver: %v", err)
 	}

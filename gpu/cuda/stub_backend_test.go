@@ -242,7 +242,7 @@ func TestStubKernelArgsReachDriver(t *testing.T) {
 			read(kp.KernelParams)
 		}
 		return sd.call(name, a)
-	}), resolveOptions(gpu.Config{}))
+	}), resolveOptions(Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}

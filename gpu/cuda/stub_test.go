@@ -6,7 +6,6 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 )
 
@@ -81,7 +80,7 @@ func newStubDriver() *stubDriver {
 func newStubBackend(tb testing.TB) (*Backend, *stubDriver) {
 	tb.Helper()
 	sd := newStubDriver()
-	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(gpu.Config{}))
+	b, err := openDriver(cu.NewStub("stub-libcuda", sd.call), resolveOptions(Config{}))
 	if err != nil {
 		tb.Fatalf("open over the stub driver: %v", err)
 	}

@@ -1,10 +1,25 @@
 package gputest
 
-// coverage maps every method of gpu.Backend to the subtests that exercise it,
-// named "Group/Test" (or "Group" for every test of a group). Each entry lists
-// tests that check both results and, where the method can fail, errors.
+import (
+	"reflect"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
+// coverageTypes are the interfaces whose methods the coverage table lists.
+var coverageTypes = []reflect.Type{
+	reflect.TypeFor[gpu.Backend](),
+	reflect.TypeFor[gpu.VirtualMemory](),
+	reflect.TypeFor[gpu.StreamMemOps](),
+}
+
+// coverage maps every method of gpu.Backend, and of the optional
+// gpu.VirtualMemory and gpu.StreamMemOps (coverageTypes), to the subtests
+// that exercise it, named "Group/Test" (or "Group" for every test of a
+// group). Each entry lists tests that check both results and, where the
+// method can fail, errors.
 //
-// TestCoverageTable checks this table against gpu.Backend by reflection
+// TestCoverageTable checks this table against those interfaces by reflection
 // (every method present, no stale names) and against the suite (every named
 // subtest exists); TestCoverageCalls runs the suite on sim through a
 // recording wrapper and checks that each listed subtest really calls the
@@ -47,7 +62,7 @@ var coverage = map[string][]string{
 	"MemcpyDtoDAsync": {"Memory/CopyAsyncOrdered", "Streams/WaitEvent", "Capture/KernelMemcpyMemset"},
 	"MemsetAsync":     {"Memory/Memset", "Memory/MemsetErrors", "Memory/CopyAsyncOrdered", "Streams/Destroy"},
 
-	// Virtual memory
+	// Virtual memory (optional)
 	"AllocationGranularity": {"VirtualMemory/MapAccessKernel", "Devices/Props", "Devices/BadOrdinal"},
 	"MemCreate":             {"VirtualMemory/MapAccessKernel", "VirtualMemory/Errors", "Devices/BadOrdinal"},
 	"MemRelease":            {"VirtualMemory/MapAccessKernel", "VirtualMemory/Errors", "VirtualMemory/ReleaseWhileMapped"},
@@ -57,10 +72,11 @@ var coverage = map[string][]string{
 	"MemUnmap":              {"VirtualMemory/MapAccessKernel", "VirtualMemory/Errors"},
 	"MemSetAccess":          {"VirtualMemory/MapAccessKernel", "VirtualMemory/Errors", "VirtualMemory/PeerAccess", "Faults/AccessFromOtherDevice"},
 
-	// Host timeline memory
-	"HostAlloc":          {"HostMemory/AllocFree", "HostMemory/WriteValueVisible"},
-	"HostFree":           {"HostMemory/AllocFree"},
-	"StreamWriteValue64": {"HostMemory/WriteValueVisible", "HostMemory/WriteValueAfterKernel", "HostMemory/WriteValueDeviceMemory", "HostMemory/WriteValueCaptured"},
+	// Host timeline memory (optional)
+	"StreamMemOpsSupported": {"HostMemory/AllocFree", "Devices/Props", "Devices/BadOrdinal"},
+	"HostAlloc":             {"HostMemory/AllocFree", "HostMemory/WriteValueVisible"},
+	"HostFree":              {"HostMemory/AllocFree"},
+	"StreamWriteValue64":    {"HostMemory/WriteValueVisible", "HostMemory/WriteValueAfterKernel", "HostMemory/WriteValueDeviceMemory", "HostMemory/WriteValueCaptured"},
 
 	// Modules
 	"ModuleLoad":     {"Modules/LoadFunctions", "Modules/Unload", "Devices/BadOrdinal"},

@@ -20,22 +20,23 @@ func suiteNames() map[string]bool {
 	return names
 }
 
-// TestCoverageTable checks the coverage table against gpu.Backend's methods
-// (by reflection) and against the suite's subtests.
+// TestCoverageTable checks the coverage table against the methods of
+// coverageTypes (by reflection) and against the suite's subtests.
 func TestCoverageTable(t *testing.T) {
 	methods := map[string]bool{}
-	bt := reflect.TypeFor[gpu.Backend]()
-	for i := range bt.NumMethod() {
-		m := bt.Method(i).Name
-		methods[m] = true
-		if len(coverage[m]) == 0 {
-			t.Errorf("gpu.Backend.%s is not in the coverage table (coverage.go): add a subtest that covers it", m)
+	for _, it := range coverageTypes {
+		for i := range it.NumMethod() {
+			m := it.Method(i).Name
+			methods[m] = true
+			if len(coverage[m]) == 0 {
+				t.Errorf("%s.%s is not in the coverage table (coverage.go): add a subtest that covers it", it, m)
+			}
 		}
 	}
 	names := suiteNames()
 	for m, tests := range coverage {
 		if !methods[m] {
-			t.Errorf("coverage table names %s, which gpu.Backend does not have", m)
+			t.Errorf("coverage table names %s, which none of %v has", m, coverageTypes)
 		}
 		for _, n := range tests {
 			if !names[n] {

@@ -53,18 +53,25 @@ func testDeviceProps(h *h) {
 		if total != p.TotalMemory || free > total {
 			h.Errorf("device %d: MemGetInfo free %d total %d; DeviceProps.TotalMemory %d", dev, free, total, p.TotalMemory)
 		}
-		_, gran, err := gpu.VirtualMemoryOf(h.b, dev)
+		vm, gran, err := h.vmOf(dev)
 		switch {
 		case p.VMM && (err != nil || gran != p.Granularity):
 			h.Errorf("device %d: VirtualMemoryOf = %d, %v; props say VMM with granularity %d", dev, gran, err, p.Granularity)
 		case !p.VMM && !errors.Is(err, gpu.ErrNotSupported):
 			h.Errorf("device %d: VirtualMemoryOf without VMM: %v, want ErrNotSupported", dev, err)
 		}
-		if p.VMM {
-			g, err := h.b.AllocationGranularity(dev)
+		if p.VMM && vm != nil {
+			g, err := vm.AllocationGranularity(dev)
 			if err != nil || g != p.Granularity {
 				h.Errorf("device %d: AllocationGranularity = %d, %v; want %d", dev, g, err, p.Granularity)
 			}
+		}
+		_, err = h.memOpsOf(dev)
+		switch {
+		case p.StreamMemOps && err != nil:
+			h.Errorf("device %d: StreamMemOpsOf = %v; props say stream memory operations", dev, err)
+		case !p.StreamMemOps && !errors.Is(err, gpu.ErrNotSupported):
+			h.Errorf("device %d: StreamMemOpsOf without stream memory operations: %v, want ErrNotSupported", dev, err)
 		}
 	}
 }
@@ -89,16 +96,23 @@ func testBadOrdinal(h *h) {
 		h.wantErr(at("MemAlloc"), err, gpu.ErrInvalidValue)
 		_, _, err = h.b.MemGetInfo(dev)
 		h.wantErr(at("MemGetInfo"), err, gpu.ErrInvalidValue)
-		_, err = h.b.AllocationGranularity(dev)
-		h.wantErr(at("AllocationGranularity"), err, gpu.ErrInvalidValue, gpu.ErrNotSupported)
-		_, err = h.b.MemCreate(dev, 2<<20)
-		h.wantErr(at("MemCreate"), err, gpu.ErrInvalidValue, gpu.ErrNotSupported)
+		if vm, _, err := h.vmOf(0); err == nil {
+			_, err = vm.AllocationGranularity(dev)
+			h.wantErr(at("AllocationGranularity"), err, gpu.ErrInvalidValue, gpu.ErrNotSupported)
+			_, err = vm.MemCreate(dev, 2<<20)
+			h.wantErr(at("MemCreate"), err, gpu.ErrInvalidValue, gpu.ErrNotSupported)
+		}
+		if mo, err := h.memOpsOf(0); err == nil {
+			h.wantErr(at("StreamMemOpsSupported"), mo.StreamMemOpsSupported(dev), gpu.ErrInvalidValue)
+		}
 		_, err = h.b.ModuleLoad(dev, kernels.Module())
 		h.wantErr(at("ModuleLoad"), err, gpu.ErrInvalidValue, gpu.ErrNotSupported)
 		_, err = h.b.GraphCreate(dev)
 		h.wantErr(at("GraphCreate"), err, gpu.ErrInvalidValue)
-		_, _, err = gpu.VirtualMemoryOf(h.b, dev)
+		_, _, err = gpu.VirtualMemoryOf(h.raw, dev)
 		h.wantErr(at("VirtualMemoryOf"), err, gpu.ErrInvalidValue)
+		_, err = gpu.StreamMemOpsOf(h.raw, dev)
+		h.wantErr(at("StreamMemOpsOf"), err, gpu.ErrInvalidValue)
 	}
 	h.wantCounters("after calls with bad ordinals", before, nil)
 }

@@ -213,8 +213,14 @@ func OpenChecked(t *testing.T, open func(t *testing.T) gpu.Backend) gpu.Backend 
 // that fail the test on unexpected errors.
 type h struct {
 	*testing.T
-	b     gpu.Backend // what the tests call: raw, maybe behind a recorder
-	raw   gpu.Backend // the backend open returned, for its optional interfaces
+	b   gpu.Backend // what the tests call: raw, maybe behind a recorder
+	raw gpu.Backend // the backend open returned, for its optional interfaces
+	// vm and mo are raw's virtual memory and stream memory operations
+	// (behind recorders too), set by vmm and streamMemOps: nil until a
+	// test asked for them, and when the device lacks them (the test then
+	// skipped).
+	vm    gpu.VirtualMemory
+	mo    gpu.StreamMemOps
 	live  []*res
 	mods  map[int]gpu.Module
 	fns   map[string]gpu.Function
@@ -606,37 +612,61 @@ func (h *h) needDevices(n int) {
 	}
 }
 
-// vmm returns dev's granularity, skipping the test when dev has no VMM.
+// vmm sets h.vm and returns dev's granularity, skipping the test when the
+// backend or dev has no VMM.
 func (h *h) vmm(dev int) uint64 {
 	h.Helper()
-	_, gran, err := gpu.VirtualMemoryOf(h.b, dev)
+	vm, gran, err := h.vmOf(dev)
 	if errors.Is(err, gpu.ErrNotSupported) {
 		h.Skipf("virtual memory: %v", err)
 	}
 	h.ok("VirtualMemoryOf", err)
+	h.vm = vm
 	return gran
+}
+
+// vmOf is gpu.VirtualMemoryOf of the raw backend, behind a recorder for the
+// coverage check (the look-up asks AllocationGranularity).
+func (h *h) vmOf(dev int) (gpu.VirtualMemory, uint64, error) {
+	vm, gran, err := gpu.VirtualMemoryOf(h.raw, dev)
+	if err != nil || h.note == nil {
+		return vm, gran, err
+	}
+	h.note("AllocationGranularity")
+	return &vmRecorder{b: vm, note: h.note}, gran, nil
+}
+
+// memOpsOf is gpu.StreamMemOpsOf of the raw backend, behind a recorder for
+// the coverage check (the look-up asks StreamMemOpsSupported).
+func (h *h) memOpsOf(dev int) (gpu.StreamMemOps, error) {
+	mo, err := gpu.StreamMemOpsOf(h.raw, dev)
+	if err != nil || h.note == nil {
+		return mo, err
+	}
+	h.note("StreamMemOpsSupported")
+	return &memOpsRecorder{b: mo, note: h.note}, nil
 }
 
 func (h *h) chunk(dev int, size uint64) gpu.PhysMem {
 	h.Helper()
-	c, err := h.b.MemCreate(dev, size)
+	c, err := h.vm.MemCreate(dev, size)
 	h.ok(fmt.Sprintf("MemCreate(%d, %d)", dev, size), err)
-	h.track(chunkKey(c), 0, func() error { return h.b.MemRelease(c) })
+	h.track(chunkKey(c), 0, func() error { return h.vm.MemRelease(c) })
 	return c
 }
 
 func (h *h) reserve(size, align uint64) gpu.DevicePtr {
 	h.Helper()
-	p, err := h.b.MemAddressReserve(size, align)
+	p, err := h.vm.MemAddressReserve(size, align)
 	h.ok(fmt.Sprintf("MemAddressReserve(%d, %d)", size, align), err)
-	h.track(reserveKey(p), 0, func() error { return h.b.MemAddressFree(p, size) })
+	h.track(reserveKey(p), 0, func() error { return h.vm.MemAddressFree(p, size) })
 	return p
 }
 
 func (h *h) mapAt(p gpu.DevicePtr, size, off uint64, c gpu.PhysMem) {
 	h.Helper()
-	h.ok(fmt.Sprintf("MemMap(%#x, %d, %d)", uint64(p), size, off), h.b.MemMap(p, size, off, c))
-	h.track(mapKey(p), 0, func() error { return h.b.MemUnmap(p, size) })
+	h.ok(fmt.Sprintf("MemMap(%#x, %d, %d)", uint64(p), size, off), h.vm.MemMap(p, size, off, c))
+	h.track(mapKey(p), 0, func() error { return h.vm.MemUnmap(p, size) })
 }
 
 // mapped creates a chunk of size bytes on dev, reserves a range, maps the
@@ -646,7 +676,7 @@ func (h *h) mapped(dev int, size uint64) (gpu.DevicePtr, gpu.PhysMem) {
 	c := h.chunk(dev, size)
 	p := h.reserve(size, 0)
 	h.mapAt(p, size, 0, c)
-	h.ok("MemSetAccess", h.b.MemSetAccess(p, size, []int{dev}))
+	h.ok("MemSetAccess", h.vm.MemSetAccess(p, size, []int{dev}))
 	return p, c
 }
 

@@ -19,27 +19,33 @@ var hostMemTests = []test{
 // timelineWait is how long a test waits for a stream write to become visible.
 const timelineWait = 10 * time.Second
 
+// streamMemOps sets h.mo, skipping the test when the backend or dev has no
+// stream memory operations.
 func (h *h) streamMemOps(dev int) {
 	h.Helper()
-	_, err := gpu.StreamMemOpsOf(h.b, dev)
+	mo, err := h.memOpsOf(dev)
 	if errors.Is(err, gpu.ErrNotSupported) {
 		h.Skipf("stream memory operations: %v", err)
 	}
 	h.ok("StreamMemOpsOf", err)
+	h.mo = mo
 }
 
 func (h *h) hostAlloc(size uint64) gpu.HostMem {
 	h.Helper()
-	m, err := h.b.HostAlloc(size)
+	if h.mo == nil {
+		h.streamMemOps(0)
+	}
+	m, err := h.mo.HostAlloc(size)
 	h.ok("HostAlloc", err)
-	h.track(hostKey(m.Handle), 0, func() error { return h.b.HostFree(m.Handle) })
+	h.track(hostKey(m.Handle), 0, func() error { return h.mo.HostFree(m.Handle) })
 	return m
 }
 
 func testHostAllocFree(h *h) {
 	h.streamMemOps(0)
 	before, _ := h.counters()
-	m, err := h.b.HostAlloc(4096)
+	m, err := h.mo.HostAlloc(4096)
 	h.ok("HostAlloc", err)
 	h.wantCounters("after HostAlloc", before, func(c *gpu.Counters) { c.HostAllocs++ })
 	if m.Handle == 0 || m.Ptr == 0 || len(m.Bytes) != 4096 {
@@ -58,10 +64,10 @@ func testHostAllocFree(h *h) {
 	if m.Load64(8) != 42 {
 		h.Errorf("Store64/Load64 roundtrip")
 	}
-	h.ok("HostFree", h.b.HostFree(m.Handle))
+	h.ok("HostFree", h.mo.HostFree(m.Handle))
 	h.wantCounters("after HostFree", before, nil)
-	h.wantErr("second HostFree", h.b.HostFree(m.Handle), gpu.ErrInvalidHandle)
-	h.wantErr("HostFree(0)", h.b.HostFree(0), gpu.ErrInvalidHandle)
+	h.wantErr("second HostFree", h.mo.HostFree(m.Handle), gpu.ErrInvalidHandle)
+	h.wantErr("HostFree(0)", h.mo.HostFree(0), gpu.ErrInvalidHandle)
 }
 
 func testWriteValueVisible(h *h) {
@@ -69,7 +75,7 @@ func testWriteValueVisible(h *h) {
 	m := h.hostAlloc(64)
 	s := h.stream(0)
 	const v = 0x1122334455667788
-	h.ok("StreamWriteValue64", h.b.StreamWriteValue64(s, m.Ptr.Add(8), v))
+	h.ok("StreamWriteValue64", h.mo.StreamWriteValue64(s, m.Ptr.Add(8), v))
 	if !eventually(timelineWait, func() bool { return m.Load64(8) == v }) {
 		h.Fatalf("StreamWriteValue64 not visible to Load64 after %v without a synchronize: %#x", timelineWait, m.Load64(8))
 	}
@@ -78,14 +84,14 @@ func testWriteValueVisible(h *h) {
 	}
 	// Later writes to the same word are seen in order.
 	for i := uint64(1); i <= 100; i++ {
-		h.ok("StreamWriteValue64", h.b.StreamWriteValue64(s, m.Ptr.Add(8), i))
+		h.ok("StreamWriteValue64", h.mo.StreamWriteValue64(s, m.Ptr.Add(8), i))
 	}
 	h.sync(s)
 	if got := m.Load64(8); got != 100 {
 		h.Errorf("after 100 writes and a synchronize the word is %d", got)
 	}
-	h.wantErr("StreamWriteValue64 at a misaligned address", h.b.StreamWriteValue64(s, m.Ptr.Add(4), 1), gpu.ErrInvalidValue)
-	h.wantErr("StreamWriteValue64 on stream 0", h.b.StreamWriteValue64(0, m.Ptr, 1), gpu.ErrInvalidHandle)
+	h.wantErr("StreamWriteValue64 at a misaligned address", h.mo.StreamWriteValue64(s, m.Ptr.Add(4), 1), gpu.ErrInvalidValue)
+	h.wantErr("StreamWriteValue64 on stream 0", h.mo.StreamWriteValue64(0, m.Ptr, 1), gpu.ErrInvalidHandle)
 	h.sync(s)
 }
 
@@ -102,7 +108,7 @@ func testWriteValueOrdered(h *h) {
 	h.busy(0, s)
 	h.launch(h.fillParams(0, out, 4, n), s)
 	h.ok("EventRecord", h.b.EventRecord(e, s))
-	h.ok("StreamWriteValue64", h.b.StreamWriteValue64(s, m.Ptr.Add(16), 7))
+	h.ok("StreamWriteValue64", h.mo.StreamWriteValue64(s, m.Ptr.Add(16), 7))
 	if !eventually(timelineWait, func() bool { return m.Load64(16) == 7 }) {
 		h.Fatalf("StreamWriteValue64 after a kernel not visible after %v", timelineWait)
 	}
@@ -119,7 +125,7 @@ func testWriteValueDevice(h *h) {
 	h.ok("Memset", h.b.Memset(gpu.Memset{Dst: p, ElemSize: 1, Count: 24}))
 	s := h.stream(0)
 	const v = 0xfedcba9876543210
-	h.ok("StreamWriteValue64 into device memory", h.b.StreamWriteValue64(s, p.Add(8), v))
+	h.ok("StreamWriteValue64 into device memory", h.mo.StreamWriteValue64(s, p.Add(8), v))
 	h.sync(s)
 	got := h.download(p, 24)
 	if binary.LittleEndian.Uint64(got[8:]) != v || binary.LittleEndian.Uint64(got[:8]) != 0 || binary.LittleEndian.Uint64(got[16:]) != 0 {
@@ -132,7 +138,7 @@ func testWriteValueCaptured(h *h) {
 	m := h.hostAlloc(64)
 	s := h.stream(0)
 	h.ok("StreamBeginCapture", h.b.StreamBeginCapture(s))
-	h.ok("StreamWriteValue64 while capturing", h.b.StreamWriteValue64(s, m.Ptr.Add(24), 5))
+	h.ok("StreamWriteValue64 while capturing", h.mo.StreamWriteValue64(s, m.Ptr.Add(24), 5))
 	g, err := h.b.StreamEndCapture(s)
 	h.ok("StreamEndCapture", err)
 	h.trackGraph(g)

@@ -45,7 +45,8 @@ func cacheArgs(p []gpu.DevicePtr, first, n int) []gpu.Arg {
 }
 
 // randPositions are n positions in [0, npos), the last position of the
-// cache and the first among them.
+// cache and the first among them, and with three rows or more an inactive
+// one.
 func randPositions(r *rand.Rand, n, npos int) []int32 {
 	pos := make([]int32, n)
 	for i := range pos {
@@ -55,7 +56,18 @@ func randPositions(r *rand.Rand, n, npos int) []int32 {
 	if n > 1 {
 		pos[1] = 0
 	}
+	if n > 2 {
+		pos[2] = kernels.InactiveRow
+	}
 	return pos
+}
+
+// kvLayers is a random position-major layout (kernels/gpt2.go, KV caches)
+// for caches of d columns: the model's layers, the layer a launch sees and
+// the stride between positions, in floats.
+func kvLayers(r *rand.Rand, d int) (layers, layer, stride int) {
+	layers = 1 + r.IntN(3)
+	return layers, r.IntN(layers), layers * 2 * d
 }
 
 func gpt2KernelCases() []kernelCase {
@@ -67,6 +79,9 @@ func gpt2KernelCases() []kernelCase {
 				toks[i], pos[i] = int32(r.IntN(vocab)), int32(r.IntN(npos))
 			}
 			toks[0], pos[0] = int32(vocab-1), int32(npos-1)
+			if rows > 1 {
+				toks[1], pos[1] = int32(vocab+7), kernels.InactiveRow // zeros: the token is not read
+			}
 			return kernelInst{
 				bufs: []kbuf{exactOut(randF32(r, rows*d)), in(randF32(r, vocab*d)), in(randF32(r, npos*d)), i32Buf(toks), i32Buf(pos)},
 				args: func(p []gpu.DevicePtr) []gpu.Arg {
@@ -88,6 +103,7 @@ func gpt2KernelCases() []kernelCase {
 			}
 		}},
 	}
+	cases = append(cases, kernelCase{name: kernels.Argmax, kernel: kernels.Argmax, make: makeArgmax})
 	for _, nseq := range []int{1, 3, kernels.MaxSeqsPerLaunch} {
 		cases = append(cases,
 			kernelCase{name: fmt.Sprintf("%s_%dseq", kernels.KVAppend, nseq), kernel: kernels.KVAppend,
@@ -149,16 +165,17 @@ func kvShape(r *rand.Rand) (heads, hd, npos int) {
 func makeKVAppend(r *rand.Rand, nseq int) kernelInst {
 	heads, hd, npos := kvShape(r)
 	d := heads * hd
+	layers, layer, stride := kvLayers(r, d)
 	pos := randPositions(r, nseq, npos)
 	bufs := []kbuf{exactOut(randF32(r, nseq*d)), in(randF32(r, nseq*3*d)), in(randF32(r, 3*d)), i32Buf(pos)}
 	for range nseq {
-		bufs = append(bufs, exactOut(randF32(r, 2*npos*d)))
+		bufs = append(bufs, exactOut(randF32(r, npos*stride)))
 	}
 	return kernelInst{
 		bufs: bufs,
 		args: func(p []gpu.DevicePtr) []gpu.Arg {
 			a := append(ptrs(p[:4]), cacheArgs(p, 4, nseq)...)
-			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(d)), gpu.I32(int32(npos)))
+			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(d)), gpu.I32(int32(layers)), gpu.I32(int32(layer)), gpu.I32(int32(npos)))
 		},
 		cfg: kernels.Elementwise(nseq * d),
 	}
@@ -170,28 +187,37 @@ func makeDecodeAttention(r *rand.Rand, nseq int) kernelInst {
 	// that ignores it.
 	hd = max(hd, 2)
 	d := heads * hd
+	layers, layer, stride := kvLayers(r, d)
 	pos := randPositions(r, nseq, npos)
 	q := randF32(r, nseq*d)
 	scale := float32(1 / math.Sqrt(float64(hd)))
 	caches := make([][]float32, nseq)
 	bufs := []kbuf{out(randF32(r, nseq*d)), in(q), i32Buf(pos)}
 	for i := range caches {
-		caches[i] = randF32(r, 2*npos*d)
+		caches[i] = randF32(r, npos*stride)
 		bufs = append(bufs, in(caches[i]))
 	}
 	return kernelInst{
 		bufs: bufs,
 		args: func(p []gpu.DevicePtr) []gpu.Arg {
 			a := append(ptrs(p[:3]), cacheArgs(p, 3, nseq)...)
-			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(heads)), gpu.I32(int32(hd)), gpu.I32(int32(npos)), gpu.F32(scale))
+			return append(a, gpu.I32(int32(nseq)), gpu.I32(int32(heads)), gpu.I32(int32(hd)), gpu.I32(int32(layers)), gpu.I32(int32(layer)), gpu.I32(int32(npos)), gpu.F32(scale))
 		},
 		cfg: kernels.DecodeAttentionConfig(nseq, heads, hd, npos),
 		check: func(h *h, in, ref, got [][]byte) {
 			h.Logf("attention nseq=%d heads=%d headDim=%d npos=%d positions=%v", nseq, heads, hd, npos, pos)
 			want, bound := make([]float64, nseq*d), make([]float64, nseq*d)
 			for i := range nseq {
+				if pos[i] == kernels.InactiveRow {
+					continue // zeros, exactly
+				}
 				n := int(pos[i]) + 1
-				keys, vals := caches[i][:npos*d], caches[i][npos*d:]
+				keys, vals := make([]float32, n*d), make([]float32, n*d)
+				for t := range n {
+					row := caches[i][t*stride+layer*2*d:]
+					copy(keys[t*d:], row[:d])
+					copy(vals[t*d:], row[d:2*d])
+				}
 				for hh := range heads {
 					s := make([]float64, n)
 					m, maxDs := math.Inf(-1), 0.0
@@ -230,5 +256,25 @@ func makeDecodeAttention(r *rand.Rand, nseq int) kernelInst {
 			h.within("reference", gpu.BytesToF32(ref[0]), want, bound)
 			h.within("backend", gpu.BytesToF32(got[0]), want, bound)
 		},
+	}
+}
+
+// makeArgmax: rows of random logits, one with its maximum twice (the lower
+// index wins) and one with NaNs, compared with the reference bit for bit.
+func makeArgmax(r *rand.Rand) kernelInst {
+	rows, vocab := 1+r.IntN(6), 1+r.IntN(3000)
+	x := randF32(r, rows*vocab)
+	if vocab > 2 {
+		x[vocab-1], x[1] = 9, 9
+		if rows > 1 {
+			x[vocab] = float32(math.NaN())
+		}
+	}
+	return kernelInst{
+		bufs: []kbuf{{init: make([]byte, 4*rows), out: true, exact: true}, exactOut(randF32(r, 2*rows)), in(x)},
+		args: func(p []gpu.DevicePtr) []gpu.Arg {
+			return append(ptrs(p), gpu.I32(int32(rows)), gpu.I32(int32(vocab)))
+		},
+		cfg: kernels.ArgmaxConfig(rows),
 	}
 }

@@ -191,7 +191,7 @@ var mutants = []mutant{
 		}},
 	{"attention-scale-ignored", []string{"Kernels/sg_decode_attention_1seq", "Kernels/sg_decode_attention_8seq"},
 		func(b *sim.Backend) gpu.Backend {
-			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[15] = gpu.F32(1) }}
+			return argsMutated{b, kernels.DecodeAttention, func(a []gpu.Arg) { a[17] = gpu.F32(1) }}
 		}},
 	{"kv-append-caches-swapped", []string{"Kernels/sg_kv_append_3seq", "Kernels/sg_kv_append_8seq"},
 		func(b *sim.Backend) gpu.Backend {
@@ -215,7 +215,7 @@ func TestMutantChild(t *testing.T) {
 	for _, m := range mutants {
 		if m.name == name {
 			Run(t, func(t *testing.T) gpu.Backend {
-				b, err := sim.New(gpu.Config{Devices: 2})
+				b, err := sim.New(sim.Config{Devices: 2})
 				if err != nil {
 					t.Fatal(err)
 				}

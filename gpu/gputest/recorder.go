@@ -18,11 +18,6 @@ type recorder struct {
 
 var _ gpu.Backend = (*recorder)(nil)
 
-func (r *recorder) AllocationGranularity(a0 int) (uint64, error) {
-	r.note("AllocationGranularity")
-	return r.b.AllocationGranularity(a0)
-}
-
 func (r *recorder) Close() error {
 	r.note("Close")
 	return r.b.Close()
@@ -178,39 +173,14 @@ func (r *recorder) GraphNodes(a0 gpu.Graph) ([]gpu.GraphNode, error) {
 	return r.b.GraphNodes(a0)
 }
 
-func (r *recorder) HostAlloc(a0 uint64) (gpu.HostMem, error) {
-	r.note("HostAlloc")
-	return r.b.HostAlloc(a0)
-}
-
-func (r *recorder) HostFree(a0 gpu.HostAlloc) error {
-	r.note("HostFree")
-	return r.b.HostFree(a0)
-}
-
 func (r *recorder) LaunchKernel(a0 gpu.Function, a1 gpu.LaunchConfig, a2 []gpu.Arg, a3 gpu.Stream) error {
 	r.note("LaunchKernel")
 	return r.b.LaunchKernel(a0, a1, a2, a3)
 }
 
-func (r *recorder) MemAddressFree(a0 gpu.DevicePtr, a1 uint64) error {
-	r.note("MemAddressFree")
-	return r.b.MemAddressFree(a0, a1)
-}
-
-func (r *recorder) MemAddressReserve(a0 uint64, a1 uint64) (gpu.DevicePtr, error) {
-	r.note("MemAddressReserve")
-	return r.b.MemAddressReserve(a0, a1)
-}
-
 func (r *recorder) MemAlloc(a0 int, a1 uint64) (gpu.DevicePtr, error) {
 	r.note("MemAlloc")
 	return r.b.MemAlloc(a0, a1)
-}
-
-func (r *recorder) MemCreate(a0 int, a1 uint64) (gpu.PhysMem, error) {
-	r.note("MemCreate")
-	return r.b.MemCreate(a0, a1)
 }
 
 func (r *recorder) MemFree(a0 gpu.DevicePtr) error {
@@ -221,26 +191,6 @@ func (r *recorder) MemFree(a0 gpu.DevicePtr) error {
 func (r *recorder) MemGetInfo(a0 int) (uint64, uint64, error) {
 	r.note("MemGetInfo")
 	return r.b.MemGetInfo(a0)
-}
-
-func (r *recorder) MemMap(a0 gpu.DevicePtr, a1 uint64, a2 uint64, a3 gpu.PhysMem) error {
-	r.note("MemMap")
-	return r.b.MemMap(a0, a1, a2, a3)
-}
-
-func (r *recorder) MemRelease(a0 gpu.PhysMem) error {
-	r.note("MemRelease")
-	return r.b.MemRelease(a0)
-}
-
-func (r *recorder) MemSetAccess(a0 gpu.DevicePtr, a1 uint64, a2 []int) error {
-	r.note("MemSetAccess")
-	return r.b.MemSetAccess(a0, a1, a2)
-}
-
-func (r *recorder) MemUnmap(a0 gpu.DevicePtr, a1 uint64) error {
-	r.note("MemUnmap")
-	return r.b.MemUnmap(a0, a1)
 }
 
 func (r *recorder) MemcpyDtoD(a0 gpu.DevicePtr, a1 gpu.DevicePtr, a2 uint64) error {
@@ -348,7 +298,78 @@ func (r *recorder) StreamWaitEvent(a0 gpu.Stream, a1 gpu.Event) error {
 	return r.b.StreamWaitEvent(a0, a1)
 }
 
-func (r *recorder) StreamWriteValue64(a0 gpu.Stream, a1 gpu.DevicePtr, a2 uint64) error {
+// vmRecorder forwards every gpu.VirtualMemory call to b after noting its name.
+type vmRecorder struct {
+	b    gpu.VirtualMemory
+	note func(method string)
+}
+
+var _ gpu.VirtualMemory = (*vmRecorder)(nil)
+
+func (r *vmRecorder) AllocationGranularity(a0 int) (uint64, error) {
+	r.note("AllocationGranularity")
+	return r.b.AllocationGranularity(a0)
+}
+
+func (r *vmRecorder) MemAddressFree(a0 gpu.DevicePtr, a1 uint64) error {
+	r.note("MemAddressFree")
+	return r.b.MemAddressFree(a0, a1)
+}
+
+func (r *vmRecorder) MemAddressReserve(a0 uint64, a1 uint64) (gpu.DevicePtr, error) {
+	r.note("MemAddressReserve")
+	return r.b.MemAddressReserve(a0, a1)
+}
+
+func (r *vmRecorder) MemCreate(a0 int, a1 uint64) (gpu.PhysMem, error) {
+	r.note("MemCreate")
+	return r.b.MemCreate(a0, a1)
+}
+
+func (r *vmRecorder) MemMap(a0 gpu.DevicePtr, a1 uint64, a2 uint64, a3 gpu.PhysMem) error {
+	r.note("MemMap")
+	return r.b.MemMap(a0, a1, a2, a3)
+}
+
+func (r *vmRecorder) MemRelease(a0 gpu.PhysMem) error {
+	r.note("MemRelease")
+	return r.b.MemRelease(a0)
+}
+
+func (r *vmRecorder) MemSetAccess(a0 gpu.DevicePtr, a1 uint64, a2 []int) error {
+	r.note("MemSetAccess")
+	return r.b.MemSetAccess(a0, a1, a2)
+}
+
+func (r *vmRecorder) MemUnmap(a0 gpu.DevicePtr, a1 uint64) error {
+	r.note("MemUnmap")
+	return r.b.MemUnmap(a0, a1)
+}
+
+// memOpsRecorder forwards every gpu.StreamMemOps call to b after noting its name.
+type memOpsRecorder struct {
+	b    gpu.StreamMemOps
+	note func(method string)
+}
+
+var _ gpu.StreamMemOps = (*memOpsRecorder)(nil)
+
+func (r *memOpsRecorder) HostAlloc(a0 uint64) (gpu.HostMem, error) {
+	r.note("HostAlloc")
+	return r.b.HostAlloc(a0)
+}
+
+func (r *memOpsRecorder) HostFree(a0 gpu.HostAlloc) error {
+	r.note("HostFree")
+	return r.b.HostFree(a0)
+}
+
+func (r *memOpsRecorder) StreamMemOpsSupported(a0 int) error {
+	r.note("StreamMemOpsSupported")
+	return r.b.StreamMemOpsSupported(a0)
+}
+
+func (r *memOpsRecorder) StreamWriteValue64(a0 gpu.Stream, a1 gpu.DevicePtr, a2 uint64) error {
 	r.note("StreamWriteValue64")
 	return r.b.StreamWriteValue64(a0, a1, a2)
 }

@@ -11,7 +11,7 @@ import (
 // TestSim runs the conformance suite on the sim backend with two devices.
 func TestSim(t *testing.T) {
 	gputest.Run(t, func(t *testing.T) gpu.Backend {
-		b, err := sim.New(gpu.Config{Devices: 2})
+		b, err := sim.New(sim.Config{Devices: 2})
 		if err != nil {
 			t.Fatalf("sim.New: %v", err)
 		}

@@ -172,7 +172,7 @@ func testWaitOpenedByStream(h *h) {
 	word := h.alloc(0, 8)
 	h.ok("Memset", h.b.Memset(gpu.Memset{Dst: word, ElemSize: 4, Count: 2}))
 	waiter, writer := h.stream(0), h.stream(0)
-	h.Cleanup(func() { _ = h.b.StreamWriteValue64(writer, word, 1<<62) }) // never left waiting
+	h.Cleanup(func() { _ = h.mo.StreamWriteValue64(writer, word, 1<<62) }) // never left waiting
 	const n = 1 << 12
 	out := h.alloc(0, 4*n)
 	h.setF32(out, 0, n)
@@ -183,7 +183,7 @@ func testWaitOpenedByStream(h *h) {
 	time.Sleep(gateHold)
 	h.wantHeld("device word at 0", e)
 	h.launch(h.fillParams(0, out, 4, n), writer) // runs first: the waiter's fill overwrites it
-	h.ok("StreamWriteValue64", h.b.StreamWriteValue64(writer, word, 2))
+	h.ok("StreamWriteValue64", h.mo.StreamWriteValue64(writer, word, 2))
 	h.wantReleased("device word written by another stream", e)
 	h.sync(waiter)
 	h.sync(writer)

@@ -119,7 +119,7 @@ func captureGemm(t *testing.T, b *Backend, s gpu.Stream, p gpu.GemmParams) gpu.G
 // and workspace, as cuBLAS does, and every path computes the product and
 // bias to float32 accuracy, eager and replayed, with the same bits.
 func TestGemmKernelChoice(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	r := rand.New(rand.NewPCG(1, 2))
 	ws := alloc(t, b, 0, blasWorkspace)
@@ -172,7 +172,7 @@ func TestGemmKernelChoice(t *testing.T) {
 // layout of their parameters differs), the split's differ (its sums are
 // grouped by part), and all are close to the float64 product.
 func TestGemmPathsBits(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	r := rand.New(rand.NewPCG(3, 4))
 	d := newGemm(t, b, r, 16, 64, 512, false, 0)
@@ -214,7 +214,7 @@ func TestGemmPathsBits(t *testing.T) {
 // workspace the capture has no memory node and every capture holds the
 // same parameters.
 func TestGemmCaptureWithoutWorkspace(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	r := rand.New(rand.NewPCG(5, 6))
 	d := newGemm(t, b, r, 8, 256, 256, true, 0)
@@ -273,7 +273,7 @@ func TestGemmCaptureWithoutWorkspace(t *testing.T) {
 // address of another alignment class faults, as a misaligned vector load
 // does on a GPU; this is what a trace reused across classes would do.
 func TestGemmMisalignedVectorFaults(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	r := rand.New(rand.NewPCG(7, 8))
 	d := newGemm(t, b, r, 64, 96, 32, false, 0)
@@ -297,7 +297,7 @@ func TestGemmMisalignedVectorFaults(t *testing.T) {
 // TestGemmErrors: bad parameters are refused before anything runs, and a
 // wrong-sized struct is refused by the node update.
 func TestGemmErrors(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	ok := gpu.GemmParams{C: 1 << 40, A: 1 << 41, B: 1 << 42, M: 2, N: 2, K: 2, Alpha: 1}
 	for name, mod := range map[string]func(*gpu.GemmParams){
@@ -353,7 +353,7 @@ func TestGemmErrors(t *testing.T) {
 // TestGraphNodeReader reads memcpy and memset nodes back, and refuses
 // nodes of another type.
 func TestGraphNodeReader(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	g := newGraph(t, b, 0)
 	cp := gpu.MemcpyParams{Dst: 1 << 40, Src: 1 << 41, Size: 64}
 	ms := gpu.Memset{Dst: 1 << 42, Value: 7, ElemSize: 4, Count: 16}

@@ -3,7 +3,6 @@ package sim
 import (
 	"crypto/rand"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -15,9 +14,12 @@ import (
 
 // Collectives: the sim implements gpu.Collectives with its devices as the
 // ranks. A communicator is made by CommInit calls of every rank on distinct
-// devices of one Backend (there is no multi-process sim), and each
-// collective is stream work that completes when every rank's stream has
-// reached it, as with NCCL.
+// devices of one Backend, and each collective is stream work that completes
+// when every rank's stream has reached it, as with NCCL. With a Transport
+// (Config.Transport, SetTransport) the ranks are processes instead, one per
+// process: see transport.go. Both run the same kernel, check the same
+// arguments and combine the ranks' data with the same code (collCombine),
+// so they give the same bits.
 //
 // # Model
 //
@@ -107,10 +109,11 @@ var _ gpu.Collectives = (*Backend)(nil)
 type collState struct {
 	timeout time.Duration // guarded by mu
 
-	mu      sync.Mutex
-	pending map[gpu.CommID]*commGroup // communicators still gathering ranks
-	comms   map[gpu.Comm]*commRank    // live handles
-	fns     map[int]*function         // per device, the internal function
+	mu        sync.Mutex
+	transport Transport                 // nil: communicators in this process
+	pending   map[gpu.CommID]*commGroup // communicators still gathering ranks
+	comms     map[gpu.Comm]*commRank    // live handles
+	fns       map[int]*function         // per device, the internal function
 }
 
 // commGroup is one communicator: the ranks of every device taking part.
@@ -135,6 +138,9 @@ type commRank struct {
 	rank   int
 	dev    int
 	seq    uint64 // the number of its next operation; guarded by g.mu
+	// t carries the communicator to the other processes' ranks (one per
+	// process); nil when every rank is a device of this Backend.
+	t Transport
 }
 
 // collArgs is one rank's part of an operation.
@@ -228,6 +234,9 @@ func (b *Backend) CommInit(dev int, id gpu.CommID, nranks, rank int) (gpu.Comm, 
 	}
 	if err := b.checkDev(op, dev); err != nil {
 		return 0, err
+	}
+	if t := b.transport(); t != nil {
+		return b.commInitOver(t, dev, id, nranks, rank)
 	}
 	switch {
 	case nranks < 1 || nranks > len(b.devs):
@@ -507,7 +516,11 @@ func (b *Backend) collKernel(_ gpu.Memory, _ gpu.LaunchConfig, args []gpu.Arg) e
 		return err
 	}
 	a.dev = cr.dev
-	err = b.arrive(opName, cr, a)
+	if cr.t != nil {
+		err = b.collectiveOver(opName, cr, a)
+	} else {
+		err = b.arrive(opName, cr, a)
+	}
 	if err != nil {
 		// Sticky on this rank's device whatever the cause (a peer's
 		// fault is not this device's, so it is not a *gpu.FaultError here).
@@ -641,37 +654,39 @@ func (b *Backend) perform(opName string, seq uint64, o *collOp) error {
 		}
 		sends = append(sends, s)
 	}
-	var recvs [][]byte
-	switch a0.kind {
-	case collAllReduce:
-		red := collref.Reduce(sends, a0.dt, a0.op)
-		for range nranks {
-			recvs = append(recvs, red)
-		}
-	case collReduceScatter:
-		red := collref.Reduce(sends, a0.dt, a0.op)
-		for r := range nranks {
-			recvs = append(recvs, red[uint64(r)*recvN:uint64(r+1)*recvN])
-		}
-	case collAllGather:
-		all := make([]byte, 0, recvN)
-		for _, s := range sends {
-			all = append(all, s...)
-		}
-		for range nranks {
-			recvs = append(recvs, all)
-		}
-	case collBroadcast:
-		for range nranks {
-			recvs = append(recvs, sends[a0.root])
-		}
-	}
+	all := collCombine(a0, sends)
 	for r := range nranks {
-		if err := write(r, recvs[r]); err != nil {
+		if err := write(r, collPart(a0, all, r, recvN)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// collCombine combines the ranks' send buffers (by rank; nil for the ranks
+// a broadcast does not read) into what the operation produces: the
+// reduction in rank order (rank 0's value, then rank 1's added, and so on,
+// so that results are exact and deterministic), the concatenation, or the
+// root's buffer.
+func collCombine(a *collArgs, sends [][]byte) []byte {
+	switch a.kind {
+	case collAllReduce, collReduceScatter:
+		return collref.Reduce(sends, a.dt, a.op)
+	case collAllGather:
+		return slices.Concat(sends...)
+	case collBroadcast:
+		return sends[a.root]
+	}
+	return nil
+}
+
+// collPart is rank r's receive buffer of recvN bytes, cut from what
+// collCombine produced.
+func collPart(a *collArgs, all []byte, r int, recvN uint64) []byte {
+	if a.kind == collReduceScatter {
+		return all[uint64(r)*recvN : uint64(r+1)*recvN]
+	}
+	return all
 }
 
 func (a *collArgs) describe() string {
@@ -707,5 +722,3 @@ func (b *Backend) closeComms() {
 	clear(b.coll.pending)
 	clear(b.coll.fns)
 }
-
-var collectivesType = reflect.TypeFor[gpu.Collectives]()

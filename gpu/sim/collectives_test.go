@@ -70,7 +70,7 @@ func rankData(r, n int) []float32 {
 
 func TestCollectivesExactInRankOrder(t *testing.T) {
 	const n, count = 4, 37
-	b := newSim(t, gpu.Config{Devices: n})
+	b := newSim(t, Config{Devices: n})
 	comms := commRanks(t, b, n)
 	for r, c := range comms {
 		rank, size, err := b.CommRank(c)
@@ -205,7 +205,7 @@ func TestCollectivesExactInRankOrder(t *testing.T) {
 
 func TestCollectiveCapturedIsAKernelNodeAndReplays(t *testing.T) {
 	const n, count = 2, 16
-	b := newSim(t, gpu.Config{Devices: n})
+	b := newSim(t, Config{Devices: n})
 	comms := commRanks(t, b, n)
 	rs := rankSetup(t, b, n, 4*count, 4*count)
 	xs := make([]gpu.GraphExec, n)
@@ -248,7 +248,7 @@ func TestCollectiveCapturedIsAKernelNodeAndReplays(t *testing.T) {
 }
 
 func TestCommInitMissingRankTimesOut(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 3})
+	b := newSim(t, Config{Devices: 3})
 	b.SetCommTimeout(50 * time.Millisecond)
 	id, err := b.CommUniqueID()
 	must(t, err)
@@ -279,7 +279,7 @@ func TestCommInitMissingRankTimesOut(t *testing.T) {
 }
 
 func TestCommInitRejectsBadJoins(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	b.SetCommTimeout(time.Second)
 	id, err := b.CommUniqueID()
 	must(t, err)
@@ -320,7 +320,7 @@ func waitRanks(t *testing.T, b *Backend, rs []rankBufs) ([]error, time.Duration)
 
 func TestCollectiveRankNeverArrives(t *testing.T) {
 	const n = 3
-	b := newSim(t, gpu.Config{Devices: n})
+	b := newSim(t, Config{Devices: n})
 	comms := commRanks(t, b, n)
 	b.SetCommTimeout(50 * time.Millisecond)
 	rs := rankSetup(t, b, n, 16, 16)
@@ -350,7 +350,7 @@ func TestCollectivePeerDestroysOrFaults(t *testing.T) {
 	for _, how := range []string{"destroy", "fault"} {
 		t.Run(how, func(t *testing.T) {
 			const n = 3
-			b := newSim(t, gpu.Config{Devices: n})
+			b := newSim(t, Config{Devices: n})
 			b.SetCommTimeout(time.Minute) // must not be what ends the wait
 			id, err := b.CommUniqueID()
 			must(t, err)
@@ -395,7 +395,7 @@ func TestCollectivePeerDestroysOrFaults(t *testing.T) {
 
 func TestCollectiveRanksDisagree(t *testing.T) {
 	const n = 2
-	b := newSim(t, gpu.Config{Devices: n})
+	b := newSim(t, Config{Devices: n})
 	comms := commRanks(t, b, n)
 	rs := rankSetup(t, b, n, 16, 16)
 	must(t, b.AllReduce(comms[0], rs[0].send, rs[0].recv, 4, gpu.Float32, gpu.Sum, rs[0].s))
@@ -411,7 +411,7 @@ func TestCollectiveRanksDisagree(t *testing.T) {
 }
 
 func TestCloseWithWaitingCollective(t *testing.T) {
-	b, err := New(gpu.Config{Devices: 2})
+	b, err := New(Config{Devices: 2})
 	must(t, err)
 	id, err := b.CommUniqueID()
 	must(t, err)

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"bytes"
-	"reflect"
 	"slices"
 	"sync"
 
@@ -33,8 +32,6 @@ import (
 // devNodeTag marks DevNode values, so that one is easy to tell from an
 // address or a handle in a dump.
 const devNodeTag = 0xdede << 48
-
-var devUpdatesType = reflect.TypeFor[gpu.DeviceUpdates]()
 
 var _ gpu.DeviceUpdates = (*Backend)(nil)
 

@@ -135,7 +135,7 @@ func (r *duRig) set(t *testing.T, p gpu.DevicePtr, v float32) {
 // own launch that does not depend on it races on a GPU; the sim fails the
 // launch with a sticky error, although it happens to run the patcher first.
 func TestDevUpdatePatcherRaceIsSticky(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	for _, ordered := range []bool{true, false} {
 		t.Run(fmt.Sprintf("ordered=%v", ordered), func(t *testing.T) {
 			r := newDURig(t, b, 1, 1, 2)
@@ -184,7 +184,7 @@ func TestDevUpdatePatcherRaceIsSticky(t *testing.T) {
 // uploaded exec, or past the end of the parameters; the patcher counts each
 // and applies the rest.
 func TestDevUpdateSetParamRefusals(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	r := newDURig(t, b, 6, 1, 8)
 	x0, y0, y1 := r.alloc(t, 4*duN), r.alloc(t, 4*duN), r.alloc(t, 4*duN)
 	mk := func(dev int) (gpu.Graph, gpu.GraphNode) {
@@ -238,7 +238,7 @@ func TestDevUpdateSetParamRefusals(t *testing.T) {
 // TestDevUpdateBookkeeping: DevNodes stay resolvable while an exec holds
 // their nodes (even after the graph is gone) and are dropped after.
 func TestDevUpdateBookkeeping(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	r := newDURig(t, b, 1, 1, 2)
 	x0, y0, y1 := r.alloc(t, 4*duN), r.alloc(t, 4*duN), r.alloc(t, 4*duN)
 	g, err := b.GraphCreate(0)
@@ -290,7 +290,7 @@ func TestDevUpdateBookkeeping(t *testing.T) {
 // otherwise: under -race this checks that the host's table writes and the
 // patcher's reads do not race when the protocol is kept.
 func TestDevUpdateRingBackToBack(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	const K, ring, steps = 6, 4, 40
 	r := newDURig(t, b, 2*K, ring, 2*K)
 	sets := make([][]gpu.DevicePtr, ring) // one buffer set per table
@@ -351,7 +351,7 @@ func TestDevUpdateRingBackToBack(t *testing.T) {
 // TestDevUpdateInjectedFaults: each entry point fails cleanly when a fault
 // is injected, and works on the next call.
 func TestDevUpdateInjectedFaults(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	r := newDURig(t, b, 1, 1, 2)
 	x0, y0 := r.alloc(t, 4*duN), r.alloc(t, 4*duN)
 	g := r.graph(t)
@@ -395,7 +395,7 @@ func TestDevUpdateInjectedFaults(t *testing.T) {
 // TestDevUpdateUploadResetsDeviceState: an upload replaces the device-side
 // parameters of every device-updatable node with the host-side ones.
 func TestDevUpdateUploadResetsDeviceState(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	r := newDURig(t, b, 1, 1, 2)
 	x0, y0, y1 := r.alloc(t, 4*duN), r.alloc(t, 4*duN), r.alloc(t, 4*duN)
 	g := r.graph(t)

@@ -2,7 +2,9 @@
 // "sim". It is a model of a CUDA device, not a mock: work really runs (kernels
 // are the Go references of their KernelSpec), asynchronously and in stream
 // order, against a checked 64-bit address space, and it reports what a real
-// GPU would silently corrupt. Open it with gpu.Open("sim", cfg) or New(cfg).
+// GPU would silently corrupt. Open it with New(Config{...}), or with
+// gpu.Open("sim", cfg) with a Config in cfg.Backends. It reads no
+// environment.
 //
 // # Address space
 //
@@ -163,6 +165,12 @@
 // library kernel, and completes once every rank's stream has reached it;
 // results are exact (reductions in rank order). Waits for other ranks end
 // at SetCommTimeout's deadline. See collectives.go for the model.
+//
+// Given a Transport (Config.Transport, SetTransport), the ranks are
+// processes instead, one per process, each a sim of its own, exchanging
+// their data through the transport (internal/netsim makes one of a
+// rendezvous group): the same kernel, checks and reduction, so the same
+// bits, and every other capability of the sim is kept. See transport.go.
 //
 // # GEMM library
 //

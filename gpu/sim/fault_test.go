@@ -106,7 +106,7 @@ func (sl *poolSlot) close(b *Backend) error {
 // construction uses, for N = 0, 1, ... until it succeeds, and checks that
 // every failure is reported and releases everything.
 func TestFaultInjectionSweep(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	ops := []string{"MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "ModuleLoad",
 		"ModuleFunction", "StreamCreate", "StreamBeginCapture", "LaunchKernel", "StreamWriteValue64",
 		"StreamEndCapture", "GraphInstantiate", "GraphLaunch", "StreamSynchronize"}
@@ -146,7 +146,7 @@ func TestFaultInjectionSweep(t *testing.T) {
 }
 
 func TestInjectFaultIsOneShotAndCounted(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	b.InjectFault("MemAlloc", 1, nil)
 	p, err := b.MemAlloc(0, 8)
 	must(t, err)
@@ -173,7 +173,7 @@ func TestInjectFaultIsOneShotAndCounted(t *testing.T) {
 
 func TestCloseReportsLeaksAndStopsGoroutines(t *testing.T) {
 	base := runtime.NumGoroutine()
-	b, err := New(gpu.Config{Devices: 2})
+	b, err := New(Config{Devices: 2})
 	must(t, err)
 	k, err := b.ModuleLoad(0, kernels.Module())
 	must(t, err)
@@ -239,7 +239,7 @@ func TestCloseReportsLeaksAndStopsGoroutines(t *testing.T) {
 }
 
 func TestCountersFollowEveryKind(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	c0 := b.LiveHandles()
 	s := newStream(t, b, 0)
 	_ = newEvent(t, b, 0, 0)

@@ -32,7 +32,7 @@ func nodeTypes(t *testing.T, b *Backend, g gpu.Graph) ([]gpu.GraphNode, []gpu.No
 }
 
 func TestCaptureRecordsNodesInsteadOfRunning(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	const n = 32
@@ -104,7 +104,7 @@ func TestCaptureRecordsNodesInsteadOfRunning(t *testing.T) {
 }
 
 func TestCaptureInvalidation(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	p := alloc(t, b, 0, 64)
@@ -172,7 +172,7 @@ func TestCaptureInvalidation(t *testing.T) {
 }
 
 func TestCaptureForkJoin(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s1, s2, s3 := newStream(t, b, 0), newStream(t, b, 0), newStream(t, b, 0)
 	fork, join := newEvent(t, b, 0, gpu.EventDisableTiming), newEvent(t, b, 0, gpu.EventDisableTiming)
@@ -242,7 +242,7 @@ func TestCaptureForkJoin(t *testing.T) {
 }
 
 func TestGraphConstructionRules(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	const n = 16
 	p := alloc(t, b, 0, 4*n)
@@ -391,7 +391,7 @@ func (f *updateFixture) run(t *testing.T) (float32, uint32, float32) {
 }
 
 func TestGraphExecUpdateRefusals(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	f := newUpdateFixture(t, b)
 	check := func(x float32, y uint32, c float32) {
 		t.Helper()
@@ -466,7 +466,7 @@ func TestGraphExecUpdateRefusals(t *testing.T) {
 }
 
 func TestPerNodeUpdatesTakeEffectAtNextLaunch(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	f := newUpdateFixture(t, b)
 	gt := newGate(t, b, 0)
 
@@ -522,7 +522,7 @@ func TestPerNodeUpdatesTakeEffectAtNextLaunch(t *testing.T) {
 }
 
 func TestGraphFaultStopsReplay(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	p := alloc(t, b, 0, 64)
@@ -547,7 +547,7 @@ func TestGraphFaultStopsReplay(t *testing.T) {
 // TestLargeGraphReplay replays a graph of 10 000 tiny kernels, as the
 // strategies' tests do, and checks the per-node cost stays in microseconds.
 func TestLargeGraphReplay(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	const nodes, launches = 10000, 5
@@ -588,7 +588,7 @@ func TestLargeGraphReplay(t *testing.T) {
 }
 
 func BenchmarkGraphReplayPerNode(bm *testing.B) {
-	b := newSim(bm, gpu.Config{})
+	b := newSim(bm, Config{})
 	k := loadKernels(bm, b, 0)
 	s := newStream(bm, b, 0)
 	const nodes = 1000
@@ -609,7 +609,7 @@ func BenchmarkGraphReplayPerNode(bm *testing.B) {
 }
 
 func BenchmarkEagerLaunch(bm *testing.B) {
-	b := newSim(bm, gpu.Config{})
+	b := newSim(bm, Config{})
 	k := loadKernels(bm, b, 0)
 	s := newStream(bm, b, 0)
 	p := alloc(bm, b, 0, 4)
@@ -623,7 +623,7 @@ func BenchmarkEagerLaunch(bm *testing.B) {
 }
 
 func BenchmarkPerNodeUpdate(bm *testing.B) {
-	b := newSim(bm, gpu.Config{})
+	b := newSim(bm, Config{})
 	k := loadKernels(bm, b, 0)
 	p := alloc(bm, b, 0, 4*1000)
 	g := newGraph(bm, b, 0)

@@ -10,7 +10,7 @@ import (
 
 // newSim opens a backend and, when the test ends, checks that every handle
 // was released and that Close reports nothing.
-func newSim(t testing.TB, cfg gpu.Config) *Backend {
+func newSim(t testing.TB, cfg Config) *Backend {
 	t.Helper()
 	b, err := New(cfg)
 	if err != nil {

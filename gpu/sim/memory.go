@@ -396,6 +396,16 @@ func (b *Backend) HostFree(h gpu.HostAlloc) error {
 	return nil
 }
 
+// StreamMemOpsSupported implements gpu.StreamMemOps: every simulated
+// device writes values from its streams.
+func (b *Backend) StreamMemOpsSupported(dev int) error {
+	const op = "StreamMemOpsSupported"
+	if err := b.enter(op); err != nil {
+		return err
+	}
+	return b.checkDev(op, dev)
+}
+
 // StreamWriteValue64 atomically writes v at p (8-byte aligned, in host or
 // device memory) when s reaches it; while StallTimeline is set the write is
 // dropped. Captured, it becomes a NodeMemWriteValue node.

@@ -11,7 +11,7 @@ import (
 )
 
 func TestRegisteredAndProps(t *testing.T) {
-	b, reason, err := gpu.Open("sim", gpu.Config{Devices: 2})
+	b, reason, err := gpu.Open("sim", gpu.Config{Backends: []gpu.BackendConfig{Config{Devices: 2}}})
 	must(t, err)
 	defer func() { must(t, b.Close()) }()
 	if b.Name() != "sim" || b.DeviceCount() != 2 || !strings.Contains(reason, "sim") {
@@ -32,7 +32,7 @@ func TestRegisteredAndProps(t *testing.T) {
 }
 
 func TestMemAllocRoundTripAndAccounting(t *testing.T) {
-	b := newSim(t, gpu.Config{DeviceMemory: 1 << 20})
+	b := newSim(t, Config{DeviceMemory: 1 << 20})
 	p := alloc(t, b, 0, 1000)
 	if p == 0 || p%256 != 0 {
 		t.Fatalf("MemAlloc address %#x is not 256-byte aligned", p)
@@ -81,7 +81,7 @@ func TestMemAllocRoundTripAndAccounting(t *testing.T) {
 }
 
 func TestMemsetElementSizes(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	p := alloc(t, b, 0, 64)
 	must(t, b.Memset(gpu.Memset{Dst: p, Value: 0xab, ElemSize: 1, Count: 64}))
 	must(t, b.Memset(gpu.Memset{Dst: p + 8, Value: 0x1234, ElemSize: 2, Count: 4}))
@@ -115,7 +115,7 @@ func vmmMap(t *testing.T, b *Backend, dev int, size uint64) (gpu.DevicePtr, gpu.
 
 func TestVMMRules(t *testing.T) {
 	const G = Granularity
-	b := newSim(t, gpu.Config{DeviceMemory: 8 * G})
+	b := newSim(t, Config{DeviceMemory: 8 * G})
 
 	// Alignment and size.
 	_, err := b.MemCreate(0, G+1)
@@ -218,7 +218,7 @@ func TestVMMRules(t *testing.T) {
 }
 
 func TestUseAfterFreeFaultsNamingAddressAndKernel(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	fill := k.fn(t, kernels.Fill)
 	s := newStream(t, b, 0)
@@ -258,7 +258,7 @@ func TestUseAfterFreeFaultsNamingAddressAndKernel(t *testing.T) {
 }
 
 func TestNoAccessFromOtherDevice(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	k0, k1 := loadKernels(t, b, 0), loadKernels(t, b, 1)
 	s0, s1 := newStream(t, b, 0), newStream(t, b, 1)
 	const n = 16
@@ -297,7 +297,7 @@ func TestNoAccessFromOtherDevice(t *testing.T) {
 }
 
 func TestHostMemoryAndStreamWriteValue(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	h, err := b.HostAlloc(64)
 	must(t, err)
 	if len(h.Bytes) != 64 || h.Ptr == 0 || h.Ptr%8 != 0 {
@@ -346,7 +346,7 @@ func TestHostMemoryAndStreamWriteValue(t *testing.T) {
 
 func TestLargeChunksAreLazy(t *testing.T) {
 	// 8 GiB of chunks must not cost 8 GiB of host memory.
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	const size = 4 << 30
 	var hs []gpu.PhysMem
 	for range 2 {
@@ -375,7 +375,7 @@ func TestLargeChunksAreLazy(t *testing.T) {
 }
 
 func TestHugeRequestsAreOutOfMemoryNotCrashes(t *testing.T) {
-	b := newSim(t, gpu.Config{DeviceMemory: 1 << 62})
+	b := newSim(t, Config{DeviceMemory: 1 << 62})
 	_, err := b.MemAlloc(0, 1<<61)
 	wantErr(t, err, gpu.ErrOutOfMemory)
 	_, err = b.MemCreate(0, 1<<61)
@@ -387,7 +387,7 @@ func TestHugeRequestsAreOutOfMemoryNotCrashes(t *testing.T) {
 }
 
 func TestOldTombstonesAreForgotten(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	first, err := b.MemAlloc(0, 8)
 	must(t, err)
 	must(t, b.MemFree(first))

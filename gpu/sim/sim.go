@@ -42,12 +42,16 @@ var (
 type driver struct{}
 
 func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
-	b, err := New(cfg)
+	b, err := New(configOf(cfg))
 	if err != nil {
 		return nil, err // not a typed nil inside the interface
 	}
 	return b, nil
 }
+
+// Priority is gpu.PrioritySimulator: "auto" takes the sim when no hardware
+// backend opens.
+func (driver) Priority() gpu.Priority { return gpu.PrioritySimulator }
 
 // Backend is the simulated device backend. It is safe for concurrent use;
 // graphs follow the serialisation rule of the gpu package doc.
@@ -56,7 +60,7 @@ func (driver) Open(cfg gpu.Config) (gpu.Backend, error) {
 // stream (synchronize, destroy, drain) while holding Backend.mu, because
 // stream workers take Backend.mu for reading on every memory access.
 type Backend struct {
-	cfg     gpu.Config
+	cfg     Config
 	log     *slog.Logger
 	devs    []device
 	stall   atomic.Bool   // StallTimeline
@@ -95,15 +99,16 @@ type device struct {
 
 type stuck struct{ err error }
 
-// New opens a simulated backend with cfg.WithDefaults(): cfg.Devices
-// devices (at most 64) of cfg.DeviceMemory bytes each.
-func New(cfg gpu.Config) (*Backend, error) {
-	cfg = cfg.WithDefaults()
+// New opens a simulated backend: cfg.Devices devices (at most 64) of
+// cfg.DeviceMemory bytes each, zero fields taking Config's defaults.
+func New(cfg Config) (*Backend, error) {
+	cfg = cfg.withDefaults()
 	if cfg.Devices > maxDevices {
 		return nil, gpu.Errorf("New", gpu.ErrInvalidValue, "%d devices requested; the sim models at most %d", cfg.Devices, maxDevices)
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, devs: make([]device, cfg.Devices), closing: make(chan struct{})}
 	b.inj.calls = map[string]int{}
+	b.coll.transport = cfg.Transport
 	b.mu.streams = map[gpu.Stream]*stream{}
 	b.mu.events = map[gpu.Event]*event{}
 	b.mu.modules = map[gpu.Module]*module{}
@@ -155,11 +160,31 @@ func (b *Backend) enter(op string) error {
 	return err
 }
 
-var (
-	backendType    = reflect.TypeFor[gpu.Backend]()
-	gemmType       = reflect.TypeFor[gpu.GEMM]()
-	nodeReaderType = reflect.TypeFor[gpu.GraphNodeReader]()
-)
+// entryPointTypes are the gpu interfaces the sim implements: their methods
+// are the entry points InjectFault may fail.
+var entryPointTypes = []reflect.Type{
+	reflect.TypeFor[gpu.Backend](),
+	reflect.TypeFor[gpu.VirtualMemory](),
+	reflect.TypeFor[gpu.StreamMemOps](),
+	reflect.TypeFor[gpu.Collectives](),
+	reflect.TypeFor[gpu.DeviceUpdates](),
+	reflect.TypeFor[gpu.StreamWaits](),
+	reflect.TypeFor[gpu.GEMM](),
+	reflect.TypeFor[gpu.GraphNodeReader](),
+}
+
+// isEntryPoint reports whether op is an entry point InjectFault can fail.
+func isEntryPoint(op string) bool {
+	if op == "ResetDevice" || op == "AddressRange" {
+		return true
+	}
+	for _, t := range entryPointTypes {
+		if _, ok := t.MethodByName(op); ok {
+			return true
+		}
+	}
+	return false
+}
 
 // InjectFault makes the nth call (0: the next one) of the entry point op,
 // counted from now, fail before doing anything with an *gpu.Error wrapping
@@ -169,12 +194,7 @@ var (
 // points without an error result (Name, DeviceCount) are counted but cannot
 // fail.
 func (b *Backend) InjectFault(op string, nth int, err error) {
-	_, coll := collectivesType.MethodByName(op)
-	_, devup := devUpdatesType.MethodByName(op)
-	_, waits := streamWaitsType.MethodByName(op)
-	_, lib := gemmType.MethodByName(op)
-	_, rd := nodeReaderType.MethodByName(op)
-	if _, ok := backendType.MethodByName(op); !ok && !coll && !devup && !waits && !lib && !rd && op != "ResetDevice" && op != "AddressRange" {
+	if !isEntryPoint(op) {
 		b.log.Warn("sim: InjectFault for an entry point that does not exist; it will never fire", "op", op)
 	}
 	b.inj.mu.Lock()
@@ -230,7 +250,7 @@ func (b *Backend) stickyErr(op string, dev int) error {
 // interface the sim implements.
 func stickyDetail(dev int) string {
 	return fmt.Sprintf("this error, from earlier work, is sticky on device %d: its later work is skipped and every call that submits or waits on it fails; "+
-		"to recover, reset the device through gpu.DeviceResetter, which the sim backend implements (b.(gpu.DeviceResetter).ResetDevice(%d)), "+
+		"to recover, reset the device through gpu.DeviceResetter, which the sim backend implements (r, _ := gpu.DeviceResetterOf(b); r.ResetDevice(%d)), "+
 		"or close the backend and open a new one", dev, dev)
 }
 

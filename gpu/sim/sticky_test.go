@@ -15,7 +15,7 @@ import (
 // the backend opened through gpu.Open implements), and doing what it says
 // recovers the device.
 func TestStickyErrorSaysHowToRecover(t *testing.T) {
-	var b gpu.Backend = newSim(t, gpu.Config{})
+	var b gpu.Backend = newSim(t, Config{})
 	raw := b.(*Backend)
 	k := loadKernels(t, raw, 0)
 	s := newStream(t, raw, 0)

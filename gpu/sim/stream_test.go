@@ -14,7 +14,7 @@ import (
 )
 
 func TestStreamsAreAsynchronousAndOrdered(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	g := newGate(t, b, 0)
 	s := newStream(t, b, 0)
@@ -58,7 +58,7 @@ func TestStreamsAreAsynchronousAndOrdered(t *testing.T) {
 }
 
 func TestStreamWaitEventOrdersAcrossStreamsAndDevices(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	k0 := loadKernels(t, b, 0)
 	g := newGate(t, b, 0)
 	s0, s1 := newStream(t, b, 0), newStream(t, b, 1)
@@ -100,7 +100,7 @@ func TestStreamWaitEventOrdersAcrossStreamsAndDevices(t *testing.T) {
 }
 
 func TestStreamDestroyWaitsForWork(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s, err := b.StreamCreate(0, 0, 10)
 	must(t, err)
@@ -121,7 +121,7 @@ func TestStreamDestroyWaitsForWork(t *testing.T) {
 }
 
 func TestKernelErrorIsStickyLaunchKernelError(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	k := loadKernels(t, b, 0)
 	s := newStream(t, b, 0)
 	p := alloc(t, b, 0, 4*1024)
@@ -147,7 +147,7 @@ func TestKernelErrorIsStickyLaunchKernelError(t *testing.T) {
 }
 
 func TestModules(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	_, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "x", Kernels: []gpu.KernelSpec{{Name: "noref", Params: []gpu.ArgKind{gpu.ArgPtr}}}})
 	wantErr(t, err, gpu.ErrInvalidValue)
 	_, err = b.ModuleLoad(0, nil)
@@ -182,7 +182,7 @@ func TestModules(t *testing.T) {
 }
 
 func TestInvalidHandles(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	for name, err := range map[string]error{
 		"StreamSynchronize": b.StreamSynchronize(0),
 		"StreamDestroy":     b.StreamDestroy(99999),
@@ -209,7 +209,7 @@ func TestInvalidHandles(t *testing.T) {
 }
 
 func TestConcurrentLaunchesRaceClean(t *testing.T) {
-	b := newSim(t, gpu.Config{Devices: 2})
+	b := newSim(t, Config{Devices: 2})
 	ks := []kern{loadKernels(t, b, 0), loadKernels(t, b, 1)}
 	const workers, n, iters = 6, 512, 40
 	var wg sync.WaitGroup
@@ -283,7 +283,7 @@ func errorOps(err error) []string {
 }
 
 func TestPanickingKernelIsStickyDeviceLost(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	m, err := b.ModuleLoad(0, &gpu.ModuleImage{Name: "bad", Kernels: []gpu.KernelSpec{{
 		Name: "boom", Params: []gpu.ArgKind{gpu.ArgI32},
 		Ref: func(_ gpu.Memory, _ gpu.LaunchConfig, a []gpu.Arg) error {
@@ -308,7 +308,7 @@ func TestPanickingKernelIsStickyDeviceLost(t *testing.T) {
 }
 
 func TestEventCompleteImpliesStreamPastIt(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	e := newEvent(t, b, 0, gpu.EventDisableTiming)
 	for i := range 2000 {

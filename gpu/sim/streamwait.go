@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"reflect"
 	"runtime"
 	"time"
 
@@ -17,8 +16,6 @@ import (
 // (HostMem.Store64 is a plain atomic store), so polling is the model, not a
 // shortcut: the poll starts with a few yields and backs off to sleeps of at
 // most waitPollMax, so a released gate is seen within about that.
-
-var streamWaitsType = reflect.TypeFor[gpu.StreamWaits]()
 
 const (
 	// waitSpins is how many polls yield the processor before the

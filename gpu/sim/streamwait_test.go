@@ -17,7 +17,7 @@ import (
 // faults the device when the poll reads it, as a GPU reading freed memory
 // does, and the stream's later work is skipped rather than left waiting.
 func TestWaitValueMemoryFreed(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	h, err := b.HostAlloc(64)
 	must(t, err)
@@ -36,7 +36,7 @@ func TestWaitValueMemoryFreed(t *testing.T) {
 // releases the wait (its later work is skipped, as all work of a faulted
 // device is), so synchronizing returns the fault instead of hanging.
 func TestWaitValueFaultedDevice(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	waiter, other := newStream(t, b, 0), newStream(t, b, 0)
 	h, err := b.HostAlloc(64)
 	must(t, err)
@@ -66,7 +66,7 @@ func TestWaitValueFaultedDevice(t *testing.T) {
 // TestWaitValueClose: closing the backend releases a stream waiting for a
 // value nobody writes, so Close does not hang.
 func TestWaitValueClose(t *testing.T) {
-	b, err := New(gpu.Config{})
+	b, err := New(Config{})
 	must(t, err)
 	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	must(t, err)
@@ -89,7 +89,7 @@ func TestWaitValueClose(t *testing.T) {
 // TestWaitValueInjected: the entry points count calls and fail when asked,
 // before doing anything.
 func TestWaitValueInjected(t *testing.T) {
-	b := newSim(t, gpu.Config{})
+	b := newSim(t, Config{})
 	s := newStream(t, b, 0)
 	h, err := b.HostAlloc(64)
 	must(t, err)

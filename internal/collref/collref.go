@@ -1,8 +1,7 @@
-// Package collref is the host reference of a collective's reduction, shared
-// by the two backends that run collectives as Go code: the sim's, whose
-// ranks are the devices of one process (gpu/sim/collectives.go), and
-// netsim's, one rank per process (internal/netsim). Both must give the
-// same bits for the same inputs, so they reduce with this one function.
+// Package collref is the host reference of a collective's reduction, used
+// by the sim for its communicators of devices of one process and of one
+// rank per process alike (gpu/sim's collectives.go and transport.go): the
+// same inputs give the same bits whichever way the ranks meet.
 package collref
 
 import (

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,6 +155,42 @@ func TestNoPanicInLibraryCode(t *testing.T) {
 			}
 			return true
 		})
+	}
+}
+
+// figureAllowed lists the files whose comments may give a time in µs:
+// documented defaults and rules of the code's own, not measurements.
+var figureAllowed = map[string]string{
+	"options.go":     "vmm's polling defaults and auto's tie rule",
+	"vmm/wait.go":    "WaitPolicy's defaults",
+	"gpu/sim/doc.go": "the sim's polling interval",
+	"report/plot.go": "an example of a chart label",
+}
+
+// usFigure is a time in microseconds: "4.4 µs", "1.3–1.9 µs".
+var usFigure = regexp.MustCompile(`[0-9] ?µs\b`)
+
+// TestNoMeasuredFiguresInComments: production comments cite no results
+// folder and no measured time; measurements go stale, so they live in
+// BENCHMARKS.md and docs/GPU-MACHINE.md, and a comment says why, pointing
+// there for how much.
+func TestNoMeasuredFiguresInComments(t *testing.T) {
+	for _, gf := range sourceFiles(t) {
+		if isTest(gf.rel) {
+			continue
+		}
+		for _, cg := range gf.file.Comments {
+			for _, c := range cg.List {
+				pos := gf.fset.Position(c.Pos())
+				if strings.Contains(c.Text, "bench/results") {
+					t.Errorf("%s: a comment cites a results folder; cite BENCHMARKS.md instead", pos)
+				}
+				if _, ok := figureAllowed[gf.rel]; !ok && usFigure.MatchString(c.Text) {
+					t.Errorf("%s: a comment gives a time in µs (%q); measurements go in BENCHMARKS.md or docs/GPU-MACHINE.md",
+						pos, usFigure.FindString(c.Text))
+				}
+			}
+		}
 	}
 }
 

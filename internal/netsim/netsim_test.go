@@ -20,39 +20,21 @@ import (
 const token = "netsim-test-token-0123456789"
 
 // procs makes world "processes": a sim of one device each, joined by a
-// rendezvous over loopback with messages of at most maxMsg bytes, and
-// wrapped. Everything is closed, and checked for live handles, at the end.
-func procs(t *testing.T, world, maxMsg int) []*Backend {
+// rendezvous over loopback with messages of at most maxMsg bytes, each
+// sim's collectives going through its group. Everything is closed, and
+// checked for live handles, at the end.
+func procs(t *testing.T, world, maxMsg int) []*sim.Backend {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups := make([]*rendezvous.Group, world)
-	errs := make([]error, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: token, Timeout: 10 * time.Second, MaxMessage: maxMsg}
-		if r == 0 {
-			cfg.Listener = l
-		}
-		wg.Go(func() { groups[r], errs[r] = rendezvous.Join(context.Background(), cfg) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	bs := make([]*Backend, world)
+	groups := join(t, world, maxMsg, 10*time.Second)
+	bs := make([]*sim.Backend, world)
 	for r, g := range groups {
-		s, err := sim.New(gpu.Config{Devices: 1, DeviceMemory: 1 << 28})
+		s, err := sim.New(sim.Config{Devices: 1, DeviceMemory: 1 << 28, Transport: New(g)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if bs[r], err = New(s, g); err != nil {
-			t.Fatal(err)
-		}
+		bs[r] = s
 		t.Cleanup(func() {
-			if c := bs[r].LiveHandles(); !c.IsZero() {
+			if c := s.LiveHandles(); !c.IsZero() {
 				t.Errorf("rank %d: live handles at the end: %+v", r, c)
 			}
 			g.Close()
@@ -64,8 +46,32 @@ func procs(t *testing.T, world, maxMsg int) []*Backend {
 	return bs
 }
 
+// join joins world rendezvous groups over loopback.
+func join(t *testing.T, world, maxMsg int, timeout time.Duration) []*rendezvous.Group {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups := make([]*rendezvous.Group, world)
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := range world {
+		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: token, Timeout: timeout, MaxMessage: maxMsg}
+		if r == 0 {
+			cfg.Listener = l
+		}
+		wg.Go(func() { groups[r], errs[r] = rendezvous.Join(context.Background(), cfg) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return groups
+}
+
 // initAll makes one communicator over the processes.
-func initAll(t *testing.T, bs []*Backend) []gpu.Comm {
+func initAll(t *testing.T, bs []*sim.Backend) []gpu.Comm {
 	t.Helper()
 	id, err := bs[0].CommUniqueID()
 	if err != nil {
@@ -186,7 +192,7 @@ func TestCollectivesMatchTheSim(t *testing.T) {
 	const world, n = 3, 100
 	bs := procs(t, world, 512) // 100 float64 per rank take several rounds
 	cs := initAll(t, bs)
-	ref, err := sim.New(gpu.Config{Devices: world, DeviceMemory: 1 << 28})
+	ref, err := sim.New(sim.Config{Devices: world, DeviceMemory: 1 << 28})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,38 +361,21 @@ func TestDisagreeingRanksFail(t *testing.T) {
 // fails the others' collectives with gpu.ErrDeviceLost at once.
 func TestLostRankFails(t *testing.T) {
 	const world = 3
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	groups := make([]*rendezvous.Group, world)
-	var wg sync.WaitGroup
-	for r := range world {
-		cfg := rendezvous.Config{Addr: l.Addr().String(), Rank: r, World: world, Token: token, Timeout: 30 * time.Second}
-		if r == 0 {
-			cfg.Listener = l
-		}
-		wg.Go(func() { groups[r], _ = rendezvous.Join(context.Background(), cfg) })
-	}
-	wg.Wait()
-	bs := make([]*Backend, world)
+	groups := join(t, world, 0, 30*time.Second)
+	bs := make([]*sim.Backend, world)
 	for r, g := range groups {
-		if g == nil {
-			t.Fatal("join failed")
-		}
-		s, err := sim.New(gpu.Config{Devices: 1})
+		s, err := sim.New(sim.Config{Devices: 1, Transport: New(g)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { g.Close(); s.Close() })
-		if bs[r], err = New(s, g); err != nil {
-			t.Fatal(err)
-		}
+		bs[r] = s
 	}
 	cs := initAll(t, bs)
 	groups[2].Abort("the process was killed")
 	start := time.Now()
 	errs := make([]error, world-1)
+	var wg sync.WaitGroup
 	for r := range world - 1 {
 		o := ops(16, world)[0]
 		wg.Go(func() { _, errs[r] = runOn(bs[r], 0, cs[r], o, input(o, r, 0)) })
@@ -403,68 +392,92 @@ func TestLostRankFails(t *testing.T) {
 	}
 }
 
-// notSim is a backend of another name.
-type notSim struct{ gpu.Backend }
-
-func (notSim) Name() string { return "cuda" }
-
-// TestNewNeedsTheSim: only the sim runs the collective kernel as Go code.
-func TestNewNeedsTheSim(t *testing.T) {
-	if _, err := New(notSim{}, nil); err == nil || !strings.Contains(err.Error(), "backend cuda") {
-		t.Fatalf("New of a cuda backend: %v", err)
+// TestFaultingRankFailsThePeers: a rank whose device faults reading its
+// send buffer (freed memory) gets its fault, and the other ranks fail at
+// once with gpu.ErrDeviceLost naming it, instead of waiting for their
+// deadline.
+func TestFaultingRankFailsThePeers(t *testing.T) {
+	const world = 3
+	bs := procs(t, world, 0)
+	for _, b := range bs {
+		b.SetCommTimeout(time.Minute) // must not be what ends the wait
+	}
+	cs := initAll(t, bs)
+	errs := make([]error, world)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for r, b := range bs {
+		wg.Go(func() {
+			errs[r] = func() error {
+				s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
+				if err != nil {
+					return err
+				}
+				defer b.StreamDestroy(s)
+				buf, err := b.MemAlloc(0, 64)
+				if err != nil {
+					return err
+				}
+				send := buf
+				if r == 1 {
+					if err := b.MemFree(buf); err != nil {
+						return err
+					}
+					if buf, err = b.MemAlloc(0, 64); err != nil {
+						return err
+					}
+				}
+				defer b.MemFree(buf)
+				if err := b.AllReduce(cs[r], send, buf, 16, gpu.Float32, gpu.Sum, s); err != nil {
+					return err
+				}
+				return b.StreamSynchronize(s)
+			}()
+		})
+	}
+	wg.Wait()
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("the collectives took %v to fail", d)
+	}
+	var fe *gpu.FaultError
+	if !errors.As(errs[1], &fe) {
+		t.Errorf("the faulting rank: %v, want its fault", errs[1])
+	}
+	for _, r := range []int{0, 2} {
+		if !errors.Is(errs[r], gpu.ErrDeviceLost) || !strings.Contains(errs[r].Error(), "rank 1's device faulted") {
+			t.Errorf("rank %d: %v, want ErrDeviceLost naming rank 1", r, errs[r])
+		}
+	}
+	for _, b := range bs {
+		if err := b.ResetDevice(0); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
-// hidden is the sim behind a wrapper that shows only gpu.Backend.
-type hidden struct{ gpu.Backend }
+// timeoutGroup is a group whose every exchange times out.
+type timeoutGroup struct{}
 
-// TestStreamWaitsForwarded: the wrapper passes the sim's stream waits
-// through (a wait holds the stream until the host writes the word), and
-// says ErrNotSupported over a backend that has none.
-func TestStreamWaitsForwarded(t *testing.T) {
-	b := procs(t, 1, 1<<16)[0]
-	sw, err := gpu.StreamWaitsOf(b, 0)
-	if err != nil {
-		t.Fatalf("StreamWaitsOf through the wrapper: %v", err)
-	}
-	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.StreamDestroy(s)
-	h, err := b.HostAlloc(64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.HostFree(h.Handle)
-	if err := sw.StreamWaitValue64(s, h.Ptr, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.StreamWriteValue64(s, h.Ptr+8, 9); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(20 * time.Millisecond)
-	if got := h.Load64(8); got != 0 {
-		t.Errorf("work behind a closed gate ran: the word is %d", got)
-	}
-	h.Store64(0, 1)
-	if err := b.StreamSynchronize(s); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.Load64(8); got != 9 {
-		t.Errorf("work behind an opened gate: the word is %d, want 9", got)
-	}
+func (timeoutGroup) AllGather(context.Context, []byte) ([][]byte, error) {
+	return nil, fmt.Errorf("rendezvous: all-gather: %w", rendezvous.ErrTimeout)
+}
+func (timeoutGroup) Rank() int       { return 0 }
+func (timeoutGroup) World() int      { return 2 }
+func (timeoutGroup) MaxMessage() int { return 1 << 20 }
 
-	raw, err := sim.New(gpu.Config{})
+// TestTimeoutIsGPUTimeout: a rendezvous timeout reaches the sim as
+// gpu.ErrTimeout, which CommInit reports as such.
+func TestTimeoutIsGPUTimeout(t *testing.T) {
+	tr := New(timeoutGroup{})
+	if _, err := tr.AllGather(context.Background(), nil); !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, rendezvous.ErrTimeout) {
+		t.Fatalf("AllGather: %v, want gpu.ErrTimeout wrapping the rendezvous's", err)
+	}
+	b, err := sim.New(sim.Config{Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer raw.Close()
-	w := &Backend{Backend: hidden{raw}}
-	if _, err := gpu.StreamWaitsOf(w, 0); !errors.Is(err, gpu.ErrNotSupported) {
-		t.Errorf("StreamWaitsOf over a backend without waits: %v", err)
-	}
-	if err := w.StreamWaitValue64(1, 8, 1); !errors.Is(err, gpu.ErrNotSupported) {
-		t.Errorf("StreamWaitValue64 over a backend without waits: %v", err)
+	defer b.Close()
+	if _, err := b.CommInit(0, gpu.CommID{}, 2, 0); !errors.Is(err, gpu.ErrTimeout) || errors.Is(err, gpu.ErrDeviceLost) {
+		t.Fatalf("CommInit over a transport that times out: %v, want gpu.ErrTimeout", err)
 	}
 }

@@ -28,11 +28,11 @@ const DeviceMemory = 1 << 30
 // (docs/ARCHITECTURE.md, rule 2), then closes the backend.
 func New(t testing.TB, devices int) *sim.Backend {
 	t.Helper()
-	return NewWith(t, gpu.Config{Devices: devices, DeviceMemory: DeviceMemory})
+	return NewWith(t, sim.Config{Devices: devices, DeviceMemory: DeviceMemory})
 }
 
 // NewWith is New with a configuration of the test's own.
-func NewWith(t testing.TB, cfg gpu.Config) *sim.Backend {
+func NewWith(t testing.TB, cfg sim.Config) *sim.Backend {
 	t.Helper()
 	b, err := sim.New(cfg)
 	if err != nil {

@@ -158,7 +158,7 @@ extern "C" __global__ void sg_gemm(float* c, const float* a, const float* b, int
 
 // ---------------------------------------------------------------------------
 // Transformer decode (kernels/gpt2.go has the specification: argument order,
-// the KV-cache layout of one layer, what bad input does). float32 data; token
+// the position-major KV-cache layout, inactive rows, what bad input does). float32 data; token
 // ids and positions are int32 arrays read from device memory, so that a step
 // graph does not change with them. Sums that are reductions (layer norm,
 // attention) run in a fixed order per launch shape, so a kernel gives the
@@ -166,6 +166,7 @@ extern "C" __global__ void sg_gemm(float* c, const float* a, const float* b, int
 // conformance tests compare within a tolerance.
 
 #define SG_MAX_SEQS 8
+#define SG_INACTIVE_ROW (-1)
 #define SG_ATTN_UNROLL 4
 #define SG_FULL_MASK 0xffffffffu
 
@@ -224,6 +225,10 @@ extern "C" __global__ void sg_embed(float* y, const float* wte, const float* wpe
     if (rows <= 0 || d <= 0 || i >= (unsigned long long)rows * (unsigned long long)d) return;
     unsigned long long r = i / d, c = i % d;
     int tok = tokens[r], pos = positions[r];
+    if (pos == SG_INACTIVE_ROW) { // a row holding no sequence: zeros, its token unread
+        y[i] = 0.0f;
+        return;
+    }
     if (tok < 0 || tok >= vocab || pos < 0 || pos >= npos) {
         y[i] = __int_as_float(0x7fc00000); // NaN: a bad id cannot be reported otherwise
         return;
@@ -272,23 +277,26 @@ extern "C" __global__ void sg_bias_residual(float* x, const float* a, const floa
     }
 }
 
-// One thread per (sequence, column): q gets its bias; k and v, with theirs,
-// go to row positions[i] of the keys and values of cache i's layer block.
+// One thread per (row, column): q gets its bias; k and v, with theirs, go
+// to position positions[i] of layer `layer` of cache i (keys at
+// ci + (pos·layers + layer)·2·d, values d floats further: kernels/gpt2.go,
+// KV caches). An inactive row writes no cache.
 extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float* bias, const int* positions,
                                         float* c0, float* c1, float* c2, float* c3,
                                         float* c4, float* c5, float* c6, float* c7,
-                                        int nseq, int d, int npos) {
+                                        int nseq, int d, int layers, int layer, int npos) {
     unsigned long long t = sg_index();
-    if (nseq <= 0 || nseq > SG_MAX_SEQS || d <= 0) return;
+    if (nseq <= 0 || nseq > SG_MAX_SEQS || d <= 0 || layer < 0 || layer >= layers) return;
     if (t >= (unsigned long long)nseq * (unsigned long long)d) return;
     int i = (int)(t / d), c = (int)(t % d);
     const float* row = qkv + (unsigned long long)i * 3 * d;
     q[(unsigned long long)i * d + c] = __fadd_rn(row[c], bias[c]);
     int pos = positions[i];
-    if (pos < 0 || pos >= npos) return; // the attention writes NaN for this sequence
-    float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7);
-    cache[(unsigned long long)pos * d + c] = __fadd_rn(row[d + c], bias[d + c]);
-    cache[((unsigned long long)npos + pos) * d + c] = __fadd_rn(row[2 * d + c], bias[2 * d + c]);
+    if (pos < 0 || pos >= npos) return; // inactive, or the attention writes NaN for this row
+    float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7) +
+                   ((unsigned long long)pos * layers + layer) * 2ULL * (unsigned long long)d;
+    cache[c] = __fadd_rn(row[d + c], bias[d + c]);
+    cache[(unsigned long long)d + c] = __fadd_rn(row[2 * d + c], bias[2 * d + c]);
 }
 
 // One block per (head, sequence): blockIdx.x is the head, blockIdx.y the
@@ -302,10 +310,12 @@ extern "C" __global__ void sg_kv_append(float* q, const float* qkv, const float*
 extern "C" __global__ void sg_decode_attention(float* out, const float* q, const int* positions,
                                                float* c0, float* c1, float* c2, float* c3,
                                                float* c4, float* c5, float* c6, float* c7,
-                                               int nseq, int heads, int headDim, int npos, float scale) {
+                                               int nseq, int heads, int headDim, int layers, int layer, int npos,
+                                               float scale) {
     extern __shared__ float sm[];
     int h = blockIdx.x, i = blockIdx.y;
     if (i >= nseq || i >= SG_MAX_SEQS || h >= heads || headDim <= 0 || npos <= 0) return;
+    if (layer < 0 || layer >= layers) return;
     int tid = threadIdx.x, nthreads = blockDim.x;
     float* qs = sm;
     float* sc = qs + headDim;
@@ -314,14 +324,19 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
     unsigned long long d = (unsigned long long)heads * headDim;
     float* o = out + (unsigned long long)i * d + (unsigned long long)h * headDim;
     int pos = positions[i];
+    if (pos == SG_INACTIVE_ROW) { // a row holding no sequence: zeros, no cache read
+        for (int j = tid; j < headDim; j += nthreads) o[j] = 0.0f;
+        return;
+    }
     if (pos < 0 || pos >= npos) {
         for (int j = tid; j < headDim; j += nthreads) o[j] = __int_as_float(0x7fc00000);
         return;
     }
     int len = pos + 1;
     const float* cache = sg_pick(i, c0, c1, c2, c3, c4, c5, c6, c7);
-    const float* K = cache + (unsigned long long)h * headDim;
-    const float* V = cache + (unsigned long long)npos * d + (unsigned long long)h * headDim;
+    const float* K = cache + (unsigned long long)layer * 2ULL * d + (unsigned long long)h * headDim;
+    const float* V = K + d;
+    unsigned long long st = (unsigned long long)layers * 2ULL * d; // floats between positions
     for (int j = tid; j < headDim; j += nthreads) qs[j] = q[(unsigned long long)i * d + (unsigned long long)h * headDim + j];
     __syncthreads();
 
@@ -338,7 +353,7 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
             float qv = qs[j];
 #pragma unroll
             for (int u = 0; u < SG_ATTN_UNROLL; u++) {
-                if (t0 + u < len) s[u] = __fadd_rn(s[u], __fmul_rn(qv, K[(unsigned long long)(t0 + u) * d + j]));
+                if (t0 + u < len) s[u] = __fadd_rn(s[u], __fmul_rn(qv, K[(unsigned long long)(t0 + u) * st + j]));
             }
         }
 #pragma unroll
@@ -365,7 +380,7 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
     for (int jj = tid; jj < headDim * parts; jj += nthreads) {
         int j = jj % headDim, p = jj / headDim;
         float acc = 0.0f;
-        for (int t = p; t < len; t += parts) acc = __fadd_rn(acc, __fmul_rn(sc[t], V[(unsigned long long)t * d + j]));
+        for (int t = p; t < len; t += parts) acc = __fadd_rn(acc, __fmul_rn(sc[t], V[(unsigned long long)t * st + j]));
         part[jj] = acc;
     }
     __syncthreads();
@@ -373,5 +388,53 @@ extern "C" __global__ void sg_decode_attention(float* out, const float* q, const
         float a = 0.0f;
         for (int p = 0; p < parts; p++) a = __fadd_rn(a, part[p * headDim + j]);
         o[j] = __fdiv_rn(a, sum);
+    }
+}
+
+// One block per row: each thread scans a strided part of the row keeping
+// its first maximum and the runner-up, then the block reduces the pairs
+// through shared memory, the lower index winning a tie (torch.argmax's
+// rule). NaNs are skipped.
+extern "C" __global__ void sg_argmax(int* next, float* top, const float* logits, int rows, int vocab) {
+    __shared__ float v1[1024], v2[1024];
+    __shared__ int ix[1024];
+    int r = blockIdx.x, tid = threadIdx.x, n = blockDim.x;
+    if (r >= rows || vocab <= 0 || n > 1024) return;
+    const float* x = logits + (unsigned long long)r * vocab;
+    float b1 = __int_as_float(0xff800000), b2 = b1; // -inf
+    int bi = 0x7fffffff;
+    for (int j = tid; j < vocab; j += n) {
+        float v = x[j];
+        if (v != v) continue;
+        if (v > b1) {
+            b2 = b1;
+            b1 = v;
+            bi = j;
+        } else if (v > b2) {
+            b2 = v;
+        }
+    }
+    v1[tid] = b1;
+    v2[tid] = b2;
+    ix[tid] = bi;
+    __syncthreads();
+    for (int off = n / 2; off > 0; off >>= 1) {
+        if (tid < off) {
+            float a1 = v1[tid], a2 = v2[tid], c1 = v1[tid + off], c2 = v2[tid + off];
+            int ai = ix[tid], ci = ix[tid + off];
+            if (c1 > a1 || (c1 == a1 && ci < ai)) {
+                v1[tid] = c1;
+                ix[tid] = ci;
+                v2[tid] = fmaxf(a1, c2);
+            } else {
+                v2[tid] = fmaxf(a2, c1);
+            }
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        next[r] = ix[0] == 0x7fffffff ? 0 : ix[0];
+        top[2 * r] = v1[0];
+        top[2 * r + 1] = v2[0];
     }
 }

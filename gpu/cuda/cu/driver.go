@@ -119,6 +119,10 @@ const (
 	symGraphDestroyNode
 	symGraphMemcpyNodeGetParams
 	symGraphMemsetNodeGetParams
+	// Host-side node parameters of a graph (a host template of an exec).
+	symGraphKernelNodeSetParams
+	symGraphMemcpyNodeSetParams
+	symGraphMemsetNodeSetParams
 	numSyms
 )
 
@@ -223,6 +227,9 @@ var driverSyms = [numSyms]symSpec{
 	symGraphDestroyNode:            {names: []string{"cuGraphDestroyNode"}},
 	symGraphMemcpyNodeGetParams:    {names: []string{"cuGraphMemcpyNodeGetParams"}},
 	symGraphMemsetNodeGetParams:    {names: []string{"cuGraphMemsetNodeGetParams"}},
+	symGraphKernelNodeSetParams:    {names: []string{"cuGraphKernelNodeSetParams_v2"}},
+	symGraphMemcpyNodeSetParams:    {names: []string{"cuGraphMemcpyNodeSetParams"}},
+	symGraphMemsetNodeSetParams:    {names: []string{"cuGraphMemsetNodeSetParams"}},
 }
 
 // Open loads libcuda: the file named by explicit, or else the first of
@@ -656,6 +663,22 @@ func (d *Driver) GraphNodeGetDependencies(n GraphNode, deps []GraphNode, count *
 
 func (d *Driver) GraphKernelNodeGetParams(n GraphNode, p *KernelNodeParams) Result {
 	return d.call2(symGraphKernelNodeGetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// GraphKernelNodeSetParams sets a kernel node's parameters in its graph (not
+// in an exec made from it).
+func (d *Driver) GraphKernelNodeSetParams(n GraphNode, p *KernelNodeParams) Result {
+	return d.call2(symGraphKernelNodeSetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// GraphMemcpyNodeSetParams sets a memcpy node's parameters in its graph.
+func (d *Driver) GraphMemcpyNodeSetParams(n GraphNode, p *Memcpy3D) Result {
+	return d.call2(symGraphMemcpyNodeSetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
+}
+
+// GraphMemsetNodeSetParams sets a memset node's parameters in its graph.
+func (d *Driver) GraphMemsetNodeSetParams(n GraphNode, p *MemsetNodeParams) Result {
+	return d.call2(symGraphMemsetNodeSetParams, uintptr(n), uintptr(unsafe.Pointer(p)))
 }
 
 func (d *Driver) GraphChildGraphNodeGetGraph(n GraphNode, g *Graph) Result {

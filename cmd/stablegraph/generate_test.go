@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stablegraph/stablegraph/models/gpt2"
+)
+
+type genJSON struct {
+	Model     gpt2.Config `json:"model"`
+	Sequences []struct {
+		Prompt       string    `json:"prompt"`
+		PromptTokens []int32   `json:"prompt_tokens"`
+		Text         string    `json:"text"`
+		Tokens       []int32   `json:"tokens"`
+		Gaps         []float32 `json:"top2_gaps"`
+		StopReason   string    `json:"stop_reason"`
+	} `json:"sequences"`
+	Summary genSummary `json:"summary"`
+}
+
+// TestGenerateTiny: with no weights, generate writes a tiny random model,
+// generates on sim, and says the text is random; the JSON holds the
+// sequences and a summary whose graphs were recorded once.
+func TestGenerateTiny(t *testing.T) {
+	needSim(t)
+	code, out, errs := runCLI(t, "--backend", "sim", "generate", "--prompt", "Hello", "--prompt", "Good morning, dear", "--max-new-tokens", "4", "--json", "-")
+	if code != exitOK {
+		t.Fatalf("code %d\nstderr:\n%s", code, errs)
+	}
+	var doc genJSON
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(doc.Sequences) != 2 || doc.Sequences[0].PromptTokens[0] != 15496 || len(doc.Sequences[1].PromptTokens) != 4 {
+		t.Fatalf("sequences %+v", doc.Sequences)
+	}
+	for i, s := range doc.Sequences {
+		if len(s.Tokens) != 4 || s.StopReason != "budget" || s.Text == "" || len(s.Gaps) != 4 {
+			t.Errorf("sequence %d: %+v", i, s)
+		}
+	}
+	sum := doc.Summary
+	if !sum.RandomModel || !sum.Simulated || sum.Tokens != 8 || sum.Rerecords != 0 || sum.Rows != 2 || sum.Requested != "auto" || sum.Strategy == "" || sum.MaxPositions != 4+4 {
+		t.Errorf("summary %+v", sum)
+	}
+	for _, want := range []string{"text is random", "tokens/s", "time to first token p50", "graphs recorded", "start-up", "not a GPU measurement"} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errs)
+		}
+	}
+	// Text mode: one prompt streams after itself on stdout.
+	code, out, errs = runCLI(t, "--backend", "sim", "generate", "--prompt", "Hello", "--max-new-tokens", "3")
+	if code != exitOK || !strings.HasPrefix(out, "Hello") || len(out) <= len("Hello\n") {
+		t.Errorf("code %d, stdout %q\n%s", code, out, errs)
+	}
+}
+
+// tinyCheckpoint writes a one-layer random GPT-2 with GPT-2's vocabulary
+// and 64 positions into a new directory.
+func tinyCheckpoint(t *testing.T) (string, gpt2.Config) {
+	t.Helper()
+	c := gpt2.Config{Layers: 1, Width: 64, Heads: 4, Vocab: 50257, Positions: 64}
+	w, err := gpt2.Generate(c, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := w.Save(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir, c
+}
+
+// TestGenerateBadInput: each bad input fails naming what is wrong, before
+// the backend is opened (no "on backend" line).
+func TestGenerateBadInput(t *testing.T) {
+	needSim(t)
+	dir, c := tinyCheckpoint(t)
+	long := strings.Repeat("word ", 70)
+	promptsFile := filepath.Join(t.TempDir(), "prompts.txt")
+	os.WriteFile(promptsFile, []byte("\n  \n"), 0o644)
+	for _, cs := range []struct {
+		name   string
+		args   []string
+		config func(gpt2.Config) gpt2.Config
+		setup  func() (teardown func())
+		code   int
+		want   string
+	}{
+		{name: "no prompts", args: nil, code: exitUsage, want: "no prompts"},
+		{name: "empty prompt list", args: []string{"--prompts", promptsFile}, code: exitUsage, want: "no prompts"},
+		{name: "empty prompt", args: []string{"--prompt", ""}, code: exitUsage, want: "prompt 0 is empty"},
+		{name: "prompts file", args: []string{"--prompts", filepath.Join(dir, "nope")}, code: exitUsage, want: "--prompts"},
+		{name: "prompt too long", args: []string{"--prompt", "hi", "--prompt", long}, code: exitUsage, want: "prompt 1: prompt of 71 tokens is longer than the context of 64"},
+		{name: "budget", args: []string{"--prompt", "hi", "--max-new-tokens", "64"}, code: exitUsage, want: "prompt 0: prompt of 1 tokens + 64 new tokens = 65, past the context of 64"},
+		{name: "missing tensor", args: []string{"--prompt", "hi"}, code: exitFailure, want: `no tensor "h.1.ln_1.weight"`,
+			config: func(c gpt2.Config) gpt2.Config { c.Layers = 2; return c }},
+		{name: "wrong shape", args: []string{"--prompt", "hi"}, code: exitFailure, want: `tensor "wpe.weight" has shape [64 64], the config needs [32 64]`,
+			config: func(c gpt2.Config) gpt2.Config { c.Positions = 32; return c }},
+		{name: "unreadable tokenizer", args: []string{"--prompt", "hi"}, code: exitFailure, want: "tokenizer.json",
+			setup: func() func() {
+				p := filepath.Join(dir, "tokenizer.json")
+				os.Mkdir(p, 0o755)
+				return func() { os.Remove(p) }
+			}},
+		{name: "strategy", args: []string{"--prompt", "hi", "--strategy", "bogus"}, code: exitUsage, want: `bogus`},
+		{name: "sampling", args: []string{"--prompt", "hi", "--top-p", "3"}, code: exitUsage, want: "top-p"},
+	} {
+		cfg := c
+		if cs.config != nil {
+			cfg = cs.config(c)
+		}
+		if err := gpt2.WriteConfig(filepath.Join(dir, gpt2.ConfigFile), cfg); err != nil {
+			t.Fatal(err)
+		}
+		teardown := func() {}
+		if cs.setup != nil {
+			teardown = cs.setup()
+		}
+		args := append([]string{"--backend", "sim", "generate", "--weights", dir}, cs.args...)
+		code, out, errs := runCLI(t, args...)
+		teardown()
+		if code != cs.code || !strings.Contains(errs, cs.want) {
+			t.Errorf("%s: code %d, want %d; stderr lacks %q:\n%s", cs.name, code, cs.code, cs.want, errs)
+		}
+		if strings.Contains(errs, "on backend") {
+			t.Errorf("%s: the backend was opened before the error:\n%s", cs.name, errs)
+		}
+		if out != "" && cs.code == exitUsage {
+			t.Errorf("%s: stdout %q", cs.name, out)
+		}
+	}
+}
+
+// TestGenerateInterrupted: cancelled once tokens stream, generate keeps
+// what it printed, ends the line, and exits 130.
+func TestGenerateInterrupted(t *testing.T) {
+	needSim(t)
+	dir, _ := tinyCheckpoint(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := 0
+	stderr := &lineWriter{on: func(string) {}}
+	out := &lineWriter{on: func(string) {
+		if writes++; writes == 4 { // the prompt, then three pieces
+			cancel()
+		}
+	}}
+	code := runContext(ctx, []string{"--backend", "sim", "generate", "--weights", dir, "--prompt", "Hello", "--max-new-tokens", "40"}, out, stderr)
+	text := out.buf.String()
+	if code != exitInterrupted || !strings.Contains(stderr.buf.String(), "stablegraph generate: interrupted") {
+		t.Fatalf("code %d\nstdout:\n%s\nstderr:\n%s", code, text, stderr.buf.String())
+	}
+	if !strings.HasPrefix(text, "Hello") || !strings.HasSuffix(text, "\n") || len(text) <= len("Hello\n") || !strings.Contains(stderr.buf.String(), "tokens/s") {
+		t.Errorf("what was generated is not printed, or no summary:\n%q\n%s", text, stderr.buf.String())
+	}
+}

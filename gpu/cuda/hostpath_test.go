@@ -1,0 +1,178 @@
+package cuda_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/gpu/cuda"
+	"github.com/stablegraph/stablegraph/workload"
+)
+
+// The host side of a moving step through the real CUDA backend, with the
+// driver stubbed (cuda.OpenHostStub): what Executable.Run costs the host
+// and allocates when buffers move, under patch and device, with no GPU.
+// On a GPU the driver's own time comes on top (BenchmarkCUDAStepHost in
+// package workload; stablegraph bench-driver's per-node rows).
+
+// stubSteps is a compiled workload over the host stub with bindings for
+// sets steps prepared ahead (fresh addresses each, for Random).
+type stubSteps struct {
+	exe   *sg.Executable
+	s     gpu.Stream
+	binds []sg.Bindings
+	calls func(string) int64
+}
+
+// sets is how many binding sets a stubSteps cycles through: enough that no
+// address set comes back before the tracer's caches have forgotten it.
+const sets = 64
+
+func newStubSteps(tb testing.TB, name string, cfg workload.Config, st sg.Strategy, pat workload.Pattern) *stubSteps {
+	tb.Helper()
+	b, calls := cuda.OpenHostStub(tb)
+	ctx := context.Background()
+	w, err := workload.New(name, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c, err := workload.NewCaller(b, 0, w, pat, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: st})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := exe.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	for _, s := range w.States {
+		if err := exe.WriteBuffer(ctx, s.Buffer, s.Data); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	s, err := b.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { b.StreamDestroy(s) })
+	e := &stubSteps{exe: exe, s: s, calls: calls}
+	for i := range sets {
+		bind, err := c.Bind(i)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		e.binds = append(e.binds, bind)
+	}
+	// Warm up: record, prove the templates, prepare the moving nodes.
+	for i := range 4 {
+		e.step(tb, i)
+	}
+	return e
+}
+
+func (e *stubSteps) step(tb testing.TB, i int) {
+	outs, err := e.exe.Run(context.Background(), e.s, e.binds[i%len(e.binds)])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	outs.Release()
+}
+
+// stubCases are the workloads of the host-path benchmarks and tests.
+var stubCases = []struct {
+	name string
+	cfg  workload.Config
+	pat  workload.Pattern
+}{
+	{"mlp", workload.Config{}, workload.Random},
+	{"train", workload.Config{}, workload.Random},
+	{"chain-moving", workload.Config{}, workload.Random},
+	{"gpt2-decode-tiny", workload.Config{}, workload.Swap},
+	{"mlp", workload.Config{}, workload.Fixed},
+}
+
+// BenchmarkStubStepHost is Executable.Run of a moving step over the stubbed
+// driver, per workload, strategy and pattern: ns/op and allocs/op are the
+// runtime's own host cost; the metrics say how many driver calls a step
+// made (node updates, context queries, launches).
+func BenchmarkStubStepHost(bm *testing.B) {
+	for _, c := range stubCases {
+		for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
+			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, st), func(bm *testing.B) {
+				e := newStubSteps(bm, c.name, c.cfg, st, c.pat)
+				upd0, ctx0, launch0 := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
+				before := e.exe.Stats().Counters
+				bm.ReportAllocs()
+				i := 0
+				for bm.Loop() {
+					e.step(bm, i)
+					i++
+				}
+				n := float64(i)
+				st := e.exe.Stats().Counters.Sub(before)
+				bm.ReportMetric(float64(e.calls("cuGraphExecKernelNodeSetParams_v2")-upd0)/n, "updates/op")
+				bm.ReportMetric(float64(st.PatchedNodes)/n, "nodes/op")
+				bm.ReportMetric(float64(e.calls("cuCtxGetCurrent")-ctx0)/n, "ctx/op")
+				bm.ReportMetric(float64(e.calls("cuGraphLaunch")-launch0)/n, "launches/op")
+			})
+		}
+	}
+}
+
+// TestStubStepAllocatesNothing: once warm, a moving step under patch and
+// device allocates nothing on the host, through the real CUDA backend code.
+func TestStubStepAllocatesNothing(t *testing.T) {
+	if cuda.RaceEnabled {
+		t.Skip("allocation counts mean nothing under -race (sync.Pool drops what it is given)")
+	}
+	for _, c := range stubCases {
+		for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
+			t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, st), func(t *testing.T) {
+				cfg := c.cfg
+				if c.name == "chain-moving" {
+					cfg.K = 64
+				}
+				e := newStubSteps(t, c.name, cfg, st, c.pat)
+				i := 0
+				if n := testing.AllocsPerRun(2*sets, func() { e.step(t, i); i++ }); n != 0 {
+					t.Errorf("%v allocations per step", n)
+				}
+			})
+		}
+	}
+}
+
+// TestStubPatchOneDriverCallPerMovedNode: a moving patch step makes one
+// exec update per moved node, makes the context current a fixed number of
+// times whatever moves, and launches once.
+func TestStubPatchOneDriverCallPerMovedNode(t *testing.T) {
+	e := newStubSteps(t, "chain-moving", workload.Config{K: 64}, sg.StrategyPatch, workload.Random)
+	for i := range 8 {
+		upd, ctx, launch := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
+		e.step(t, 4+i)
+		moved := e.exe.Stats().Last.PatchedNodes
+		if moved != 64 {
+			t.Fatalf("step %d patched %d nodes; every node of the chain moves", i, moved)
+		}
+		if d := e.calls("cuGraphExecKernelNodeSetParams_v2") - upd; d != moved {
+			t.Errorf("step %d: %d exec updates for %d moved nodes", i, d, moved)
+		}
+		if d := e.calls("cuCtxGetCurrent") - ctx; d > 3 {
+			t.Errorf("step %d: the context was made current %d times; want at most 3 (the updates, the launch, the step's event)", i, d)
+		}
+		if d := e.calls("cuGraphLaunch") - launch; d != 1 {
+			t.Errorf("step %d: %d launches", i, d)
+		}
+	}
+}

@@ -1,0 +1,192 @@
+package graph
+
+import (
+	"fmt"
+
+	"github.com/stablegraph/stablegraph/gpu"
+)
+
+// The host side of moving kernel nodes (Patch, PatchDevice, PatchWhole).
+//
+// An exec's kernel nodes that move from the host are prepared once, at the
+// first move, as a gpu.KernelNodeSet: the nodes of kernel commands with a
+// pointer argument, and the kernel nodes of flattened traced commands with a
+// template pointer slot (under PatchDevice only those of commands that move
+// from the host). The set holds what each node holds on the exec: a step
+// rewrites in place the pointer words of the nodes that moved (for a kernel
+// command every pointer argument, for a flattened node every slot of its
+// template) and hands them to the backend in one Apply, one driver call per
+// node on CUDA.
+//
+// The set's words of a node equal the exec's parameters for it whenever the
+// exec is consistent: after every Patch, and after the exec's
+// initialisation. A change made around the set, which would leave its words
+// stale, drops the set, and the next move prepares it again: a whole-graph
+// Update, and a flattened command moved to another alignment class (its
+// nodes then come from another trace).
+
+// hostSet is an exec's prepared kernel nodes.
+type hostSet struct {
+	set gpu.KernelNodeSet
+	// cmd[i] is command i's node in set, -1 when it has none; flat[i][j]
+	// the j-th node of flattened command i's trace, -1 for none, flat[i]
+	// nil when the command has none in the set.
+	cmd  []int32
+	flat [][]int32
+	// owner[k] is the command of the set's node k.
+	owner []int32
+	// apply is the nodes of the step, in the order staged.
+	apply []int32
+}
+
+// preparedSet returns x's host set, preparing it at the first call: every
+// kernel node that include(i) admits command i's nodes to.
+func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, include func(i int) bool) (*hostSet, error) {
+	if x.hs != nil {
+		return x.hs, nil
+	}
+	hs := &hostSet{cmd: make([]int32, len(cb.cmds)), flat: make([][]int32, len(cb.cmds))}
+	var (
+		nodes  []gpu.GraphNode
+		params []gpu.KernelParams
+	)
+	add := func(i int, n gpu.GraphNode, p gpu.KernelParams) int32 {
+		nodes = append(nodes, n)
+		params = append(params, p)
+		hs.owner = append(hs.owner, int32(i))
+		return int32(len(nodes) - 1)
+	}
+	for i := range cb.cmds {
+		hs.cmd[i] = -1
+		c := &cb.cmds[i]
+		if include != nil && !include(i) {
+			continue
+		}
+		switch c.Kind {
+		case KindKernel:
+			if hasPtr(c.Args) {
+				hs.cmd[i] = add(i, x.Nodes[i], c.kernelParams(x.addrs))
+			}
+		case KindTraced:
+			fc := x.flatAt(int32(i))
+			if fc == nil || fc.tmpl == nil {
+				continue
+			}
+			for j := range fc.params {
+				if fc.params[j].Type != gpu.NodeKernel || len(fc.tmpl.SlotsOf(j)) == 0 {
+					continue
+				}
+				if hs.flat[i] == nil {
+					hs.flat[i] = make([]int32, len(fc.params))
+					for k := range hs.flat[i] {
+						hs.flat[i][k] = -1
+					}
+				}
+				hs.flat[i][j] = add(i, fc.nodes[j], fc.params[j].Kernel)
+			}
+		}
+	}
+	set, err := gpu.PrepareKernelNodes(b, x.X, nodes, params)
+	if err != nil {
+		return nil, fmt.Errorf("prepare the exec's kernel nodes: %w", err)
+	}
+	hs.set = set
+	x.hs = hs
+	return hs, nil
+}
+
+func hasPtr(args []Arg) bool {
+	for _, a := range args {
+		if a.IsPtr() {
+			return true
+		}
+	}
+	return false
+}
+
+// dropSet releases x's host set; the next move prepares it again.
+func (x *Exec) dropSet() error {
+	if x.hs == nil {
+		return nil
+	}
+	err := x.hs.set.Close()
+	x.hs = nil
+	return err
+}
+
+// stageKernel writes kernel command i's pointers at addrs into the set and
+// stages its node.
+func (hs *hostSet) stageKernel(c *Command, i int32, addrs []gpu.DevicePtr) error {
+	k, err := hs.writeKernel(c, i, addrs)
+	if err == nil {
+		hs.apply = append(hs.apply, k)
+	}
+	return err
+}
+
+// writeKernel writes kernel command i's pointers at addrs into the set and
+// returns its node there.
+func (hs *hostSet) writeKernel(c *Command, i int32, addrs []gpu.DevicePtr) (int32, error) {
+	k := hs.cmd[i]
+	if k < 0 {
+		return 0, gpu.Errorf("graph.Patch", gpu.ErrInvalidValue, "%s has no prepared node", c.Name)
+	}
+	for j := range c.Args {
+		if a := &c.Args[j]; a.IsPtr() {
+			if err := hs.set.SetWord(int(k), j, 0, uint64(a.Ref.At(addrs))); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return k, nil
+}
+
+// stageFlat writes every template slot of node j of flattened command i at
+// the operands ops into the set and stages it; false when the node is not
+// in the set.
+func (hs *hostSet) stageFlat(i int32, j int, fc *flatCmd, ops []gpu.DevicePtr) (bool, error) {
+	k, ok, err := hs.writeFlat(i, j, fc, ops)
+	if ok && err == nil {
+		hs.apply = append(hs.apply, k)
+	}
+	return ok, err
+}
+
+// writeFlat writes every template slot of node j of flattened command i at
+// the operands ops into the set and returns the node there; false when the
+// node is not in the set.
+func (hs *hostSet) writeFlat(i int32, j int, fc *flatCmd, ops []gpu.DevicePtr) (int32, bool, error) {
+	f := hs.flat[i]
+	if f == nil || f[j] < 0 {
+		return 0, false, nil
+	}
+	k := f[j]
+	for _, s := range fc.tmpl.SlotsOf(j) {
+		if err := hs.set.SetWord(int(k), s.Arg, s.Byte, uint64(ops[s.Operand])+s.Off); err != nil {
+			return 0, false, err
+		}
+	}
+	return k, true, nil
+}
+
+// applyExec applies the staged nodes to the exec, naming the command of the
+// one that failed.
+func (hs *hostSet) applyExec(cb *CommandBuffer) error {
+	idx := hs.apply
+	hs.apply = hs.apply[:0]
+	if len(idx) == 0 {
+		return nil
+	}
+	if k, err := hs.set.Apply(idx); err != nil {
+		return fmt.Errorf("patch %s: %w", hs.name(cb, idx, k), err)
+	}
+	return nil
+}
+
+// name names the command of idx[k], for errors.
+func (hs *hostSet) name(cb *CommandBuffer, idx []int32, k int) string {
+	if k < 0 || k >= len(idx) {
+		return "the exec's kernel nodes"
+	}
+	return cb.cmds[hs.owner[idx[k]]].Name
+}

@@ -1,0 +1,127 @@
+// Package gpt2 runs GPT-2 on stablegraph: a checkpoint loader, the step
+// builder (prefill and decode), sampling, and Batcher, which generates many
+// sequences at once with continuous batching. The tokenizer is package
+// models/gpt2/tokenizer; `stablegraph generate` puts them together
+// (docs/GENERATE.md).
+//
+// # Checkpoints
+//
+// Load reads model.safetensors as Hugging Face distributes it (names with
+// or without "transformer.", F32, or F16/BF16 widened exactly) with the
+// shape from config.json beside it, else from the tensors with GPT-2's head
+// count for the width (the only thing the tensors cannot tell). Options of
+// GPT2Config that would change the function (another activation, untied
+// embeddings, layer-scaled attention) are refused. Every error names the
+// tensor or the key.
+//
+// # Steps
+//
+// Step.Build declares one forward step over Rows token rows into a program:
+// embedding, the blocks, the final norm, the tied LM head, and optionally a
+// device argmax. Every row is a token at a position of a KV cache. The same
+// builder gives
+//
+//   - the decode step (RowCaches): row r its own cache param kv<r>, each
+//     row a sequence; and
+//   - the prefill step (SharedCache): every row the same cache param kv,
+//     the rows a prompt's tokens at consecutive positions. The KV append of
+//     a layer writes every row's keys and values before the attention of
+//     that layer reads any (two launches), so row t attends to positions
+//     0..t: causal attention with the decode kernels, checked against a
+//     float64 forward (TestPrefillAndDecodeMatchReference).
+//
+// A row at position kernels.InactiveRow holds no sequence: it does no
+// attention work and writes no cache, so a step of B rows serves any
+// number of sequences up to B. The workload gpt2-decode builds its step
+// here too: there is one builder.
+//
+// # KV caches
+//
+// Caches are position-major (kernels/gpt2.go): position t of layer l at
+// cache + (t·layers + l)·2·d floats. The address of a position does not
+// depend on the cache's capacity, so a cache sized to its sequence's need
+// and one of the whole context run the same graph; each layer's launch gets
+// the whole cache and the layer as a scalar.
+//
+// A step declares each cache param at its bound, Step.MaxPositions
+// positions: every byte a row may touch, so that every strategy, those
+// that copy params (stable, pool) or map them (remap) included, runs the
+// step with eager's results. A Batcher still sizes each sequence's cache
+// to its need (prompt + budget): it allocates the caches from one region
+// whose last MaxPositions-cache of bytes no cache is given (a tail), so
+// that the declared range of every cache lies inside the region, over the
+// caches after it and the tail. The kernels never reach past a
+// sequence's need (its positions stay below it); the declared ranges of
+// the rows overlap, which every strategy handles as eager does (the root
+// package's overlapping bindings). Inactive rows are bound to the region's
+// start. Strategies that work in the caller's memory pay nothing for the
+// overlap; stable and pool copy the declared ranges every step, which auto
+// measures and rules out.
+//
+// # Batcher
+//
+// A Batcher compiles the prefill step (Options.PrefillRows rows) and one
+// decode step of Options.Rows rows, binds both to one copy of the weights
+// on the device (Executable.BindState), and runs a warm-up step of each
+// with every row inactive, so that both graphs are recorded at start-up.
+// Generate then loops:
+//
+//  1. admit: while a row is free and a prompt waits, allocate its cache
+//     from a bfc allocator over one region (sized to Request.Positions;
+//     when the region is full the retirement queue is drained once, then
+//     the prompt waits for a sequence to end), prefill it in chunks
+//     (rows past the prompt inactive) and pick its first token;
+//  2. decode: one step over the rows, each active row bound to its
+//     sequence's cache, the others inactive and bound to the region's
+//     start; tokens and positions are written into the step's inputs on
+//     the stream;
+//  3. read back: greedy rows read the device argmax (12 bytes a row),
+//     sampling rows their logits row; Client.Readback synchronizes the
+//     stream and drains the retirement queue;
+//  4. finish: a sequence that generated its budget or a stop token, or
+//     whose callback said stop, leaves its row; its cache is handed to the
+//     client's retirement queue at the point Client.Submitted returned
+//     after the step that last used it, and freed into the bfc region once
+//     the device has passed that point.
+//
+// A sequence's cache stays bound to its row for its whole life, so in the
+// steady state no binding moves and no graph is re-recorded; a joining
+// sequence moves one row's cache binding (patch updates that row's KV
+// append and attention nodes, device one pointer). The default strategy is
+// auto, which measures patch, device, stable and pool over the first steps
+// and keeps the fastest. The stream is the client's, from the stream cache
+// (package streamcache).
+//
+// Sampling is per sequence with its own random stream (Sampling.Seed and
+// the request's index), so a sequence's tokens do not depend on which
+// sequences share its steps (TestAloneOrBatched). Greedy rows use the
+// device argmax unless Options.HostArgmax.
+//
+// # Masked rows or buckets
+//
+// One fixed-row decode graph with inactive rows serves every batch
+// composition: one recording at start-up, one temp arena, and a joining
+// sequence moves only its own row. Its cost is the GEMM work of the
+// inactive rows (attention is skipped). Options.Buckets instead compiles a
+// decode step per row count and runs the smallest that holds the live
+// sequences, packed into its first rows, as frameworks that capture a graph
+// per batch size do: less GEMM work when few sequences run, but a graph and
+// a temp arena per bucket, recorded at start-up, and sequences change rows
+// (their bindings move) as others leave. docs/GENERATE.md has both measured.
+//
+// # Tensor parallelism
+//
+// Not built. Shard is the seam: Specs and Step take one and refuse more
+// than one rank with ErrTensorParallel. A tensor-parallel step would give
+// each rank heads/R heads and 4d/R MLP columns (the shapes in Specs per
+// shard, caches of d/R columns), and all-reduce the two projections'
+// outputs where StepProgram.declare marks it, before the residual add.
+// Callers (Batcher, the workload) would not change beyond passing a Shard
+// and a communicator.
+//
+// # Concurrency
+//
+// Weights, Config and Step values are plain data. A StepProgram's Program
+// follows the root package's rules. A Batcher is used by one goroutine at
+// a time.
+package gpt2

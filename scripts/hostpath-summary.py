@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The summary of scripts/gpu-hostpath: given its work directory (status.tsv,
+driver.json, bench-*.json, the benchmark and test logs), it prints each
+step's status, the driver probe, every strategy of every bench against the
+floor and the probe, the step-host and GEMM node update benchmarks, and the
+targets of issue 25, PASS or FAIL."""
+import glob, json, os, sys
+work = sys.argv[1]
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+print("== status (step, exit status, seconds; 124: timed out)")
+for line in open(os.path.join(work, "status.tsv")):
+    print("  " + line.rstrip("\n").replace("\t", "  "))
+
+drv = load(os.path.join(work, "driver.json"))
+if drv:
+    print("\n== driver probe (p50 us; %s, driver %s)" % (drv.get("device"), drv.get("device_props", {}).get("driver_version")))
+    rows = {r["name"]: r.get("p50_us") for r in drv.get("rows", [])}
+    cols = [("idle", "idle, per node"), ("in flight", "in flight, per node"), ("per call", "GraphExecKernelNodeSetParams, idle, per node"),
+            ("step/node", "step cost per updated node")]
+    whole = [("tmpl set", "template node set, per node"), ("exec upd", "GraphExecUpdate"), ("whole/node", "template + update, per node")]
+    print("  %-14s" % "P, K" + "".join("%11s" % c for c, _ in cols + whole))
+    for p in drv.get("param_bytes", []):
+        for k in drv.get("update_nodes", []):
+            vals = [rows.get("node update P=%dB K=%d: %s" % (p, k, n)) for _, n in cols]
+            vals += [rows.get("whole update P=%dB K=%d: %s" % (p, k, n)) for _, n in whole]
+            print("  %-14s" % ("%d B, %d" % (p, k)) + "".join("%11s" % ("%.3f" % v if v is not None else "-") for v in vals))
+
+single_skip = {"replay-fixed", "auto"}
+verdicts = []
+for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
+    rep = load(path)
+    name = os.path.basename(path)[len("bench-"):-len(".json")]
+    if not rep:
+        print("\n== %s: no report" % name)
+        verdicts.append((name, "report", False, "no report"))
+        continue
+    rows = {r["strategy"]: r for r in rep["results"]}
+    floor = rows.get("replay-fixed")
+    probe = (rep.get("node_update_probe") or {}).get("in_flight_us_per_node")
+    print("\n== %s: %s" % (name, rep["workload"]))
+    print("   probe in flight: %s us/node" % ("%.3f" % probe if probe else "-"))
+    hdr = "   %-13s %9s %9s %9s %8s %9s %8s %8s %8s %7s %s"
+    print(hdr % ("strategy", "host p50", "host-flr", "moved/st", "us/node", "÷probe", "lat×flr", "wall×flr", "GPU×flr", "check", "note"))
+    p50 = lambda r, k: (r.get(k) or {}).get("p50")
+    def ratio(r, k):
+        a, b = p50(r, k), p50(floor, k) if floor else None
+        return a / b if a and b else None
+    fmt = lambda v, f="%.2f": (f % v) if v is not None else "-"
+    for st, r in rows.items():
+        over = r.get("host_over_floor_us")
+        per = r.get("host_us_per_moved_node")
+        vs = per / probe if per is not None and probe else None
+        ok = "yes" if r.get("outputs_match_eager") else ("-" if "not supported" in r.get("note", "") else "NO")
+        print(hdr % (st, fmt(p50(r, "host_us")), fmt(over), fmt(r.get("moved_nodes_per_step"), "%.1f"), fmt(per), fmt(vs),
+                     fmt(ratio(r, "latency_us"), "%.3f"), fmt(ratio(r, "wall_us"), "%.3f"), fmt(ratio(r, "step_us"), "%.3f"), ok,
+                     (r.get("note", "")[:60] if st == "auto" else "")))
+    if not floor:
+        verdicts.append((name, "floor", False, "no floor row"))
+        continue
+    base = name.split("-pingpong")[0]
+    pingpong = name.endswith("-pingpong")
+    variant = name.endswith("-tables")  # one strategy with an option: no best-of verdict
+    bad = [st for st, r in rows.items() if not r.get("outputs_match_eager") and "not supported" not in r.get("note", "")]
+    verdicts.append((name, "bit-identical to eager", not bad, ",".join(bad) or "all match"))
+    if not pingpong:
+        p = rows.get("patch")
+        if p and probe and p.get("host_over_floor_us") is not None:
+            lim = 1.5 * probe * p.get("moved_nodes_per_step", 0) + 1
+            verdicts.append((name, "patch host-floor <= 1.5*probe*moved+1", p["host_over_floor_us"] <= lim,
+                             "%.2f vs %.2f us" % (p["host_over_floor_us"], lim)))
+        d = rows.get("device")
+        if d and d.get("host_over_floor_us") is not None:
+            verdicts.append((name, "device host <= floor+2", d["host_over_floor_us"] <= 2, "%+.2f us" % d["host_over_floor_us"]))
+        lims = 1.05 if base == "mlp" else 1.03
+        best = None if variant else min(((ratio(r, "latency_us"), st) for st, r in rows.items() if st not in single_skip and ratio(r, "latency_us")), default=None)
+        if best:
+            verdicts.append((name, "best latency <= %.2fx floor" % lims, best[0] <= lims, "%s %.3f" % (best[1], best[0])))
+    a = rows.get("auto")
+    if a:
+        # auto against the candidates it chooses among.
+        cands = ("patch", "device", "stable", "pool")
+        singles = [(p50(r, "wall_us"), st) for st, r in rows.items() if st in cands and p50(r, "wall_us")]
+        if singles and p50(a, "wall_us"):
+            bw = min(singles)
+            verdicts.append((name, "auto wall <= 1.02x best", p50(a, "wall_us") <= 1.02 * bw[0], "%.1f vs %s %.1f" % (p50(a, "wall_us"), bw[1], bw[0])))
+        lats = [(p50(r, "latency_us"), st) for st, r in rows.items() if st in cands and p50(r, "latency_us")]
+        if lats and p50(a, "latency_us"):
+            bl = min(lats)
+            verdicts.append((name, "auto latency <= 1.03x best", p50(a, "latency_us") <= 1.03 * bl[0], "%.1f vs %s %.1f" % (p50(a, "latency_us"), bl[1], bl[0])))
+
+for path in ("stephost.log", "gemmupdate.log"):
+    lines = [l.rstrip() for l in open(os.path.join(work, path))] if os.path.exists(os.path.join(work, path)) else []
+    lines = [l for l in lines if l.startswith("Benchmark")]
+    if lines:
+        print("\n== %s" % path)
+        for l in lines:
+            print("  " + " ".join(l.split()))
+for path in sorted(glob.glob(os.path.join(work, "test-*.log"))):
+    fails = [l.strip() for l in open(path) if l.startswith("--- FAIL") or l.startswith("FAIL")]
+    verdicts.append((os.path.basename(path)[:-4], "tests pass", not fails and any(l.startswith("PASS") or l.startswith("ok") for l in open(path)), "; ".join(fails[:3]) or "ok"))
+
+print("\n== targets (issue 25)")
+for name, what, ok, detail in verdicts:
+    print("  %-4s %-22s %-40s %s" % ("PASS" if ok else "FAIL", name, what, detail))
