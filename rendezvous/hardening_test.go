@@ -762,6 +762,7 @@ func TestPeerText(t *testing.T) {
 // the deadline still says what rank 0 answered, not only that the last
 // connection was refused.
 func TestLastAnswerIsKept(t *testing.T) {
+	t.Parallel() // waits out two deadlines
 	l := listen(t)
 	addr := l.Addr().String()
 	root := make(chan error, 1)

@@ -129,6 +129,7 @@ func TestWorldOfOne(t *testing.T) {
 // that never came. The deadline leaves a loaded machine time to start rank
 // 1, which must not be named.
 func TestRankNeverArrives(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	start := time.Now()
 	_, errs := joinAll(t, listen(t), 3, loadedTimeout, func(r int, c *Config) {
 		if r == 2 {
@@ -151,6 +152,7 @@ func TestRankNeverArrives(t *testing.T) {
 // its deadline, naming the refused connection (its first attempt must come
 // before the deadline, even on a loaded machine).
 func TestRankZeroNeverArrives(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	l := listen(t)
 	addr := l.Addr().String()
 	l.Close() // nobody listens: connections are refused until the deadline
@@ -165,6 +167,7 @@ func TestRankZeroNeverArrives(t *testing.T) {
 }
 
 func TestRejections(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	for _, tc := range []struct {
 		name string
 		edit func(c *Config)
@@ -174,6 +177,7 @@ func TestRejections(t *testing.T) {
 		{"world", func(c *Config) { c.World = 5 }, "says the world has 5 ranks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			_, errs := joinAll(t, listen(t), 3, loadedTimeout, func(r int, c *Config) {
 				if r == 2 {
 					tc.edit(c)
@@ -194,6 +198,7 @@ func TestRejections(t *testing.T) {
 // holds is refused ("already arrived") until its deadline; once the holder's
 // connection ends, the rank is free again and the group forms.
 func TestDuplicateRank(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	l := listen(t)
 	addr := l.Addr().String()
 	root := make(chan error, 1)
