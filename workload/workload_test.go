@@ -46,6 +46,11 @@ func TestNew(t *testing.T) {
 			// a minute under -race. TestGPT2SmallShape checks that shape.
 			cfg = Config{Layers: 1, Width: 64, Heads: 4, Vocab: 256, Positions: 64, Pos: 8}
 		}
+		if strings.HasSuffix(name, "-large") {
+			// Their default width and batch over two of the eight layers,
+			// whose weights are most of the test's time under -race.
+			cfg.Layers = 2
+		}
 		w, err := New(name, cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
