@@ -182,7 +182,7 @@ func TestDPBenchEveryStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := BenchRanks(context.Background(), b, ws, nil, RunOptions{Steps: 4, Warmup: 2, Pattern: Random})
+	reps, err := BenchRanks(context.Background(), b, ws, nil, RunOptions{Steps: 4, Warmup: 2, Pattern: Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

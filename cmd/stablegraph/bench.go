@@ -15,6 +15,12 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
+// wallBatches, when not zero, replaces workload's default wall-time
+// batches (workload.RunOptions.WallBatches and WallBatchSize) of run and
+// bench. The command's tests set it small: on sim the batches are most of
+// a short bench's work, and the tests read no wall time.
+var wallBatches struct{ n, size int }
+
 // workloadFlags are the flags run and bench share.
 type workloadFlags struct {
 	name      string
@@ -37,6 +43,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
 	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
 	f.ranks.register(fs)
+	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }
 
 // build checks the flags and builds the workload.
