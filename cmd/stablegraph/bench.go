@@ -99,13 +99,14 @@ stderr. With --check (the
 default) an eager run of the same inputs goes first and the outputs of every
 step are compared bit for bit; a difference makes the command fail.
 
-Workloads with collectives (dp) run on several ranks: --nproc N starts N
-ranks on this host (N processes, one GPU each, on cuda; N simulated devices
-in this process on sim); under torchrun, srun or mpirun each process is the
-rank its launcher's environment says, with no flag (docs/MULTI-GPU.md); or
---rank, --world and --rendezvous launch one rank by hand on any host. The job
-token is read from STABLEGRAPH_TOKEN or a file (--token-file), never from
-the command line. Rank 0 reports.`,
+Workloads with collectives (dp; gpt2-decode, tensor parallel over the ranks)
+run on several ranks: --nproc N starts N ranks on this host (N processes,
+one GPU each, on cuda; N simulated devices in this process on sim); under
+torchrun, srun or mpirun each process is the rank its launcher's environment
+says, with no flag (docs/MULTI-GPU.md); or --rank, --world and --rendezvous
+launch one rank by hand on any host. The job token is read from
+STABLEGRAPH_TOKEN or a file (--token-file), never from the command line.
+Rank 0 reports, and writes --dump.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -148,6 +149,9 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 		return nil, err
 	}
 	watch := workload.WatchCollectives(w.Comm, &o)
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	reference := check && strat != sg.StrategyEager
 	if lead {
 		runs := 1
@@ -230,7 +234,7 @@ so.
 With no flags: the mlp workload (8 layers, width 256, batch 8), 100 steps,
 pingpong buffers, on the default backend. Progress goes to stderr with the
 time left; interrupted (Ctrl-C), the command prints the strategies finished so
-far and exits 130. Workloads with collectives (dp) take --nproc or
+far and exits 130. Workloads with collectives (dp, gpt2-decode) take --nproc or
 --rank/--world/--rendezvous as in run; every rank runs every strategy, rank 0
 reports, and the notes say how many collectives each strategy captured in
 steady state.`,
