@@ -244,6 +244,7 @@ steady state.`,
 			strategies := fs.String("strategies", "", "comma-separated `list` of strategies (default all: "+strategyList()+")")
 			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
+			fs.StringVar(&wf.run.Dump, "dump", "", "write eager's last step's inputs and outputs to `file` (safetensors; every strategy matched them)")
 			return func(e *env) error {
 				var strats []sg.Strategy
 				for _, s := range strings.Split(*strategies, ",") {
@@ -265,7 +266,10 @@ steady state.`,
 				if err != nil {
 					return err
 				}
-				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath)); err != nil {
+				if wf.run.Dump == "-" {
+					return usagef("--dump: the dump is a safetensors file, not for stdout")
+				}
+				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath), checkOutput("--dump", wf.run.Dump)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -283,6 +287,9 @@ steady state.`,
 // turn. The report comes back also when a strategy failed or differs from
 // eager, with the error saying which.
 func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, lead bool) (*report.Report, error) {
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	if lead {
 		prog := newStepProgress(e, "bench", benchSteps(strats, o))
 		defer prog.finish()

@@ -45,9 +45,10 @@ func TestRunDPRanksInProcess(t *testing.T) {
 }
 
 // TestGPT2DecodeTensorParallelCLI: gpt2-decode under --nproc is tensor
-// parallel over the ranks; rank 0 alone writes the dump, whose logits are
-// the single-rank run's within float32 reassociation; heads that do not
-// split over the ranks are a usage error.
+// parallel over the ranks (run, and bench of two strategies); rank 0's
+// dump (bench: eager's last step) has the single-rank run's logits within
+// float32 reassociation; heads that do not split over the ranks are a
+// usage error.
 func TestGPT2DecodeTensorParallelCLI(t *testing.T) {
 	needSim(t)
 	dir := t.TempDir()
@@ -57,7 +58,7 @@ func TestGPT2DecodeTensorParallelCLI(t *testing.T) {
 		dumps[n] = filepath.Join(dir, fmt.Sprintf("n%d.safetensors", n))
 		args := append([]string{"--backend", "sim", "run", "--strategy", "device", "--dump", dumps[n]}, tiny...)
 		if n > 1 {
-			args = append(args, "--nproc", strconv.Itoa(n))
+			args = append([]string{"--backend", "sim", "bench", "--strategies", "device,stable", "--dump", dumps[n], "--nproc", strconv.Itoa(n)}, tiny...)
 		}
 		code, out, errs := runCLI(t, args...)
 		if code != exitOK {
