@@ -324,9 +324,10 @@ def main(argv=None) -> int:
                    help="stablegraph's single-GPU eager dump per batch, {batch} in the path replaced by it")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logits difference allowed (default 1e-4)")
     p.add_argument("--system", default="all", help="comma-separated strategies or 'all' (%s)" % ", ".join(ORDER))
-    p.add_argument("--allreduce-only", action="store_true", help="time NCCL's all-reduce alone, no model")
-    p.add_argument("--width", type=int, default=768, help="--allreduce-only: the model width d (default 768)")
-    p.add_argument("--layers", type=int, default=12, help="--allreduce-only: layers (2 all-reduces each; default 12)")
+    p.add_argument("--allreduce-only", action="store_true",
+                   help="time NCCL's all-reduce alone, no model (its width and layers from --weights when given)")
+    p.add_argument("--width", type=int, default=768, help="--allreduce-only without --weights: the model width d (default 768)")
+    p.add_argument("--layers", type=int, default=12, help="--allreduce-only without --weights: layers (2 all-reduces each; default 12)")
     p.add_argument("--steps", type=int, default=100, help="measured steps per phase (default 100)")
     p.add_argument("--warmup", type=int, default=10, help="warm-up steps (default 10)")
     p.add_argument("--throughput-batch", type=int, default=10, help="steps per batch in the throughput phase (default 10)")
@@ -370,7 +371,10 @@ def main(argv=None) -> int:
         doc["device"] = torch_dp.device_info(torch, ranks.local)
         doc["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "numpy": np.__version__,
                            "nccl": torch_dp.nccl_version(torch) if ranks.dist else None}
-        weights, meta = ({}, {}) if args.allreduce_only else gpt2_data.read_safetensors(args.weights)
+        weights, meta = gpt2_data.read_safetensors(args.weights) if args.weights else ({}, {})
+        if args.allreduce_only and weights:
+            shape = gpt2_data.Config(weights, meta, 1, args.heads, args.pos, args.seed)
+            args.width, args.layers = shape.d, shape.layers
         cfgs = [] if args.allreduce_only else [gpt2_data.Config(weights, meta, b, args.heads, args.pos, args.seed)
                                                for b in batches]
         if cfgs:
