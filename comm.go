@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/trace"
+	"github.com/stablegraph/stablegraph/internal/trace"
 )
 
 // Collectives in programs: Comm, the communicator a collective command
@@ -24,7 +24,7 @@ import (
 // backend).
 //
 // A collective enters the executable as a traced command (see Program.Trace
-// and package trace) whose function enqueues the backend's collective on
+// and package internal/trace) whose function enqueues the backend's collective on
 // the stream it is given: eagerly under StrategyEager, and otherwise
 // captured into a child graph of the step's graph. Its traces are cached by
 // the addresses of its send and receive buffers like every traced

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/blas"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/replay"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Compile validates p, assigns and allocates the executable's own memory

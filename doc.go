@@ -108,9 +108,9 @@
 // re-records and re-instantiates a graph whenever an address changes;
 // StrategyUpdate re-records and applies a whole-graph exec update;
 // StrategyPatch updates in place only the nodes whose buffers moved
-// (package graph), moving traced nodes through their child graph with
+// (package internal/graph), moving traced nodes through their child graph with
 // traces from a per-command LRU cache keyed by address or built from a
-// differential-tracing template (package trace). StrategyDevice records
+// differential-tracing template (package internal/trace). StrategyDevice records
 // once and moves the pointers on the GPU: a patcher kernel, a node of the
 // graph beside the step's first command, rewrites the pointer parameters of
 // the nodes opted in to device-side updates from updates the host writes,

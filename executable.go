@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/replay"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Bindings give the device address of every param and output buffer for

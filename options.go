@@ -6,8 +6,8 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/replay"
-	"github.com/stablegraph/stablegraph/trace"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
@@ -31,7 +31,7 @@ const (
 	StrategyUpdate = replay.Update
 	// StrategyPatch rewrites in place only the nodes whose buffers moved,
 	// with per-node exec parameter updates; traced nodes through their
-	// child graph (see package graph and package trace).
+	// child graph (see package internal/graph and package internal/trace).
 	StrategyPatch = replay.Patch
 	// StrategyDevice records the graph once and moves its pointers on the
 	// device: every kernel node with a pointer into a param or output

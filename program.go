@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/blas"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/replay"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Class says who owns a buffer's memory and whether its address moves
@@ -241,7 +241,7 @@ type GEMM struct {
 	Bias Slice
 }
 
-// blas is g as package blas runs it.
+// blas is g as package internal/blas runs it.
 func (g GEMM) blas() blas.Gemm {
 	return blas.Gemm{M: g.M, N: g.N, K: g.K, TransA: g.TransA, TransB: g.TransB, Alpha: g.Alpha, Beta: g.Beta,
 		Bias: g.Bias != Slice{}}
@@ -319,7 +319,7 @@ func (p *Program) Memset(dst Slice, value uint32, elemSize int) {
 }
 
 // Gemm appends a matrix product into c (see GEMM). It is a library call
-// (package blas): on backends with a GEMM library (gpu.GEMM) it calls it,
+// (package internal/blas): on backends with a GEMM library (gpu.GEMM) it calls it,
 // else it launches the built-in kernels.Gemm; either way it enters graphs
 // as a traced command.
 func (p *Program) Gemm(c, a, b Slice, g GEMM) {
@@ -338,7 +338,7 @@ func (p *Program) Gemm(c, a, b Slice, g GEMM) {
 // given, with one device pointer per slice argument (args must all be
 // slices, built with In, Out or InOut). In graphs the command is captured
 // from the stream into a child graph. fn must enqueue the same work for the
-// same addresses every time (see package trace); values it needs besides
+// same addresses every time (see package internal/trace); values it needs besides
 // the addresses are captured by the closure when the program is built.
 func (p *Program) Trace(name string, fn TraceFunc, args ...Arg) {
 	p.cmds = append(p.cmds, cmdDecl{kind: cmdTrace, name: name, fn: fn, args: slices.Clone(args)})

@@ -146,7 +146,7 @@ func GemmOf(b Backend) (GEMM, error) {
 
 // GraphNodeReaderOf returns b's read-back of memcpy and memset nodes, and
 // false when b cannot read them: such nodes are then neither compared nor
-// copied node by node (package trace keeps them in a child graph).
+// copied node by node (package internal/trace keeps them in a child graph).
 func GraphNodeReaderOf(b any) (GraphNodeReader, bool) {
 	nr, ok := b.(GraphNodeReader)
 	return nr, ok

@@ -4,7 +4,7 @@ package gpu
 // (cuBLAS and cuBLASLt on CUDA; a model of them on sim). Use GemmOf to get
 // it. Callers without it, or for which a call returns an error wrapping
 // ErrNotSupported, fall back to a kernel of their own (the traced GEMM
-// command of package blas launches the built-in kernels.Gemm).
+// command of package internal/blas launches the built-in kernels.Gemm).
 //
 // The product is float32 and row-major:
 //
@@ -74,7 +74,7 @@ func AlignClass(p DevicePtr) uint64 {
 // GraphNodeReader is an optional interface: a backend that reads back the
 // parameters of memcpy and memset graph nodes, as captured library calls
 // make them. Without it such nodes cannot be compared or copied node by
-// node (package trace keeps them in a child graph).
+// node (package internal/trace keeps them in a child graph).
 type GraphNodeReader interface {
 	GraphMemcpyNodeParams(n GraphNode) (MemcpyParams, error)
 	GraphMemsetNodeParams(n GraphNode) (Memset, error)

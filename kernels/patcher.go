@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 )
 
 // The patcher moves pointers inside a running graph: it is a kernel node of
@@ -20,70 +21,10 @@ import (
 // one thread per parameter, so that the nodes after it run on the new
 // addresses in the same launch and the host makes no driver call per step.
 // Its CUDA source is cuda/patcher.cu; its Go reference, which the sim runs,
-// is refPatcher.
+// is refPatcher. What it reads and writes (slots, a ring of tables, its
+// control block and mirror) and the host's part of each launch are the
+// format of package internal/patchtable, which the device strategy writes.
 //
-// # Memory it reads and writes (all little-endian)
-//
-// Slots (device memory, written once): the parameters the patcher may
-// change, PatchSlotSize bytes each: {node u64 (a gpu.DevNode), add u64,
-// offset u32 (byte offset into the node's kernel parameters), reserved u32}.
-// Every update writes 8 bytes at the slot's offset: the update's value plus
-// the slot's add. A host that lays out the slots of one buffer side by side,
-// each with its offset into the buffer as add, moves every pointer into the
-// buffer with one update whose value is the buffer's new address.
-//
-// Tables (a ring of ntables tables, stride bytes apart, usually in mapped
-// pinned host memory that the host writes): each is a PatchHeaderSize-byte
-// header {seq u64, count u32, total u32} followed by up to capacity updates
-// of PatchUpdateSize bytes {slot u32, start u32, value u64}. Update j sets
-// the slots [slot, slot+n) where n is the next update's start minus its own
-// (the last update's: total minus its start): start is the number of slot
-// writes of the updates before it (0 for the first), and total the number of
-// slot writes of the table. Slot write i of the table, for i in [0, total),
-// is thread i's (grid-stride).
-//
-// Control block (device memory, PatchCtlSize bytes, zeroed before the first
-// launch): {seq u64, done u32, failed u32, skipped u32, dirty u32,
-// firstError u64}. seq counts the launches the patcher has run; done is the
-// count of its blocks that finished the current launch and dirty whether
-// one of them failed or skipped anything (both back to 0 between
-// launches).
-//
-// Mirror (optional, mapped pinned host memory, PatchMirrorSize bytes, zeroed
-// before the first launch): {seq u64, failed u32, skipped u32}, written by
-// the patcher as each launch ends, each 8-byte word with one store: the
-// counters when they changed in that launch, then (after a system-wide
-// fence) seq: what the host reads, without a driver call, to know which
-// tables are free again and whether every update was applied. seq may
-// reach the host late (the kernel's completion publishes it), so a host
-// waiting for it polls; it never sees a seq without the counters of that
-// launch.
-//
-// # One launch
-//
-// The patcher reads seq from the control block and uses table seq %
-// ntables. If that table's header says the same seq and count <= capacity,
-// it applies the table's updates, slot write i by thread i (grid-stride,
-// reading the updates in chunks of PatchChunk); a slot write whose slot is
-// out of range, or that the device runtime refuses, adds one to failed and,
-// if firstError is 0, sets it to (i+1)<<32 | the cudaError_t code (1 is
-// cudaErrorInvalidValue; with several failures in a launch, whichever thread
-// gets there first). Otherwise it applies nothing and adds one to skipped.
-// Its last block to finish sets done back to 0 and seq to seq+1 and, when
-// there is a mirror, writes failed and skipped to it and then seq+1. So the
-// control block advances once per launch, with no host call.
-//
-// # The host's part
-//
-// For the k-th launch (k from 0) the host writes table k % ntables (the
-// updates, then the header: WritePatchTable or a PatchTableWriter) when
-// something moves, and launches; a launch whose table is not its own moves
-// nothing (and counts as skipped). It may rewrite a table only once the
-// launch that read it has finished its patcher (ntables launches earlier:
-// the mirror's seq has passed it). The mirror's failed counter says whether
-// every update of every launch was applied. The launch must be
-// one-dimensional (PatcherConfig).
-
 // # The inline patcher
 //
 // PatcherInline does the same work for a step that moves at most
@@ -93,40 +34,21 @@ import (
 // parameters with one exec update (gpu.Graphs.GraphExecKernelNodeSetParams),
 // which the driver copies at the call, so there is no ring to wait for and
 // no read over the bus before the first pointer write. The node itself is
-// not device-updatable, so the graph needs no upload after it changes. A
-// launch applies its table's updates, which the next launch applies again
-// unless the host changes them (to an empty table, when nothing moves). A
-// failed update counts in the control block as above and, with a mirror,
-// the counters go to it; the control block's seq and the mirror's are not
-// used.
-
-// lend is the byte order of every record the patcher reads.
-var lend = encbin.LittleEndian
+// not device-updatable, so the graph needs no upload after it changes.
 
 // Patcher is the patcher kernel's name: (ctl, slots, nslots u32, tables,
-// stride u64, ntables u32, capacity u32, mirror).
+// stride u64, ntables u32, capacity u32, mirror): patchtable.Memory.Args.
 const Patcher = "sg_patcher"
 
 // PatcherInline is the inline patcher's name: (ctl, slots, nslots u32,
-// mirror, then the table's PatchInlineSize bytes as PatchInlineSize/8
-// little-endian u64 parameters). See "The inline patcher" above.
+// mirror, then the table's patchtable.InlineSize bytes as InlineSize/8
+// little-endian u64 parameters): patchtable.Memory.InlineArgs.
 const PatcherInline = "sg_patcher_inline"
 
 // PatchInlineCap is how many updates an inline patcher's table holds
-// (SG_PATCH_INLINE in cuda/patcher.cu), and PatchInlineSize its size.
-const (
-	PatchInlineCap  = 16
-	PatchInlineSize = PatchHeaderSize + PatchUpdateSize*PatchInlineCap
-)
-
-// Sizes of the patcher's records, in bytes.
-const (
-	PatchSlotSize   = 24
-	PatchHeaderSize = 16
-	PatchUpdateSize = 16
-	PatchCtlSize    = 32
-	PatchMirrorSize = 16
-)
+// (SG_PATCH_INLINE in cuda/patcher.cu): at most this many buffers move
+// through the inline patcher.
+const PatchInlineCap = patchtable.InlineCap
 
 // PatchChunk is how many updates each block of the patcher reads at a time
 // (SG_PATCH_CHUNK in cuda/patcher.cu): a launch reads its table's updates
@@ -146,7 +68,7 @@ func PatcherSpec() gpu.KernelSpec {
 // PatcherInlineSpec is the inline patcher's kernel spec.
 func PatcherInlineSpec() gpu.KernelSpec {
 	params := []gpu.ArgKind{p, p, gpu.ArgU32, p}
-	for range PatchInlineSize / 8 {
+	for range patchtable.InlineSize / 8 {
 		params = append(params, u64)
 	}
 	return gpu.KernelSpec{Name: PatcherInline, Params: params, Ref: refPatcherInline}
@@ -186,209 +108,14 @@ func PatcherConfig(writes int) gpu.LaunchConfig {
 	return gpu.LaunchConfig{Grid: gpu.Dim3{X: 1, Y: 1, Z: 1}, Block: gpu.Dim3{X: uint32(threads), Y: 1, Z: 1}}
 }
 
-// PatcherMemory is where one patcher's records are: its arguments.
-type PatcherMemory struct {
-	Ctl    gpu.DevicePtr // the control block
-	Slots  gpu.DevicePtr
-	NSlots int
-	// Tables is the first of NTables tables, Stride bytes apart, of
-	// Capacity updates each (PatchTableStride).
-	Tables   gpu.DevicePtr
-	Stride   uint64
-	NTables  int
-	Capacity int
-	// Mirror is the host-mapped mirror of the control block; 0: none.
-	Mirror gpu.DevicePtr
-}
-
-// Args are the patcher's arguments for m.
-func (m PatcherMemory) Args() []gpu.Arg {
-	return []gpu.Arg{gpu.Ptr(m.Ctl), gpu.Ptr(m.Slots), gpu.U32(uint32(m.NSlots)), gpu.Ptr(m.Tables), gpu.U64(m.Stride),
-		gpu.U32(uint32(m.NTables)), gpu.U32(uint32(m.Capacity)), gpu.Ptr(m.Mirror)}
-}
-
-// InlineArgs are the inline patcher's arguments for m (its tables unused)
-// and table, PatchInlineSize bytes written like a ring's table
-// (NewPatchTableWriter; its seq is not read).
-func (m PatcherMemory) InlineArgs(table []byte) []gpu.Arg {
-	args := []gpu.Arg{gpu.Ptr(m.Ctl), gpu.Ptr(m.Slots), gpu.U32(uint32(m.NSlots)), gpu.Ptr(m.Mirror)}
-	for range PatchInlineSize / 8 {
-		args = append(args, gpu.U64(0))
-	}
-	SetInlineArgs(args, table)
-	return args
-}
-
-// SetInlineArgs rewrites the table words of inline patcher arguments args
-// (from InlineArgs) from table, allocating nothing.
-func SetInlineArgs(args []gpu.Arg, table []byte) {
-	w := args[len(args)-PatchInlineSize/8:]
-	for i := range w {
-		w[i].Bits = lend.Uint64(table[8*i:])
-	}
-}
-
-// PatcherArgs are the patcher's arguments without a mirror.
-func PatcherArgs(ctl, slots gpu.DevicePtr, nslots int, tables gpu.DevicePtr, stride uint64, ntables, capacity int) []gpu.Arg {
-	return PatcherMemory{Ctl: ctl, Slots: slots, NSlots: nslots, Tables: tables, Stride: stride, NTables: ntables, Capacity: capacity}.Args()
-}
-
-// PatchTableStride is the size of one table of capacity updates.
-func PatchTableStride(capacity int) uint64 {
-	return PatchHeaderSize + PatchUpdateSize*uint64(max(capacity, 0))
-}
-
-// PatchSlot is one parameter the patcher may change: 8 bytes at Offset of
-// Node's kernel parameters, set to an update's value plus Add.
-type PatchSlot struct {
-	Node   gpu.DevNode
-	Offset uint32
-	Add    uint64
-}
-
-// EncodePatchSlots returns slots in the patcher's layout.
-func EncodePatchSlots(slots []PatchSlot) []byte {
-	b := make([]byte, PatchSlotSize*len(slots))
-	for i, s := range slots {
-		PutPatchSlot(b[PatchSlotSize*i:], s)
-	}
-	return b
-}
-
-// PutPatchSlot writes s in the patcher's layout at the start of b (at least
-// PatchSlotSize bytes).
-func PutPatchSlot(b []byte, s PatchSlot) {
-	lend.PutUint64(b, uint64(s.Node))
-	lend.PutUint64(b[8:], s.Add)
-	lend.PutUint32(b[16:], s.Offset)
-	lend.PutUint32(b[20:], 0)
-}
-
-// PatchUpdate sets Count slots from Slot on (0 counts as 1) to Value plus
-// each slot's Add.
-type PatchUpdate struct {
-	Slot  uint32
-	Count uint32
-	Value uint64
-}
-
-// WritePatchTable writes one table for the launch numbered seq: updates
-// first, then the header, count and total and then seq, so that a patcher
-// reading the header never sees a seq whose updates are not written yet.
-// table is the table's memory (at least PatchTableStride(len(updates))
-// bytes).
-func WritePatchTable(table []byte, seq uint64, updates []PatchUpdate) error {
-	w := NewPatchTableWriter(table)
-	for i, u := range updates {
-		if err := w.Add(u.Slot, max(u.Count, 1), u.Value); err != nil {
-			return fmt.Errorf("update %d: %w", i, err)
-		}
-	}
-	w.Seal(seq)
-	return nil
-}
-
-// PatchTableWriter writes one table in place, allocating nothing: the
-// per-step path of a host that moves ranges of slots. Add the updates, then
-// Seal.
-type PatchTableWriter struct {
-	b            []byte
-	count, total uint32
-}
-
-// NewPatchTableWriter starts writing table, which keeps its old contents
-// (and header) until Seal.
-func NewPatchTableWriter(table []byte) PatchTableWriter { return PatchTableWriter{b: table} }
-
-// Add appends an update setting n slots from slot on (n ≥ 1) to value plus
-// each slot's add. It fails, writing nothing, when the table is full or the
-// table's slot writes would pass 2³²-1.
-func (w *PatchTableWriter) Add(slot, n uint32, value uint64) error {
-	off := PatchHeaderSize + PatchUpdateSize*uint64(w.count)
-	switch {
-	case uint64(len(w.b)) < off+PatchUpdateSize:
-		return fmt.Errorf("kernels: patch table of %d bytes cannot hold %d updates (%d bytes): %w",
-			len(w.b), w.count+1, off+PatchUpdateSize, gpu.ErrInvalidValue)
-	case n == 0 || uint64(w.total)+uint64(n) > 1<<32-1:
-		return fmt.Errorf("kernels: patch update of %d slots after %d: %w", n, w.total, gpu.ErrInvalidValue)
-	}
-	e := w.b[off : off+PatchUpdateSize]
-	lend.PutUint32(e, slot)
-	lend.PutUint32(e[4:], w.total)
-	lend.PutUint64(e[8:], value)
-	w.count++
-	w.total += n
-	return nil
-}
-
-// Updates is the number of updates added; Writes the slot writes they make.
-func (w *PatchTableWriter) Updates() int { return int(w.count) }
-
-// Writes is the number of slot writes of the updates added.
-func (w *PatchTableWriter) Writes() int { return int(w.total) }
-
-// Seal writes the header for the launch numbered seq: count and total, then
-// seq.
-func (w *PatchTableWriter) Seal(seq uint64) {
-	lend.PutUint32(w.b[8:], w.count)
-	lend.PutUint32(w.b[12:], w.total)
-	lend.PutUint64(w.b, seq)
-}
-
-// PatchCtl is the decoded control block.
-type PatchCtl struct {
-	Seq     uint64 // launches run
-	Done    uint32 // blocks finished in the current launch; 0 between launches
-	Failed  uint32 // slot writes not applied
-	Skipped uint32 // launches whose table was not for them (seq mismatch, count > capacity)
-	// FirstEntry is the index of the first failed slot write plus one (0:
-	// none), FirstCode its cudaError_t.
-	FirstEntry uint32
-	FirstCode  uint32
-}
-
-// DecodePatchCtl decodes a control block read back from the device.
-func DecodePatchCtl(b []byte) (PatchCtl, error) {
-	if len(b) < PatchCtlSize {
-		return PatchCtl{}, fmt.Errorf("kernels: patch control block of %d bytes, want %d: %w", len(b), PatchCtlSize, gpu.ErrInvalidValue)
-	}
-	first := lend.Uint64(b[24:])
-	return PatchCtl{Seq: lend.Uint64(b), Done: lend.Uint32(b[8:]), Failed: lend.Uint32(b[12:]), Skipped: lend.Uint32(b[16:]),
-		FirstEntry: uint32(first >> 32), FirstCode: uint32(first)}, nil
-}
-
-func (c PatchCtl) encode() []byte {
-	b := make([]byte, PatchCtlSize)
-	lend.PutUint64(b, c.Seq)
-	lend.PutUint32(b[8:], c.Done)
-	lend.PutUint32(b[12:], c.Failed)
-	lend.PutUint32(b[16:], c.Skipped)
-	lend.PutUint64(b[24:], uint64(c.FirstEntry)<<32|uint64(c.FirstCode))
-	return b
-}
-
-// PatchMirror is the mirror of a control block as the host reads it.
-type PatchMirror struct {
-	Seq             uint64 // launches whose patcher has finished
-	Failed, Skipped uint32
-}
-
-// ReadPatchMirror reads the mirror at byte off (a multiple of 8) of h
-// without synchronizing with the device: seq first, then the counters, which
-// the patcher writes before seq, so they are at least those of launch seq.
-func ReadPatchMirror(h gpu.HostMem, off int) PatchMirror {
-	seq := h.Load64(off)
-	c := h.Load64(off + 8)
-	return PatchMirror{Seq: seq, Failed: uint32(c), Skipped: uint32(c >> 32)}
-}
-
-// refPatcher is the patcher's Go reference: one launch as described above,
-// run sequentially (so done stays 0), reading the updates in chunks and
-// finding each slot write's update by the same binary search as the CUDA
-// kernel, so that a malformed table does on the sim what it does on a GPU.
-// Updates go through the device runtime of the backend (gpu.DeviceRuntime);
-// a slot write it refuses with gpu.ErrInvalidValue is counted in failed, as
-// cudaErrorInvalidValue; any other error (a fault) ends the kernel.
+// refPatcher is the patcher's Go reference: one launch as package
+// internal/patchtable describes it, run sequentially (so done stays 0),
+// reading the updates in chunks and finding each slot write's update by the
+// same binary search as the CUDA kernel, so that a malformed table does on
+// the sim what it does on a GPU. Updates go through the device runtime of
+// the backend (gpu.DeviceRuntime); a slot write it refuses with
+// gpu.ErrInvalidValue is counted in failed, as cudaErrorInvalidValue; any
+// other error (a fault) ends the kernel.
 func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	rt, ok := gpu.DeviceRuntimeOf(mem)
 	if !ok {
@@ -404,31 +131,31 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if ntables == 0 {
 		return fmt.Errorf("kernel %s: zero tables (the device would divide by zero): %w", Patcher, gpu.ErrInvalidValue)
 	}
-	raw := make([]byte, PatchCtlSize)
+	raw := make([]byte, patchtable.CtlSize)
 	if err := mem.Read(ctlPtr, raw); err != nil {
 		return err
 	}
-	ctl, _ := DecodePatchCtl(raw)
+	ctl, _ := patchtable.DecodeCtl(raw)
 	table := tables.Add((ctl.Seq % ntables) * stride)
-	var hdr [PatchHeaderSize]byte
+	var hdr [patchtable.HeaderSize]byte
 	if err := mem.Read(table, hdr[:]); err != nil {
 		return err
 	}
-	seq, count, total := lend.Uint64(hdr[:]), lend.Uint32(hdr[8:]), lend.Uint32(hdr[12:])
-	if seq != ctl.Seq || count > capacity {
+	h := patchtable.DecodeHeader(hdr[:])
+	if h.Seq != ctl.Seq || h.Count > capacity {
 		ctl.Skipped++
-	} else if count > 0 {
-		ups := make([]byte, PatchUpdateSize*int(count))
-		if err := mem.Read(table.Add(PatchHeaderSize), ups); err != nil {
+	} else if h.Count > 0 {
+		ups := make([]byte, patchtable.UpdateSize*int(h.Count))
+		if err := mem.Read(table.Add(patchtable.HeaderSize), ups); err != nil {
 			return err
 		}
-		if err := applyPatchTable(rt, mem, Patcher, slots, nslots, count, total, ups, &ctl); err != nil {
+		if err := applyPatchTable(rt, mem, Patcher, slots, nslots, h.Count, h.Total, ups, &ctl); err != nil {
 			return err
 		}
 	}
 	ctl.Seq++
 	ctl.Done = 0
-	if err := mem.Write(ctlPtr, ctl.encode()); err != nil {
+	if err := mem.Write(ctlPtr, ctl.Encode()); err != nil {
 		return err
 	}
 	if mirror == 0 {
@@ -436,22 +163,20 @@ func refPatcher(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	}
 	// Two 8-byte stores, the counters first, as the CUDA kernel makes them:
 	// a host that sees seq sees counters at least as recent.
-	var w [8]byte
-	lend.PutUint64(w[:], uint64(ctl.Failed)|uint64(ctl.Skipped)<<32)
-	if err := mem.Write(mirror.Add(8), w[:]); err != nil {
+	counters, seq := patchtable.Mirror{Seq: ctl.Seq, Failed: ctl.Failed, Skipped: ctl.Skipped}.Encode()
+	if err := mem.Write(mirror.Add(8), counters[:]); err != nil {
 		return err
 	}
-	lend.PutUint64(w[:], ctl.Seq)
-	return mem.Write(mirror, w[:])
+	return mem.Write(mirror, seq[:])
 }
 
 // applyPatchTable applies the count updates ups (total slot writes) as
 // the patcher does, reading them in chunks and finding each slot write's
 // update by binary search, counting refused writes in ctl. Any error but a
 // refused write (a fault) ends the kernel: it is returned.
-func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots gpu.DevicePtr, nslots uint64, count, total uint32, ups []byte, ctl *PatchCtl) error {
-	start := func(j uint32) uint64 { return uint64(lend.Uint32(ups[PatchUpdateSize*j+4:])) }
-	var slot [PatchSlotSize]byte
+func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots gpu.DevicePtr, nslots uint64, count, total uint32, ups []byte, ctl *patchtable.Ctl) error {
+	start := func(j uint32) uint64 { _, s, _ := patchtable.UpdateAt(ups, j); return uint64(s) }
+	var raw [patchtable.SlotSize]byte
 	for first := uint32(0); first < count; first += PatchChunk {
 		n := min(count-first, PatchChunk)
 		end := uint64(total)
@@ -469,16 +194,17 @@ func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots 
 					hi = m
 				}
 			}
-			u := ups[PatchUpdateSize*(first+lo):]
-			s := uint64(lend.Uint32(u)) + (i - start(first+lo))
+			slot0, st, value := patchtable.UpdateAt(ups, first+lo)
+			s := uint64(slot0) + (i - uint64(st))
 			err := fmt.Errorf("kernel %s: slot write %d names slot %d of %d: %w", kernel, i, s, nslots, gpu.ErrInvalidValue)
 			if s < nslots {
-				if err = mem.Read(slots.Add(s*PatchSlotSize), slot[:]); err != nil {
+				if err = mem.Read(slots.Add(s*patchtable.SlotSize), raw[:]); err != nil {
 					return err
 				}
+				slot := patchtable.DecodeSlot(raw[:])
 				var v [8]byte
-				lend.PutUint64(v[:], lend.Uint64(u[8:])+lend.Uint64(slot[8:]))
-				err = rt.GraphKernelNodeSetParam(gpu.DevNode(lend.Uint64(slot[:])), uint64(lend.Uint32(slot[16:])), v[:])
+				encbin.LittleEndian.PutUint64(v[:], value+slot.Add)
+				err = rt.GraphKernelNodeSetParam(slot.Node, uint64(slot.Offset), v[:])
 			}
 			if err == nil {
 				continue
@@ -496,7 +222,7 @@ func applyPatchTable(rt gpu.DeviceRuntime, mem gpu.Memory, kernel string, slots 
 }
 
 // refPatcherInline is the inline patcher's Go reference: the table in its
-// last argument applied as refPatcher applies a ring's, failures counted in
+// last arguments applied as refPatcher applies a ring's, failures counted in
 // the control block and, when there are any, written to the mirror.
 func refPatcherInline(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	rt, ok := gpu.DeviceRuntimeOf(mem)
@@ -508,35 +234,35 @@ func refPatcherInline(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		return fmt.Errorf("kernel %s needs a one-dimensional launch, got grid %v block %v: %w", PatcherInline, g, bl, gpu.ErrInvalidValue)
 	}
 	ctlPtr, slots, nslots, mirror := a[0].AsPtr(), a[1].AsPtr(), uint64(a[2].AsU32()), a[3].AsPtr()
-	table := make([]byte, PatchInlineSize)
+	table := make([]byte, patchtable.InlineSize)
 	for i, w := range a[4:] {
-		lend.PutUint64(table[8*i:], w.AsU64())
+		encbin.LittleEndian.PutUint64(table[8*i:], w.AsU64())
 	}
-	count, total := min(lend.Uint32(table[8:]), PatchInlineCap), lend.Uint32(table[12:])
+	h := patchtable.DecodeHeader(table)
+	count := min(h.Count, PatchInlineCap)
 	if count == 0 {
 		return nil
 	}
-	raw := make([]byte, PatchCtlSize)
+	raw := make([]byte, patchtable.CtlSize)
 	if err := mem.Read(ctlPtr, raw); err != nil {
 		return err
 	}
-	ctl, _ := DecodePatchCtl(raw)
+	ctl, _ := patchtable.DecodeCtl(raw)
 	failed := ctl.Failed
-	if err := applyPatchTable(rt, mem, PatcherInline, slots, nslots, count, total, table[PatchHeaderSize:], &ctl); err != nil {
+	if err := applyPatchTable(rt, mem, PatcherInline, slots, nslots, count, h.Total, table[patchtable.HeaderSize:], &ctl); err != nil {
 		return err
 	}
 	if ctl.Failed == failed {
 		return nil
 	}
-	if err := mem.Write(ctlPtr, ctl.encode()); err != nil {
+	if err := mem.Write(ctlPtr, ctl.Encode()); err != nil {
 		return err
 	}
 	if mirror == 0 {
 		return nil
 	}
-	var w [8]byte
-	lend.PutUint64(w[:], uint64(ctl.Failed)|uint64(ctl.Skipped)<<32)
-	return mem.Write(mirror.Add(8), w[:])
+	counters, _ := patchtable.Mirror{Failed: ctl.Failed, Skipped: ctl.Skipped}.Encode()
+	return mem.Write(mirror.Add(8), counters[:])
 }
 
 // The prebuilt patcher: one cubin per architecture, patcher/sm_<NN>.cubin,

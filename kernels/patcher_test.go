@@ -3,6 +3,7 @@ package kernels
 import (
 	"bytes"
 	"crypto/sha256"
+	encbin "encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"testing/fstest"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 )
 
 // TestPatcherMatchesSource fails when cuda/patcher.cu changed after the
@@ -67,8 +69,8 @@ func TestPatcherSourceSignature(t *testing.T) {
 	if got, want := len(strings.Split(string(m[1]), ",")), len(PatcherSpec().Params); got != want {
 		t.Errorf("%s has %d parameters in patcher.cu, %d in its spec", Patcher, got, want)
 	}
-	for name, size := range map[string]int{"sg_patch_slot": PatchSlotSize, "sg_patch_header": PatchHeaderSize,
-		"sg_patch_update": PatchUpdateSize, "sg_patch_ctl": PatchCtlSize, "sg_patch_mirror": PatchMirrorSize} {
+	for name, size := range map[string]int{"sg_patch_slot": patchtable.SlotSize, "sg_patch_header": patchtable.HeaderSize,
+		"sg_patch_update": patchtable.UpdateSize, "sg_patch_ctl": patchtable.CtlSize, "sg_patch_mirror": patchtable.MirrorSize} {
 		if !bytes.Contains(src, []byte(fmt.Sprintf("static_assert(sizeof(%s) == %d,", name, size))) {
 			t.Errorf("patcher.cu does not assert sizeof(%s) == %d", name, size)
 		}
@@ -117,64 +119,6 @@ func TestPatcherBinaryPicksArchitecture(t *testing.T) {
 		if !errors.Is(err, gpu.ErrNotSupported) || !strings.Contains(err.Error(), want) {
 			t.Errorf("compute %d.%d: %v, want ErrNotSupported naming %q", cc[0], cc[1], err, want)
 		}
-	}
-}
-
-func TestPatchRecords(t *testing.T) {
-	slots := EncodePatchSlots([]PatchSlot{{Node: 0x1122334455667788, Offset: 8}, {Node: 7, Offset: 0x10203, Add: 0x0a0b}})
-	want := []byte{0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0,
-		7, 0, 0, 0, 0, 0, 0, 0, 0x0b, 0x0a, 0, 0, 0, 0, 0, 0, 3, 2, 1, 0, 0, 0, 0, 0}
-	if !bytes.Equal(slots, want) {
-		t.Errorf("EncodePatchSlots = % x\nwant % x", slots, want)
-	}
-	table := bytes.Repeat([]byte{0xee}, int(PatchTableStride(3)))
-	if err := WritePatchTable(table, 0x0102, []PatchUpdate{{Slot: 1, Value: 0xaabb}, {Slot: 0x0304, Count: 3, Value: 5}}); err != nil {
-		t.Fatal(err)
-	}
-	// Header: seq, 2 updates, 4 slot writes; then {slot, start, value}.
-	want = []byte{2, 1, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 4, 0, 0, 0,
-		1, 0, 0, 0, 0, 0, 0, 0, 0xbb, 0xaa, 0, 0, 0, 0, 0, 0,
-		4, 3, 0, 0, 1, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0}
-	if !bytes.Equal(table[:48], want) || !bytes.Equal(table[48:], bytes.Repeat([]byte{0xee}, 16)) {
-		t.Errorf("WritePatchTable = % x", table)
-	}
-	if err := WritePatchTable(table[:40], 1, make([]PatchUpdate, 2)); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("table too small: %v", err)
-	}
-	// The writer refuses what does not fit and leaves the header alone.
-	w := NewPatchTableWriter(table[:32])
-	if err := w.Add(0, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Add(1, 1, 1); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("second update in a one-update table: %v", err)
-	}
-	if err := w.Add(1, 0, 1); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("update of zero slots: %v", err)
-	}
-	if w.Updates() != 1 || w.Writes() != 1 || lend.Uint64(table) != 0x0102 {
-		t.Errorf("after refused updates: %d updates, %d writes, header seq %#x", w.Updates(), w.Writes(), lend.Uint64(table))
-	}
-	big := NewPatchTableWriter(make([]byte, PatchTableStride(2)))
-	if err := big.Add(0, 1<<31, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := big.Add(0, 1<<31, 0); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("2^32 slot writes in one table: %v", err)
-	}
-	c := PatchCtl{Seq: 9, Done: 1, Failed: 2, Skipped: 3, FirstEntry: 4, FirstCode: 1}
-	got, err := DecodePatchCtl(c.encode())
-	if err != nil || got != c {
-		t.Errorf("control block round trip: %+v, %v; want %+v", got, err, c)
-	}
-	if _, err := DecodePatchCtl(make([]byte, 31)); !errors.Is(err, gpu.ErrInvalidValue) {
-		t.Errorf("short control block: %v", err)
-	}
-	h := gpu.HostMem{Bytes: make([]byte, 32)}
-	lend.PutUint64(h.Bytes[16:], 7)
-	lend.PutUint64(h.Bytes[24:], 2|5<<32)
-	if m := ReadPatchMirror(h, 16); m != (PatchMirror{Seq: 7, Failed: 2, Skipped: 5}) {
-		t.Errorf("ReadPatchMirror = %+v", m)
 	}
 }
 
@@ -239,6 +183,9 @@ func (d *fakeDevice) GraphKernelNodeSetParam(n gpu.DevNode, off uint64, v []byte
 	return nil
 }
 
+// lend is the byte order of the patcher's records.
+var lend = encbin.LittleEndian
+
 // memOnly hides the device runtime.
 type memOnly struct{ gpu.Memory }
 
@@ -254,41 +201,41 @@ type patchRig struct {
 func newPatchRig(t *testing.T, nodes int, ntables, capacity int) *patchRig {
 	t.Helper()
 	d := newFakeDevice()
-	var slots []PatchSlot
+	var slots []patchtable.Slot
 	for i := 1; i <= nodes; i++ {
 		d.params[gpu.DevNode(i)] = make([]byte, 24)
-		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0}, PatchSlot{Node: gpu.DevNode(i), Offset: 8})
+		slots = append(slots, patchtable.Slot{Node: gpu.DevNode(i), Offset: 0}, patchtable.Slot{Node: gpu.DevNode(i), Offset: 8})
 	}
-	r := &patchRig{d: d, nslots: len(slots), ntables: ntables, capacity: capacity, stride: PatchTableStride(capacity)}
-	r.ctl = d.alloc(make([]byte, PatchCtlSize))
-	r.slots = d.alloc(EncodePatchSlots(slots))
+	r := &patchRig{d: d, nslots: len(slots), ntables: ntables, capacity: capacity, stride: patchtable.Stride(capacity)}
+	r.ctl = d.alloc(make([]byte, patchtable.CtlSize))
+	r.slots = d.alloc(patchtable.EncodeSlots(slots))
 	r.tables = d.alloc(make([]byte, int(r.stride)*ntables))
 	return r
 }
 
-func (r *patchRig) write(t *testing.T, seq uint64, ups []PatchUpdate) {
+func (r *patchRig) write(t *testing.T, seq uint64, ups []patchtable.Update) {
 	t.Helper()
 	tb, err := r.d.find(r.tables.Add(uint64(seq%uint64(r.ntables))*r.stride), int(r.stride))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WritePatchTable(tb, seq, ups); err != nil {
+	if err := patchtable.Write(tb, seq, ups); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func (r *patchRig) run(mem gpu.Memory, cfg gpu.LaunchConfig) error {
-	return refPatcher(mem, cfg, PatcherMemory{Ctl: r.ctl, Slots: r.slots, NSlots: r.nslots, Tables: r.tables, Stride: r.stride,
+	return refPatcher(mem, cfg, patchtable.Memory{Ctl: r.ctl, Slots: r.slots, NSlots: r.nslots, Tables: r.tables, Stride: r.stride,
 		NTables: r.ntables, Capacity: r.capacity, Mirror: r.mirror}.Args())
 }
 
-func (r *patchRig) ctlState(t *testing.T) PatchCtl {
+func (r *patchRig) ctlState(t *testing.T) patchtable.Ctl {
 	t.Helper()
-	b := make([]byte, PatchCtlSize)
+	b := make([]byte, patchtable.CtlSize)
 	if err := r.d.Read(r.ctl, b); err != nil {
 		t.Fatal(err)
 	}
-	c, err := DecodePatchCtl(b)
+	c, err := patchtable.DecodeCtl(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +249,7 @@ func TestRefPatcherAppliesRing(t *testing.T) {
 	cfg := PatcherConfig(r.capacity)
 	// Launch k moves node 1's first pointer and node 3's second to 100k+n.
 	for k := uint64(0); k < 5; k++ {
-		r.write(t, k, []PatchUpdate{{Slot: 0, Value: 100*k + 1}, {Slot: 5, Value: 100*k + 3}})
+		r.write(t, k, []patchtable.Update{{Slot: 0, Value: 100*k + 1}, {Slot: 5, Value: 100*k + 3}})
 		if err := r.run(r.d, cfg); err != nil {
 			t.Fatalf("launch %d: %v", k, err)
 		}
@@ -315,13 +262,13 @@ func TestRefPatcherAppliesRing(t *testing.T) {
 		if got := r.param(2, 0) | r.param(2, 8) | r.param(1, 8) | r.param(3, 0); got != 0 {
 			t.Errorf("launch %d: a slot not in the table changed", k)
 		}
-		if c := r.ctlState(t); c != (PatchCtl{Seq: k + 1}) {
+		if c := r.ctlState(t); c != (patchtable.Ctl{Seq: k + 1}) {
 			t.Errorf("launch %d: control block %+v", k, c)
 		}
 	}
 	// An empty table applies nothing and still advances.
 	r.write(t, 5, nil)
-	if err := r.run(r.d, cfg); err != nil || r.ctlState(t) != (PatchCtl{Seq: 6}) || r.param(1, 0) != 401 {
+	if err := r.run(r.d, cfg); err != nil || r.ctlState(t) != (patchtable.Ctl{Seq: 6}) || r.param(1, 0) != 401 {
 		t.Errorf("empty table: %v, %+v", err, r.ctlState(t))
 	}
 }
@@ -329,28 +276,28 @@ func TestRefPatcherAppliesRing(t *testing.T) {
 func TestRefPatcherSkipsStaleTables(t *testing.T) {
 	r := newPatchRig(t, 2, 2, 4)
 	cfg := PatcherConfig(r.capacity)
-	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 7}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Value: 7}})
 	if err := r.run(r.d, cfg); err != nil {
 		t.Fatal(err)
 	}
 	// Launch 1 finds table 1 written for launch 3: nothing applied.
-	r.write(t, 3, []PatchUpdate{{Slot: 0, Value: 9}})
+	r.write(t, 3, []patchtable.Update{{Slot: 0, Value: 9}})
 	if err := r.run(r.d, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if c := r.ctlState(t); c != (PatchCtl{Seq: 2, Skipped: 1}) || r.param(1, 0) != 7 {
+	if c := r.ctlState(t); c != (patchtable.Ctl{Seq: 2, Skipped: 1}) || r.param(1, 0) != 7 {
 		t.Errorf("stale table: %+v, node 1 = %d (want 7, untouched)", c, r.param(1, 0))
 	}
 	// Launch 2: a count past the capacity is not trusted either.
 	tb, _ := r.d.find(r.tables, int(r.stride))
-	if err := WritePatchTable(tb, 2, []PatchUpdate{{Slot: 0, Value: 11}}); err != nil {
+	if err := patchtable.Write(tb, 2, []patchtable.Update{{Slot: 0, Value: 11}}); err != nil {
 		t.Fatal(err)
 	}
 	lend.PutUint32(tb[8:], uint32(r.capacity+1))
 	if err := r.run(r.d, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if c := r.ctlState(t); c != (PatchCtl{Seq: 3, Skipped: 2}) || r.param(1, 0) != 7 {
+	if c := r.ctlState(t); c != (patchtable.Ctl{Seq: 3, Skipped: 2}) || r.param(1, 0) != 7 {
 		t.Errorf("count past capacity: %+v, node 1 = %d", c, r.param(1, 0))
 	}
 }
@@ -358,11 +305,11 @@ func TestRefPatcherSkipsStaleTables(t *testing.T) {
 func TestRefPatcherCountsRefusedUpdates(t *testing.T) {
 	r := newPatchRig(t, 3, 1, 8)
 	r.d.refuse[2] = true
-	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 1}, {Slot: 2, Value: 2}, {Slot: 99, Value: 3}, {Slot: 4, Value: 4}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Value: 1}, {Slot: 2, Value: 2}, {Slot: 99, Value: 3}, {Slot: 4, Value: 4}})
 	if err := r.run(r.d, PatcherConfig(r.capacity)); err != nil {
 		t.Fatal(err)
 	}
-	want := PatchCtl{Seq: 1, Failed: 2, FirstEntry: 2, FirstCode: cudaErrorInvalidValue}
+	want := patchtable.Ctl{Seq: 1, Failed: 2, FirstEntry: 2, FirstCode: cudaErrorInvalidValue}
 	if c := r.ctlState(t); c != want {
 		t.Errorf("control block %+v, want %+v", c, want)
 	}
@@ -373,7 +320,7 @@ func TestRefPatcherCountsRefusedUpdates(t *testing.T) {
 
 func TestRefPatcherErrors(t *testing.T) {
 	r := newPatchRig(t, 1, 1, 4)
-	r.write(t, 0, []PatchUpdate{{Slot: 0, Value: 1}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Value: 1}})
 	cfg := PatcherConfig(r.capacity)
 	if err := r.run(memOnly{r.d}, cfg); !errors.Is(err, gpu.ErrNotSupported) {
 		t.Errorf("memory without a device runtime: %v, want ErrNotSupported", err)
@@ -387,11 +334,11 @@ func TestRefPatcherErrors(t *testing.T) {
 	if err := r.run(r.d, cfg); !errors.Is(err, gpu.ErrIllegalAddress) {
 		t.Errorf("a fault in the device runtime must end the kernel: %v", err)
 	}
-	args := PatcherArgs(r.ctl, r.slots, r.nslots, r.tables, r.stride, 0, r.capacity)
+	args := patchtable.Args(r.ctl, r.slots, r.nslots, r.tables, r.stride, 0, r.capacity)
 	if err := refPatcher(r.d, cfg, args); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("zero tables: %v", err)
 	}
-	args = PatcherArgs(0x10, r.slots, r.nslots, r.tables, r.stride, 1, r.capacity)
+	args = patchtable.Args(0x10, r.slots, r.nslots, r.tables, r.stride, 1, r.capacity)
 	if err := refPatcher(r.d, cfg, args); !errors.Is(err, gpu.ErrIllegalAddress) {
 		t.Errorf("unmapped control block: %v", err)
 	}
@@ -406,8 +353,8 @@ func TestPatcherModule(t *testing.T) {
 	if !ok || k.Ref == nil || m.Code == nil {
 		t.Fatalf("PatcherModule = %+v", m)
 	}
-	if err := k.CheckArgs("test", PatcherArgs(1, 2, 3, 4, 5, 6, 7)); err != nil {
-		t.Errorf("PatcherArgs do not match the spec: %v", err)
+	if err := k.CheckArgs("test", patchtable.Args(1, 2, 3, 4, 5, 6, 7)); err != nil {
+		t.Errorf("patchtable.Args do not match the spec: %v", err)
 	}
 	for _, tc := range []struct{ writes, grid, block int }{
 		{0, 1, 32}, {1, 1, 32}, {33, 1, 64}, {1000, 1, 1024}, {2048, 1, 1024}, {2049, 3, 1024}, {5000, 5, 1024},
@@ -434,18 +381,18 @@ func TestPatcherModule(t *testing.T) {
 func TestRefPatcherRanges(t *testing.T) {
 	d := newFakeDevice()
 	const nodes = 5
-	var slots []PatchSlot
+	var slots []patchtable.Slot
 	for i := 1; i <= nodes; i++ {
 		d.params[gpu.DevNode(i)] = make([]byte, 16)
-		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, PatchSlot{Node: gpu.DevNode(i), Offset: 8, Add: 0})
+		slots = append(slots, patchtable.Slot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, patchtable.Slot{Node: gpu.DevNode(i), Offset: 8, Add: 0})
 	}
-	r := &patchRig{d: d, nslots: len(slots), ntables: 1, capacity: 4, stride: PatchTableStride(4)}
-	r.ctl = d.alloc(make([]byte, PatchCtlSize))
-	r.slots = d.alloc(EncodePatchSlots(slots))
+	r := &patchRig{d: d, nslots: len(slots), ntables: 1, capacity: 4, stride: patchtable.Stride(4)}
+	r.ctl = d.alloc(make([]byte, patchtable.CtlSize))
+	r.slots = d.alloc(patchtable.EncodeSlots(slots))
 	r.tables = d.alloc(make([]byte, r.stride))
-	r.mirror = d.alloc(make([]byte, PatchMirrorSize))
+	r.mirror = d.alloc(make([]byte, patchtable.MirrorSize))
 	// Slots 0..3 (nodes 1 and 2), then slot 6 (node 4's first), then 8..9.
-	r.write(t, 0, []PatchUpdate{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}})
 	if err := r.run(r.d, PatcherConfig(len(slots))); err != nil {
 		t.Fatal(err)
 	}
@@ -456,33 +403,33 @@ func TestRefPatcherRanges(t *testing.T) {
 			t.Errorf("node %d offset %d = %#x, want %#x", k[0], k[1], got, v)
 		}
 	}
-	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+	if c := r.ctlState(t); c != (patchtable.Ctl{Seq: 1}) {
 		t.Errorf("control block %+v", c)
 	}
-	mir := make([]byte, PatchMirrorSize)
+	mir := make([]byte, patchtable.MirrorSize)
 	if err := d.Read(r.mirror, mir); err != nil {
 		t.Fatal(err)
 	}
-	if m := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); m != (PatchMirror{Seq: 1}) {
+	if m := patchtable.ReadMirror(gpu.HostMem{Bytes: mir}, 0); m != (patchtable.Mirror{Seq: 1}) {
 		t.Errorf("mirror %+v, want seq 1", m)
 	}
 	// A range past the last slot: the writes inside apply, the others fail,
 	// counted in the control block and its mirror.
-	r.write(t, 1, []PatchUpdate{{Slot: 8, Count: 4, Value: 4 << 20}})
+	r.write(t, 1, []patchtable.Update{{Slot: 8, Count: 4, Value: 4 << 20}})
 	if err := r.run(r.d, PatcherConfig(len(slots))); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.param(5, 0); got != 4<<20+500 {
 		t.Errorf("in-range write of a range that overruns: %#x", got)
 	}
-	wantCtl := PatchCtl{Seq: 2, Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}
+	wantCtl := patchtable.Ctl{Seq: 2, Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}
 	if c := r.ctlState(t); c != wantCtl {
 		t.Errorf("control block %+v, want %+v", c, wantCtl)
 	}
 	if err := d.Read(r.mirror, mir); err != nil {
 		t.Fatal(err)
 	}
-	if m := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); m != (PatchMirror{Seq: 2, Failed: 2}) {
+	if m := patchtable.ReadMirror(gpu.HostMem{Bytes: mir}, 0); m != (patchtable.Mirror{Seq: 2, Failed: 2}) {
 		t.Errorf("mirror %+v, want seq 2, 2 failed", m)
 	}
 }
@@ -492,9 +439,9 @@ func TestRefPatcherRanges(t *testing.T) {
 func TestRefPatcherChunks(t *testing.T) {
 	const nodes = PatchChunk + 50 // 2(PatchChunk+50) slots
 	r := newPatchRig(t, nodes, 2, 2*nodes)
-	var ups []PatchUpdate
+	var ups []patchtable.Update
 	for i := 0; i < 2*nodes; i += 2 { // one node's slots each: both, or the first
-		ups = append(ups, PatchUpdate{Slot: uint32(i), Count: uint32(1 + (i/2)%2), Value: uint64(1000 + i)})
+		ups = append(ups, patchtable.Update{Slot: uint32(i), Count: uint32(1 + (i/2)%2), Value: uint64(1000 + i)})
 	}
 	if len(ups) <= PatchChunk {
 		t.Fatalf("%d updates: not more than a chunk", len(ups))
@@ -516,7 +463,7 @@ func TestRefPatcherChunks(t *testing.T) {
 	if len(r.d.setLogs) != set {
 		t.Errorf("%d slot writes for %d slots in the table", len(r.d.setLogs), set)
 	}
-	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+	if c := r.ctlState(t); c != (patchtable.Ctl{Seq: 1}) {
 		t.Errorf("control block %+v", c)
 	}
 }
@@ -529,21 +476,21 @@ func TestRefPatcherMalformedTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := NewPatchTableWriter(tb)
+	w := patchtable.NewWriter(tb)
 	for _, v := range []uint64{1, 2} {
 		if err := w.Add(uint32(v-1), 1, v); err != nil {
 			t.Fatal(err)
 		}
 	}
 	w.Seal(0)
-	lend.PutUint32(tb[PatchHeaderSize+4:], 5) // the first update starts past the total
+	lend.PutUint32(tb[patchtable.HeaderSize+4:], 5) // the first update starts past the total
 	if err := r.run(r.d, PatcherConfig(4)); err != nil {
 		t.Fatal(err)
 	}
 	if r.param(1, 0) != 0 || r.param(1, 8) != 0 {
 		t.Errorf("a table whose first start passes its total applied something: %d %d", r.param(1, 0), r.param(1, 8))
 	}
-	if c := r.ctlState(t); c != (PatchCtl{Seq: 1}) {
+	if c := r.ctlState(t); c != (patchtable.Ctl{Seq: 1}) {
 		t.Errorf("control block %+v", c)
 	}
 }
@@ -555,16 +502,16 @@ func TestRefPatcherMalformedTable(t *testing.T) {
 func TestRefPatcherInline(t *testing.T) {
 	d := newFakeDevice()
 	const nodes = 5
-	var slots []PatchSlot
+	var slots []patchtable.Slot
 	for i := 1; i <= nodes; i++ {
 		d.params[gpu.DevNode(i)] = make([]byte, 16)
-		slots = append(slots, PatchSlot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, PatchSlot{Node: gpu.DevNode(i), Offset: 8})
+		slots = append(slots, patchtable.Slot{Node: gpu.DevNode(i), Offset: 0, Add: uint64(100 * i)}, patchtable.Slot{Node: gpu.DevNode(i), Offset: 8})
 	}
-	m := PatcherMemory{Ctl: d.alloc(make([]byte, PatchCtlSize)), Slots: d.alloc(EncodePatchSlots(slots)), NSlots: len(slots),
-		Mirror: d.alloc(make([]byte, PatchMirrorSize))}
-	table := make([]byte, PatchInlineSize)
-	run := func(ups []PatchUpdate) error {
-		if err := WritePatchTable(table, 0, ups); err != nil {
+	m := patchtable.Memory{Ctl: d.alloc(make([]byte, patchtable.CtlSize)), Slots: d.alloc(patchtable.EncodeSlots(slots)), NSlots: len(slots),
+		Mirror: d.alloc(make([]byte, patchtable.MirrorSize))}
+	table := make([]byte, patchtable.InlineSize)
+	run := func(ups []patchtable.Update) error {
+		if err := patchtable.Write(table, 0, ups); err != nil {
 			t.Fatal(err)
 		}
 		args := m.InlineArgs(table)
@@ -573,7 +520,7 @@ func TestRefPatcherInline(t *testing.T) {
 		}
 		return refPatcherInline(d, PatcherConfig(len(slots)), args)
 	}
-	if err := run([]PatchUpdate{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}}); err != nil {
+	if err := run([]patchtable.Update{{Slot: 0, Count: 4, Value: 1 << 20}, {Slot: 6, Value: 2 << 20}, {Slot: 8, Count: 2, Value: 3 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	want := map[[2]int]uint64{{1, 0}: 1<<20 + 100, {1, 8}: 1 << 20, {2, 0}: 1<<20 + 200, {2, 8}: 1 << 20,
@@ -587,15 +534,15 @@ func TestRefPatcherInline(t *testing.T) {
 		}
 	}
 	check("ranges")
-	ctl := func() PatchCtl {
-		b := make([]byte, PatchCtlSize)
+	ctl := func() patchtable.Ctl {
+		b := make([]byte, patchtable.CtlSize)
 		if err := d.Read(m.Ctl, b); err != nil {
 			t.Fatal(err)
 		}
-		c, _ := DecodePatchCtl(b)
+		c, _ := patchtable.DecodeCtl(b)
 		return c
 	}
-	if c := ctl(); c != (PatchCtl{}) {
+	if c := ctl(); c != (patchtable.Ctl{}) {
 		t.Errorf("control block %+v after writes that all applied, want untouched", c)
 	}
 	if err := run(nil); err != nil {
@@ -603,20 +550,20 @@ func TestRefPatcherInline(t *testing.T) {
 	}
 	check("an empty table")
 	// A range past the last slot: the writes inside apply, the others fail.
-	if err := run([]PatchUpdate{{Slot: 8, Count: 4, Value: 4 << 20}}); err != nil {
+	if err := run([]patchtable.Update{{Slot: 8, Count: 4, Value: 4 << 20}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := lend.Uint64(d.params[5][0:]); got != 4<<20+500 {
 		t.Errorf("in-range write of a range that overruns: %#x", got)
 	}
-	if c, want := ctl(), (PatchCtl{Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}); c != want {
+	if c, want := ctl(), (patchtable.Ctl{Failed: 2, FirstEntry: 3, FirstCode: cudaErrorInvalidValue}); c != want {
 		t.Errorf("control block %+v, want %+v", c, want)
 	}
-	mir := make([]byte, PatchMirrorSize)
+	mir := make([]byte, patchtable.MirrorSize)
 	if err := d.Read(m.Mirror, mir); err != nil {
 		t.Fatal(err)
 	}
-	if got := ReadPatchMirror(gpu.HostMem{Bytes: mir}, 0); got != (PatchMirror{Failed: 2}) {
+	if got := patchtable.ReadMirror(gpu.HostMem{Bytes: mir}, 0); got != (patchtable.Mirror{Failed: 2}) {
 		t.Errorf("mirror %+v, want 2 failed", got)
 	}
 }

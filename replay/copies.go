@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
 // This file holds what stable and pool share: a step run over persistent

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
 // Costs are the per-operation costs, in microseconds of step time, that

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/vmm"
 )
@@ -283,7 +284,7 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		// launch, which takes this one's number and writes its own (an
 		// inline table is rewritten by the next step: held is unchanged).
 		if !st.rig.inline && !st.rig.none {
-			w := kernels.NewPatchTableWriter(st.rig.table(st.rig.launches))
+			w := patchtable.NewWriter(st.rig.table(st.rig.launches))
 			w.Seal(math.MaxUint64)
 		}
 		return Result{}, err
@@ -334,7 +335,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 			// An empty table of its own: the patcher finds nothing to
 			// do, rather than a table that is not its launch's (which it
 			// counts as skipped, on a slower path).
-			w := kernels.NewPatchTableWriter(r.table(k))
+			w := patchtable.NewWriter(r.table(k))
 			w.Seal(k)
 		}
 		return 0, nil
@@ -343,7 +344,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 		// Acquire waits for this; a caller that did not ask is a bug.
 		return 0, fmt.Errorf("device: the table of launch %d is still in use by launch %d: %w", k, k-deviceTables, gpu.ErrIllegalState)
 	}
-	w := kernels.NewPatchTableWriter(r.table(k))
+	w := patchtable.NewWriter(r.table(k))
 	if err := st.addMoves(&w, addrs); err != nil {
 		return 0, err
 	}
@@ -353,7 +354,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 
 // addMoves adds to w one update per buffer that is not where the device
 // holds it: its range of slots, to its address in addrs.
-func (st *device) addMoves(w *kernels.PatchTableWriter, addrs []gpu.DevicePtr) error {
+func (st *device) addMoves(w *patchtable.Writer, addrs []gpu.DevicePtr) error {
 	for _, rg := range st.rig.ranges {
 		if st.held[rg.Buf] == addrs[rg.Buf] {
 			continue
@@ -374,7 +375,7 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 	if !moved && !r.applying {
 		return 0, nil
 	}
-	w := kernels.NewPatchTableWriter(r.param)
+	w := patchtable.NewWriter(r.param)
 	if moved {
 		if err := st.addMoves(&w, addrs); err != nil {
 			return 0, err
@@ -383,8 +384,8 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 	w.Seal(0)
 	// Only the table's words change: they are rewritten in the node's
 	// prepared parameters and the node set with one driver call.
-	base := len(r.args) - kernels.PatchInlineSize/8
-	for k := range kernels.PatchInlineSize / 8 {
+	base := len(r.args) - patchtable.InlineSize/8
+	for k := range patchtable.InlineSize / 8 {
 		if err := r.set.SetWord(0, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
 			return 0, fmt.Errorf("device: write the inline patcher's table: %w", err)
 		}
@@ -453,7 +454,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
 		// Every step's updates fit the patcher's own parameters.
 		rig.inline = true
-		rig.param = make([]byte, kernels.PatchInlineSize)
+		rig.param = make([]byte, patchtable.InlineSize)
 		rig.args = rig.mem.InlineArgs(rig.param)
 		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
 	}
@@ -550,7 +551,7 @@ func (st *device) Close() error {
 // mapped pinned host memory.
 type patchRig struct {
 	dmem     gpu.DevicePtr
-	mem      kernels.PatcherMemory
+	mem      patchtable.Memory
 	ranges   []graph.SlotRange
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
@@ -585,14 +586,14 @@ func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []grap
 			err = errors.Join(err, r.free(b))
 		}
 	}()
-	raw := make([]byte, kernels.PatchSlotSize*len(slots))
+	raw := make([]byte, patchtable.SlotSize*len(slots))
 	for i, s := range slots {
-		kernels.PutPatchSlot(raw[kernels.PatchSlotSize*i:], kernels.PatchSlot{Node: s.Dev, Offset: s.Offset, Add: s.Off})
+		patchtable.PutSlot(raw[patchtable.SlotSize*i:], patchtable.Slot{Node: s.Dev, Offset: s.Offset, Add: s.Off})
 	}
-	if r.dmem, err = b.MemAlloc(dev, uint64(rigCtlBytes+max(len(raw), kernels.PatchSlotSize))); err != nil {
+	if r.dmem, err = b.MemAlloc(dev, uint64(rigCtlBytes+max(len(raw), patchtable.SlotSize))); err != nil {
 		return nil, fmt.Errorf("device: patcher memory: %w", err)
 	}
-	if err = b.Memset(gpu.Memset{Dst: r.dmem, ElemSize: 4, Count: kernels.PatchCtlSize / 4}); err != nil {
+	if err = b.Memset(gpu.Memset{Dst: r.dmem, ElemSize: 4, Count: patchtable.CtlSize / 4}); err != nil {
 		return nil, fmt.Errorf("device: zero the patcher's control block: %w", err)
 	}
 	if len(raw) > 0 {
@@ -601,7 +602,7 @@ func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []grap
 		}
 	}
 	capacity := max(len(ranges), 1)
-	stride := kernels.PatchTableStride(capacity)
+	stride := patchtable.Stride(capacity)
 	if r.hostOf, err = gpu.StreamMemOpsOf(b, dev); err != nil {
 		return nil, fmt.Errorf("device: patch tables: %w", err)
 	}
@@ -615,10 +616,10 @@ func newPatchRig(b gpu.Backend, dev int, slots []graph.DeviceSlot, ranges []grap
 	// before the host writes it.
 	clear(r.host.Bytes)
 	for k := range uint64(deviceTables) {
-		w := kernels.NewPatchTableWriter(r.host.Bytes[rigMirrorBytes+k*stride:])
+		w := patchtable.NewWriter(r.host.Bytes[rigMirrorBytes+k*stride:])
 		w.Seal(math.MaxUint64)
 	}
-	r.mem = kernels.PatcherMemory{Ctl: r.dmem, Slots: r.dmem.Add(rigCtlBytes), NSlots: len(slots),
+	r.mem = patchtable.Memory{Ctl: r.dmem, Slots: r.dmem.Add(rigCtlBytes), NSlots: len(slots),
 		Tables: r.host.Ptr.Add(rigMirrorBytes), Stride: stride, NTables: deviceTables, Capacity: capacity, Mirror: r.host.Ptr}
 	return r, nil
 }
@@ -631,14 +632,14 @@ func (r *patchRig) table(k uint64) []byte {
 
 // mirror reads the patcher's mirror; under the executable's lock, which
 // Close takes too.
-func (r *patchRig) mirror() kernels.PatchMirror { return kernels.ReadPatchMirror(r.host, 0) }
+func (r *patchRig) mirror() patchtable.Mirror { return patchtable.ReadMirror(r.host, 0) }
 
 // passed reports whether the patchers of the first n launches have run;
 // without the executable's lock. A freed rig has nothing left to wait for.
 func (r *patchRig) passed(n uint64) bool {
 	r.life.RLock()
 	defer r.life.RUnlock()
-	return r.closed || kernels.ReadPatchMirror(r.host, 0).Seq >= n
+	return r.closed || patchtable.ReadMirror(r.host, 0).Seq >= n
 }
 
 // free frees the rig's memory, reporting every failure; it is idempotent.

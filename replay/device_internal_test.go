@@ -11,7 +11,8 @@ import (
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/kernels"
 )
@@ -75,7 +76,7 @@ type noLaunch struct {
 	// words of the last (copied, as the driver copies them).
 	inline  gpu.Function
 	updates int
-	words   [kernels.PatchInlineSize / 8]uint64
+	words   [patchtable.InlineSize / 8]uint64
 	// Exec updates of other kernel nodes (the lead command's).
 	others int
 }

@@ -116,11 +116,11 @@
 // parameters checked and packed in the driver's form at the first move), a
 // step rewrites in place only the pointer words of the nodes that moved,
 // and one Apply hands them to the driver, one call per node, the context
-// made current once (graph/hostset.go). Nothing is allocated per step, on
+// made current once (internal/graph/hostset.go). Nothing is allocated per step, on
 // sim or CUDA (TestStubStepAllocatesNothing in package gpu/cuda runs whole
 // executables over a stubbed driver). When many nodes of a small graph
 // move, one whole-graph update from the host template (the graph the exec
-// was made from, its nodes set in place, graph/whole.go) costs less than
+// was made from, its nodes set in place, internal/graph/whole.go) costs less than
 // an update per node; patch prices both with Costs every step and takes
 // the cheaper (patch.go). stablegraph bench-driver measures the driver's
 // prices (node updates by parameter block size, idle and in flight, steps

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
 // eager launches every command on the stream every step. It records

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
 // patch rewrites in place only the nodes whose buffers moved, with
@@ -14,7 +14,7 @@ import (
 // graph. Which nodes to update is the command buffer's patch table: for
 // each buffer, the commands that reference it, each node's pointer words
 // rewritten in parameters prepared once (see graph.CommandBuffer.Patch,
-// and package trace for traced commands). When many nodes of a small graph
+// and package internal/trace for traced commands). When many nodes of a small graph
 // move, one whole-graph update from the host template costs less than an
 // update per node, and patch takes it (graph.CommandBuffer.PatchWhole):
 // each step it prices both with Options.Costs (wholeCheaper). When the

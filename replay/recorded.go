@@ -2,7 +2,7 @@ package replay
 
 import (
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
 // recorded is what record, update and patch share: a graph recorded over

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 

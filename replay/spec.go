@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
@@ -23,7 +23,7 @@ type Spec struct {
 	// Commands is the compiled step over len(Buffers) buffers: it
 	// launches, records, instantiates (at any address vector, so a
 	// strategy may record over addresses of its own), updates and patches
-	// (package graph). Its tracer is the executable's.
+	// (package internal/graph). Its tracer is the executable's.
 	Commands *graph.CommandBuffer
 	// Buffers describes every buffer of the step, indexed as the address
 	// vectors Run receives.

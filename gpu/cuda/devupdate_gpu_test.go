@@ -12,6 +12,7 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda/cu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -97,7 +98,7 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 	c.must(tb, err)
 	g := c.g
 	c.release = append(c.release, func() error { return b.GraphDestroy(g) })
-	var slots []kernels.PatchSlot
+	var slots []patchtable.Slot
 	var prev, first gpu.GraphNode
 	for i := range k {
 		var deps []gpu.GraphNode
@@ -116,14 +117,14 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 		}
 		d, err := du.GraphKernelNodeSetDeviceUpdatable(n, true)
 		c.must(tb, err)
-		slots = append(slots, kernels.PatchSlot{Node: d, Offset: 0}, kernels.PatchSlot{Node: d, Offset: 8})
+		slots = append(slots, patchtable.Slot{Node: d, Offset: 0}, patchtable.Slot{Node: d, Offset: 8})
 	}
 	if patched {
-		c.stride = kernels.PatchTableStride(c.capacity)
-		c.ctl = c.alloc(tb, kernels.PatchCtlSize)
-		c.must(tb, b.Memset(gpu.Memset{Dst: c.ctl, ElemSize: 4, Count: kernels.PatchCtlSize / 4}))
-		sl := c.alloc(tb, uint64(len(slots)*kernels.PatchSlotSize))
-		c.must(tb, b.MemcpyHtoD(sl, kernels.EncodePatchSlots(slots)))
+		c.stride = patchtable.Stride(c.capacity)
+		c.ctl = c.alloc(tb, patchtable.CtlSize)
+		c.must(tb, b.Memset(gpu.Memset{Dst: c.ctl, ElemSize: 4, Count: patchtable.CtlSize / 4}))
+		sl := c.alloc(tb, uint64(len(slots)*patchtable.SlotSize))
+		c.must(tb, b.MemcpyHtoD(sl, patchtable.EncodeSlots(slots)))
 		ops, err := gpu.StreamMemOpsOf(b, 0)
 		c.must(tb, err)
 		c.tables, err = ops.HostAlloc(c.stride * uint64(ntables))
@@ -131,7 +132,7 @@ func newDevChain(tb testing.TB, b gpu.Backend, k, ntables int, kind devChainKind
 		h := c.tables.Handle
 		c.release = append(c.release, func() error { return ops.HostFree(h) })
 		_, err = du.GraphAddKernelNodeBefore(c.g, gpu.KernelParams{Func: patcher, Config: kernels.PatcherConfig(c.capacity),
-			Args: kernels.PatcherArgs(c.ctl, sl, len(slots), c.tables.Ptr, c.stride, ntables, c.capacity)}, []gpu.GraphNode{first})
+			Args: patchtable.Args(c.ctl, sl, len(slots), c.tables.Ptr, c.stride, ntables, c.capacity)}, []gpu.GraphNode{first})
 		c.must(tb, err)
 	}
 	c.x, err = b.GraphInstantiate(c.g)
@@ -176,30 +177,30 @@ func (c *devChain) bufs(tb testing.TB, v0 float32) []gpu.DevicePtr {
 }
 
 // updates move every node onto bufs.
-func (c *devChain) updates(bufs []gpu.DevicePtr) []kernels.PatchUpdate {
-	u := make([]kernels.PatchUpdate, 0, 2*c.k)
+func (c *devChain) updates(bufs []gpu.DevicePtr) []patchtable.Update {
+	u := make([]patchtable.Update, 0, 2*c.k)
 	for i := range c.k {
-		u = append(u, kernels.PatchUpdate{Slot: uint32(2 * i), Value: uint64(bufs[i+1])},
-			kernels.PatchUpdate{Slot: uint32(2*i + 1), Value: uint64(bufs[i])})
+		u = append(u, patchtable.Update{Slot: uint32(2 * i), Value: uint64(bufs[i+1])},
+			patchtable.Update{Slot: uint32(2*i + 1), Value: uint64(bufs[i])})
 	}
 	return u
 }
 
 // next writes the next launch's table; the launch that read it before must
 // have finished.
-func (c *devChain) next(tb testing.TB, ups []kernels.PatchUpdate) {
+func (c *devChain) next(tb testing.TB, ups []patchtable.Update) {
 	i := c.launches % uint64(c.ntables)
-	if err := kernels.WritePatchTable(c.tables.Bytes[i*c.stride:(i+1)*c.stride], c.launches, ups); err != nil {
+	if err := patchtable.Write(c.tables.Bytes[i*c.stride:(i+1)*c.stride], c.launches, ups); err != nil {
 		tb.Fatal(err)
 	}
 	c.launches++
 }
 
-func (c *devChain) ctlState(tb testing.TB) kernels.PatchCtl {
+func (c *devChain) ctlState(tb testing.TB) patchtable.Ctl {
 	tb.Helper()
-	raw := make([]byte, kernels.PatchCtlSize)
+	raw := make([]byte, patchtable.CtlSize)
 	c.must(tb, c.b.MemcpyDtoH(raw, c.ctl))
-	st, err := kernels.DecodePatchCtl(raw)
+	st, err := patchtable.DecodeCtl(raw)
 	c.must(tb, err)
 	return st
 }
@@ -271,7 +272,7 @@ func checkDevChain(t *testing.T, b gpu.Backend, K int) {
 		}
 		prev = bufs
 	}
-	if st := c.ctlState(t); st != (kernels.PatchCtl{Seq: 5}) {
+	if st := c.ctlState(t); st != (patchtable.Ctl{Seq: 5}) {
 		t.Errorf("patcher control block %+v, want 5 launches and no failure", st)
 	}
 	t.Logf("DEVUPDATE-CHAIN k=%d launches=5: every output in the moved buffers, the built ones untouched", K)
@@ -414,7 +415,7 @@ func runDevChain(tb testing.TB, b gpu.Backend, k int, mode string, loop func() b
 	}
 	c := newDevChain(tb, b, k, ring, kind)
 	var sets [2][]gpu.DevicePtr
-	var ups [2][]kernels.PatchUpdate
+	var ups [2][]patchtable.Update
 	for i := range sets {
 		sets[i] = c.bufs(tb, float32(i))
 		ups[i] = c.updates(sets[i])

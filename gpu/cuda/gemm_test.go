@@ -143,7 +143,7 @@ func cublasOrSkip(t testing.TB) *Backend {
 
 // TestGemmWithoutCUBLAS: without libcublas the library refuses with
 // gpu.ErrNotSupported, which is the callers' cue for the built-in kernels
-// (package blas's fallback, tested on CUDA in blas's tests).
+// (package internal/blas's fallback, tested on CUDA in blas's tests).
 func TestGemmWithoutCUBLAS(t *testing.T) {
 	b := openOrSkip(t, Config{LibCUBLAS: "/nonexistent/libcublas.so"})
 	closeClean(t, b)

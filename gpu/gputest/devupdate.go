@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -123,12 +124,12 @@ type patchRig struct {
 
 // patchRig makes a patcher's memory for nslots slots, written now when
 // slots are given (else with setSlots).
-func (h *h) patchRig(dev int, nslots int, slots []kernels.PatchSlot, ntables, capacity int) *patchRig {
+func (h *h) patchRig(dev int, nslots int, slots []patchtable.Slot, ntables, capacity int) *patchRig {
 	h.Helper()
-	r := &patchRig{nslots: nslots, ntables: ntables, capacity: capacity, stride: kernels.PatchTableStride(capacity)}
-	r.ctl = h.alloc(dev, kernels.PatchCtlSize)
-	h.ok("Memset(control block)", h.b.Memset(gpu.Memset{Dst: r.ctl, ElemSize: 4, Count: kernels.PatchCtlSize / 4}))
-	r.slots = h.alloc(dev, uint64(kernels.PatchSlotSize*max(nslots, 1)))
+	r := &patchRig{nslots: nslots, ntables: ntables, capacity: capacity, stride: patchtable.Stride(capacity)}
+	r.ctl = h.alloc(dev, patchtable.CtlSize)
+	h.ok("Memset(control block)", h.b.Memset(gpu.Memset{Dst: r.ctl, ElemSize: 4, Count: patchtable.CtlSize / 4}))
+	r.slots = h.alloc(dev, uint64(patchtable.SlotSize*max(nslots, 1)))
 	if slots != nil {
 		h.setSlots(r, slots)
 	}
@@ -136,31 +137,31 @@ func (h *h) patchRig(dev int, nslots int, slots []kernels.PatchSlot, ntables, ca
 	return r
 }
 
-func (h *h) setSlots(r *patchRig, slots []kernels.PatchSlot) {
+func (h *h) setSlots(r *patchRig, slots []patchtable.Slot) {
 	h.Helper()
 	if len(slots) != r.nslots {
 		h.Fatalf("%d slots for a patcher of %d", len(slots), r.nslots)
 	}
-	h.ok("MemcpyHtoD(slots)", h.b.MemcpyHtoD(r.slots, kernels.EncodePatchSlots(slots)))
+	h.ok("MemcpyHtoD(slots)", h.b.MemcpyHtoD(r.slots, patchtable.EncodeSlots(slots)))
 }
 
 func (r *patchRig) params(f gpu.Function) gpu.KernelParams {
 	return gpu.KernelParams{Func: f, Config: kernels.PatcherConfig(r.capacity),
-		Args: kernels.PatcherArgs(r.ctl, r.slots, r.nslots, r.tables.Ptr, r.stride, r.ntables, r.capacity)}
+		Args: patchtable.Args(r.ctl, r.slots, r.nslots, r.tables.Ptr, r.stride, r.ntables, r.capacity)}
 }
 
 // next writes the table of the next launch. The caller has synchronized
 // with the launch that read that table before.
-func (h *h) nextTable(r *patchRig, ups []kernels.PatchUpdate) {
+func (h *h) nextTable(r *patchRig, ups []patchtable.Update) {
 	h.Helper()
 	i := r.launches % uint64(r.ntables)
-	h.ok("WritePatchTable", kernels.WritePatchTable(r.tables.Bytes[i*r.stride:(i+1)*r.stride], r.launches, ups))
+	h.ok("WritePatchTable", patchtable.Write(r.tables.Bytes[i*r.stride:(i+1)*r.stride], r.launches, ups))
 	r.launches++
 }
 
-func (h *h) patchCtl(r *patchRig) kernels.PatchCtl {
+func (h *h) patchCtl(r *patchRig) patchtable.Ctl {
 	h.Helper()
-	c, err := kernels.DecodePatchCtl(h.download(r.ctl, kernels.PatchCtlSize))
+	c, err := patchtable.DecodeCtl(h.download(r.ctl, patchtable.CtlSize))
 	h.ok("DecodePatchCtl", err)
 	return c
 }
@@ -181,20 +182,20 @@ func (h *h) chainArgs(dev int, bufs []gpu.DevicePtr, i int) gpu.KernelParams {
 
 // chainSlots are the two pointer slots of every node: y at offset 0, x at
 // offset 8 (sg_axpb's layout).
-func chainSlots(devs []gpu.DevNode) []kernels.PatchSlot {
-	var s []kernels.PatchSlot
+func chainSlots(devs []gpu.DevNode) []patchtable.Slot {
+	var s []patchtable.Slot
 	for _, d := range devs {
-		s = append(s, kernels.PatchSlot{Node: d, Offset: 0}, kernels.PatchSlot{Node: d, Offset: 8})
+		s = append(s, patchtable.Slot{Node: d, Offset: 0}, patchtable.Slot{Node: d, Offset: 8})
 	}
 	return s
 }
 
 // moveChain are the updates moving nodes [from, to) of a chain onto bufs.
-func moveChain(bufs []gpu.DevicePtr, from, to int) []kernels.PatchUpdate {
-	var u []kernels.PatchUpdate
+func moveChain(bufs []gpu.DevicePtr, from, to int) []patchtable.Update {
+	var u []patchtable.Update
 	for i := from; i < to; i++ {
-		u = append(u, kernels.PatchUpdate{Slot: uint32(2 * i), Value: uint64(bufs[i+1])},
-			kernels.PatchUpdate{Slot: uint32(2*i + 1), Value: uint64(bufs[i])})
+		u = append(u, patchtable.Update{Slot: uint32(2 * i), Value: uint64(bufs[i+1])},
+			patchtable.Update{Slot: uint32(2*i + 1), Value: uint64(bufs[i])})
 	}
 	return u
 }
@@ -392,7 +393,7 @@ func testDevHostChangeKeeps(h *h) {
 		h.wantChainOut(fmt.Sprintf("launch %d: the device-side addresses kept", step), moved, v, 0, K)
 		h.wantAllF32(fmt.Sprintf("launch %d: the recorded addresses unused", step), h.downloadF32(built[K], devChainN), -1)
 	}
-	if got := h.patchCtl(r); got != (kernels.PatchCtl{Seq: 4}) {
+	if got := h.patchCtl(r); got != (patchtable.Ctl{Seq: 4}) {
 		h.Errorf("patcher control block after 4 launches: %+v, want seq 4 and no failure", got)
 	}
 }
@@ -445,7 +446,7 @@ func testDevPatchChain(h *h) {
 	h.wantChainOut("half move: moved nodes", bufs, 100, 0, half)
 	h.wantAllF32("half move: node outputs past the moved half stay unwritten", h.downloadF32(bufs[half+1], devChainN), -1)
 	h.wantChainOut("half move: unmoved nodes, on last launch's buffers", prev, 30, half+1, K)
-	if got := h.patchCtl(r); got != (kernels.PatchCtl{Seq: 5}) {
+	if got := h.patchCtl(r); got != (patchtable.Ctl{Seq: 5}) {
 		h.Errorf("patcher control block after 5 launches: %+v, want seq 5 and no failure", got)
 	}
 }
@@ -488,7 +489,7 @@ func testDevPatcherFromStream(h *h) {
 		h.wantChainOut(fmt.Sprintf("step %d", step), bufs, float32(step), 0, K)
 	}
 	h.wantAllF32("the captured buffers", h.downloadF32(built[1], devChainN), -1)
-	if got := h.patchCtl(r); got != (kernels.PatchCtl{Seq: 3}) {
+	if got := h.patchCtl(r); got != (patchtable.Ctl{Seq: 3}) {
 		h.Errorf("patcher control block: %+v", got)
 	}
 }
@@ -515,19 +516,19 @@ func testDevPatcherCounts(h *h) {
 
 	bufs := h.devChainBufs(K, 5)
 	ups := moveChain(bufs, 0, K)
-	ups = slices.Insert(ups, 1, kernels.PatchUpdate{Slot: 4, Value: 1}, kernels.PatchUpdate{Slot: 1000, Value: 2}) // no such slots
+	ups = slices.Insert(ups, 1, patchtable.Update{Slot: 4, Value: 1}, patchtable.Update{Slot: 1000, Value: 2}) // no such slots
 	h.nextTable(r, ups)
 	h.launchGraph(x, s)
 	h.wantChainOut("the valid updates", bufs, 5, 0, K)
 	// Which failure is recorded first is up to the threads' race.
 	got := h.patchCtl(r)
-	if want := (kernels.PatchCtl{Seq: 1, Failed: 2, FirstEntry: got.FirstEntry, FirstCode: 1}); got != want || (got.FirstEntry != 2 && got.FirstEntry != 3) {
+	if want := (patchtable.Ctl{Seq: 1, Failed: 2, FirstEntry: got.FirstEntry, FirstCode: 1}); got != want || (got.FirstEntry != 2 && got.FirstEntry != 3) {
 		h.Errorf("control block after bad updates at entries 1 and 2: %+v, want seq 1, 2 failed, the first at entry 1 or 2 (FirstEntry 2 or 3), code 1", got)
 	}
 	want := got
 	// Launch 1 finds a table written for launch 3: nothing moves.
 	next := h.devChainBufs(K, 7)
-	h.ok("WritePatchTable", kernels.WritePatchTable(r.tables.Bytes[r.stride:2*r.stride], 3, moveChain(next, 0, K)))
+	h.ok("WritePatchTable", patchtable.Write(r.tables.Bytes[r.stride:2*r.stride], 3, moveChain(next, 0, K)))
 	h.setAll(bufs[1:], -1, devChainN)
 	h.launchGraph(x, s)
 	h.wantChainOut("a skipped table: the previous buffers", bufs, 5, 0, K)

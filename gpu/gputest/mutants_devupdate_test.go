@@ -3,6 +3,7 @@ package gputest
 import (
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -60,7 +61,7 @@ func (m patcherInert) ModuleLoad(dev int, img *gpu.ModuleImage) (gpu.Module, err
 		img2 := *img
 		k := kernels.PatcherSpec()
 		k.Ref = func(mem gpu.Memory, _ gpu.LaunchConfig, a []gpu.Arg) error {
-			c := make([]byte, kernels.PatchCtlSize)
+			c := make([]byte, patchtable.CtlSize)
 			if err := mem.Read(a[0].AsPtr(), c); err != nil {
 				return err
 			}

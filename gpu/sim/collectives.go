@@ -29,7 +29,7 @@ import (
 // the kind of collective, the send and receive pointers, the count, the data
 // type, the reduction and the root. On a capturing stream a collective thus
 // becomes an ordinary kernel node, which graphs replay, exec updates and
-// per-node updates rewrite, and the differential tracing of package trace
+// per-node updates rewrite, and the differential tracing of package internal/trace
 // reads back byte for byte like any captured library kernel: the pointer
 // arguments move with their operands and nothing else changes. That is the
 // path an NCCL kernel captured on CUDA takes too.

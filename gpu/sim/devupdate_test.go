@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -41,20 +42,20 @@ func newDURig(t *testing.T, b *Backend, nslots, ntab, capacity int) *duRig {
 	r.s, err = b.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	must(t, err)
 	t.Cleanup(func() { must(t, b.StreamDestroy(r.s)) })
-	r.ctl = r.alloc(t, kernels.PatchCtlSize)
-	r.slots = r.alloc(t, uint64(kernels.PatchSlotSize*max(nslots, 1)))
-	r.tables, err = b.HostAlloc(kernels.PatchTableStride(capacity) * uint64(ntab))
+	r.ctl = r.alloc(t, patchtable.CtlSize)
+	r.slots = r.alloc(t, uint64(patchtable.SlotSize*max(nslots, 1)))
+	r.tables, err = b.HostAlloc(patchtable.Stride(capacity) * uint64(ntab))
 	must(t, err)
 	t.Cleanup(func() { must(t, b.HostFree(r.tables.Handle)) })
 	return r
 }
 
-func (r *duRig) setSlots(t *testing.T, slots ...kernels.PatchSlot) {
+func (r *duRig) setSlots(t *testing.T, slots ...patchtable.Slot) {
 	t.Helper()
 	if len(slots) != r.nslots {
 		t.Fatalf("%d slots, the rig has %d", len(slots), r.nslots)
 	}
-	must(t, r.b.MemcpyHtoD(r.slots, kernels.EncodePatchSlots(slots)))
+	must(t, r.b.MemcpyHtoD(r.slots, patchtable.EncodeSlots(slots)))
 }
 func (r *duRig) alloc(t *testing.T, size uint64) gpu.DevicePtr {
 	t.Helper()
@@ -66,21 +67,21 @@ func (r *duRig) alloc(t *testing.T, size uint64) gpu.DevicePtr {
 
 func (r *duRig) params() gpu.KernelParams {
 	return gpu.KernelParams{Func: r.patch, Config: kernels.PatcherConfig(r.cap),
-		Args: kernels.PatcherArgs(r.ctl, r.slots, r.nslots, r.tables.Ptr, kernels.PatchTableStride(r.cap), r.ntab, r.cap)}
+		Args: patchtable.Args(r.ctl, r.slots, r.nslots, r.tables.Ptr, patchtable.Stride(r.cap), r.ntab, r.cap)}
 }
 
-func (r *duRig) write(t *testing.T, seq uint64, ups []kernels.PatchUpdate) {
+func (r *duRig) write(t *testing.T, seq uint64, ups []patchtable.Update) {
 	t.Helper()
-	st := kernels.PatchTableStride(r.cap)
+	st := patchtable.Stride(r.cap)
 	i := seq % uint64(r.ntab)
-	must(t, kernels.WritePatchTable(r.tables.Bytes[i*st:(i+1)*st], seq, ups))
+	must(t, patchtable.Write(r.tables.Bytes[i*st:(i+1)*st], seq, ups))
 }
 
-func (r *duRig) ctlState(t *testing.T) kernels.PatchCtl {
+func (r *duRig) ctlState(t *testing.T) patchtable.Ctl {
 	t.Helper()
-	b := make([]byte, kernels.PatchCtlSize)
+	b := make([]byte, patchtable.CtlSize)
 	must(t, r.b.MemcpyDtoH(b, r.ctl))
-	c, err := kernels.DecodePatchCtl(b)
+	c, err := patchtable.DecodeCtl(b)
 	must(t, err)
 	return c
 }
@@ -153,12 +154,12 @@ func TestDevUpdatePatcherRaceIsSticky(t *testing.T) {
 			}
 			n, err := b.GraphAddKernelNode(g, deps, r.axpb(t, y0, x0))
 			must(t, err)
-			r.setSlots(t, kernels.PatchSlot{Node: r.optIn(t, n), Offset: 0})
+			r.setSlots(t, patchtable.Slot{Node: r.optIn(t, n), Offset: 0})
 			x := r.exec(t, g)
 			must(t, b.GraphUpload(x, r.s))
 			r.set(t, x0, 1)
 			r.set(t, y1, -1)
-			r.write(t, 0, []kernels.PatchUpdate{{Slot: 0, Value: uint64(y1)}})
+			r.write(t, 0, []patchtable.Update{{Slot: 0, Value: uint64(y1)}})
 			must(t, b.GraphLaunch(x, r.s))
 			err = b.StreamSynchronize(r.s)
 			if ordered {
@@ -204,7 +205,7 @@ func TestDevUpdateSetParamRefusals(t *testing.T) {
 	_, nNoExec := mk(0)
 	gNotUp, nNotUp := mk(0)
 	_, nDev1 := mk(1)
-	slots := []kernels.PatchSlot{
+	slots := []patchtable.Slot{
 		{Node: r.optIn(t, nOK), Offset: 0},     // applied
 		{Node: 0xdead, Offset: 0},              // no such node
 		{Node: r.optIn(t, nNoExec), Offset: 0}, // its graph has no exec
@@ -216,16 +217,16 @@ func TestDevUpdateSetParamRefusals(t *testing.T) {
 	xOK := r.exec(t, gOK)
 	r.exec(t, gNotUp)
 	must(t, b.GraphUpload(xOK, r.s))
-	var ups []kernels.PatchUpdate
+	var ups []patchtable.Update
 	for i := range slots {
-		ups = append(ups, kernels.PatchUpdate{Slot: uint32(i), Value: uint64(y1)})
+		ups = append(ups, patchtable.Update{Slot: uint32(i), Value: uint64(y1)})
 	}
 	r.write(t, 0, ups)
 	p := r.params()
 	must(t, b.LaunchKernel(p.Func, p.Config, p.Args, r.s)) // outside any graph
 	must(t, b.GraphLaunch(xOK, r.s))
 	must(t, b.StreamSynchronize(r.s))
-	want := kernels.PatchCtl{Seq: 1, Failed: 5, FirstEntry: 2, FirstCode: 1}
+	want := patchtable.Ctl{Seq: 1, Failed: 5, FirstEntry: 2, FirstCode: 1}
 	if got := r.ctlState(t); got != want {
 		t.Errorf("control block %+v, want %+v", got, want)
 	}
@@ -245,13 +246,13 @@ func TestDevUpdateBookkeeping(t *testing.T) {
 	must(t, err)
 	n, err := b.GraphAddKernelNode(g, nil, r.axpb(t, y0, x0))
 	must(t, err)
-	r.setSlots(t, kernels.PatchSlot{Node: r.optIn(t, n), Offset: 0})
+	r.setSlots(t, patchtable.Slot{Node: r.optIn(t, n), Offset: 0})
 	x, err := b.GraphInstantiate(g)
 	must(t, err)
 	must(t, b.GraphDestroy(g))
 	must(t, b.GraphUpload(x, r.s))
 	r.set(t, x0, 5)
-	r.write(t, 0, []kernels.PatchUpdate{{Slot: 0, Value: uint64(y1)}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Value: uint64(y1)}})
 	p := r.params()
 	must(t, b.LaunchKernel(p.Func, p.Config, p.Args, r.s))
 	must(t, b.GraphLaunch(x, r.s))
@@ -301,7 +302,7 @@ func TestDevUpdateRingBackToBack(t *testing.T) {
 	}
 	g := r.graph(t)
 	var nodes []gpu.GraphNode
-	var slots []kernels.PatchSlot
+	var slots []patchtable.Slot
 	for i := range K {
 		var deps []gpu.GraphNode
 		if i > 0 {
@@ -311,7 +312,7 @@ func TestDevUpdateRingBackToBack(t *testing.T) {
 		must(t, err)
 		nodes = append(nodes, n)
 		d := r.optIn(t, n)
-		slots = append(slots, kernels.PatchSlot{Node: d, Offset: 0}, kernels.PatchSlot{Node: d, Offset: 8})
+		slots = append(slots, patchtable.Slot{Node: d, Offset: 0}, patchtable.Slot{Node: d, Offset: 8})
 	}
 	r.setSlots(t, slots...)
 	_, err := b.GraphAddKernelNodeBefore(g, r.params(), nodes[:1])
@@ -333,17 +334,17 @@ func TestDevUpdateRingBackToBack(t *testing.T) {
 			}
 		}
 		r.set(t, sets[j][0], float32(k))
-		var ups []kernels.PatchUpdate
+		var ups []patchtable.Update
 		for i := range K {
-			ups = append(ups, kernels.PatchUpdate{Slot: uint32(2 * i), Value: uint64(sets[j][i+1])},
-				kernels.PatchUpdate{Slot: uint32(2*i + 1), Value: uint64(sets[j][i])})
+			ups = append(ups, patchtable.Update{Slot: uint32(2 * i), Value: uint64(sets[j][i+1])},
+				patchtable.Update{Slot: uint32(2*i + 1), Value: uint64(sets[j][i])})
 		}
 		r.write(t, uint64(k), ups)
 		must(t, b.GraphLaunch(x, r.s))
 		must(t, b.EventRecord(events[j], r.s))
 	}
 	must(t, b.StreamSynchronize(r.s))
-	if got := r.ctlState(t); got != (kernels.PatchCtl{Seq: steps}) {
+	if got := r.ctlState(t); got != (patchtable.Ctl{Seq: steps}) {
 		t.Errorf("control block %+v, want %d launches and no failure", got, steps)
 	}
 }
@@ -401,10 +402,10 @@ func TestDevUpdateUploadResetsDeviceState(t *testing.T) {
 	g := r.graph(t)
 	n, err := b.GraphAddKernelNode(g, nil, r.axpb(t, y0, x0))
 	must(t, err)
-	r.setSlots(t, kernels.PatchSlot{Node: r.optIn(t, n), Offset: 0})
+	r.setSlots(t, patchtable.Slot{Node: r.optIn(t, n), Offset: 0})
 	x := r.exec(t, g)
 	must(t, b.GraphUpload(x, r.s))
-	r.write(t, 0, []kernels.PatchUpdate{{Slot: 0, Value: uint64(y1)}})
+	r.write(t, 0, []patchtable.Update{{Slot: 0, Value: uint64(y1)}})
 	p := r.params()
 	must(t, b.LaunchKernel(p.Func, p.Config, p.Args, r.s))
 	r.set(t, x0, 1)

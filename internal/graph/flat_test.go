@@ -6,12 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/blas"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // mlp is L layers of y = tanh(x·W + b) as a command buffer on sim: per

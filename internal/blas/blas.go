@@ -16,8 +16,8 @@ import (
 	"fmt"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // Gemm is one matrix product on row-major float32 matrices:

@@ -14,12 +14,12 @@ import (
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
-	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda"
+	"github.com/stablegraph/stablegraph/internal/blas"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/kernels"
 	"github.com/stablegraph/stablegraph/remappable"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 func openCUDA(tb testing.TB, cfg cuda.Config) *cuda.Backend {

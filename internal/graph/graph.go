@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/trace"
+	"github.com/stablegraph/stablegraph/internal/trace"
 )
 
 // Ref is a reference to device memory: Off bytes into buffer Buf.

@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/trace"
+	"github.com/stablegraph/stablegraph/internal/trace"
 )
 
 // Whole-graph updates from a host template (PatchWhole).

@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stablegraph/stablegraph/blas"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/sim"
+	"github.com/stablegraph/stablegraph/internal/blas"
 	"github.com/stablegraph/stablegraph/internal/simtest"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // rig is a sim backend with the built-in kernels, a capture stream and

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/graph"
+	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/internal/trace"
 	"github.com/stablegraph/stablegraph/kernels"
-	"github.com/stablegraph/stablegraph/trace"
 )
 
 // devStep is a step over buffers x (0), y (1), z (2, all movable) and t (3,

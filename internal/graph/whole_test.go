@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/stablegraph/stablegraph/gpu"
-	"github.com/stablegraph/stablegraph/trace"
+	"github.com/stablegraph/stablegraph/internal/trace"
 )
 
 // noSetter hides the sim's gpu.GraphNodeSetter.
