@@ -106,13 +106,14 @@ stderr. With --check (the
 default) an eager run of the same inputs goes first and the outputs of every
 step are compared bit for bit; a difference makes the command fail.
 
-Workloads with collectives (dp) run on several ranks: --nproc N starts N
-ranks on this host (N processes, one GPU each, on cuda; N simulated devices
-in this process on sim); under torchrun, srun or mpirun each process is the
-rank its launcher's environment says, with no flag (docs/MULTI-GPU.md); or
---rank, --world and --rendezvous launch one rank by hand on any host. The job
-token is read from STABLEGRAPH_TOKEN or a file (--token-file), never from
-the command line. Rank 0 reports.`,
+Workloads with collectives (dp; gpt2-decode, tensor parallel over the ranks)
+run on several ranks: --nproc N starts N ranks on this host (N processes,
+one GPU each, on cuda; N simulated devices in this process on sim); under
+torchrun, srun or mpirun each process is the rank its launcher's environment
+says, with no flag (docs/MULTI-GPU.md); or --rank, --world and --rendezvous
+launch one rank by hand on any host. The job token is read from
+STABLEGRAPH_TOKEN or a file (--token-file), never from the command line.
+Rank 0 reports, and writes --dump.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -158,6 +159,9 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 		return nil, err
 	}
 	watch := workload.WatchCollectives(w.Comm, &o)
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	reference := check && strat != sg.StrategyEager
 	if lead {
 		runs := 1
@@ -240,7 +244,7 @@ so.
 With no flags: the mlp workload (8 layers, width 256, batch 8), 100 steps,
 pingpong buffers, on the default backend. Progress goes to stderr with the
 time left; interrupted (Ctrl-C), the command prints the strategies finished so
-far and exits 130. Workloads with collectives (dp) take --nproc or
+far and exits 130. Workloads with collectives (dp, gpt2-decode) take --nproc or
 --rank/--world/--rendezvous as in run; every rank runs every strategy, rank 0
 reports, and the notes say how many collectives each strategy captured in
 steady state.
@@ -259,6 +263,7 @@ wall time on sim is measured over at most N back-to-back steps.`,
 			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
 			budget := fs.Duration("budget", defaultSimBudget, "sim only: the `time` the runs may take; unless --steps is given, the steps per strategy are cut to fit it, and bench says so (0: no budget)")
+			fs.StringVar(&wf.run.Dump, "dump", "", "write eager's last step's inputs and outputs to `file` (safetensors; every strategy matched them)")
 			return func(e *env) error {
 				if *budget < 0 {
 					return usagef("--budget must not be negative, got %v", *budget)
@@ -286,7 +291,10 @@ wall time on sim is measured over at most N back-to-back steps.`,
 				if err != nil {
 					return err
 				}
-				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath)); err != nil {
+				if wf.run.Dump == "-" {
+					return usagef("--dump: the dump is a safetensors file, not for stdout")
+				}
+				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath), checkOutput("--dump", wf.run.Dump)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
@@ -318,6 +326,9 @@ wall time on sim is measured over at most N back-to-back steps.`,
 // turn. The report comes back also when a strategy failed or differs from
 // eager, with the error saying which.
 func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, lead bool) (*report.Report, error) {
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	if lead {
 		prog := newStepProgress(e, "bench", benchSteps(strats, o))
 		defer prog.finish()
