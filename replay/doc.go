@@ -139,7 +139,9 @@
 // node has slightly less GPU time than stable and several times its host
 // time, and loses). Its probe steps count in no counter but ProbeSteps, so
 // that the counters are those of the strategy that runs
-// (testdata/probe_picks.txt holds the cases).
+// (testdata/probe_picks.txt holds the cases). On a step with collectives
+// the ranks decide together, each candidate ranked by the slowest rank's
+// times (collective.go), so that every rank runs the same strategy.
 //
 // # Adding a strategy
 //
