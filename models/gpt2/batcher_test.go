@@ -151,6 +151,29 @@ func TestAloneOrBatched(t *testing.T) {
 	}
 }
 
+// TestGraphsRecordedUnderAuto: under StrategyAuto the summary's graphs
+// recorded are those of the strategy auto kept, which recorded them while
+// auto measured it: as many as that strategy asked for by name records,
+// not 0.
+func TestGraphsRecordedUnderAuto(t *testing.T) {
+	b := openSim(t)
+	w := microWeights(t)
+	reqs := mixedRequests(Sampling{})
+	auto := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4})
+	generate(t, auto, reqs)
+	st := auto.Stats()
+	if st.Strategy == sg.StrategyEager || st.Strategy == sg.StrategyAuto || st.Strategy == "" {
+		t.Skipf("auto ran %q: no graph to count", st.Strategy)
+	}
+	named := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: st.Strategy})
+	generate(t, named, reqs)
+	want := named.Stats()
+	if st.Records < st.Graphs || st.Records != want.Records {
+		t.Errorf("auto (ran %s): %d graphs recorded for %d step programs; %s by name records %d", st.Strategy, st.Records, st.Graphs,
+			st.Strategy, want.Records)
+	}
+}
+
 // TestCachesSizedAndRetired: each sequence's cache is sized to its need,
 // at most Rows of them live at once, and each is freed through the
 // client's retirement queue; the region is empty after Generate.
