@@ -56,8 +56,8 @@ exits 130.`,
 			promptsFile := fs.String("prompts", "", "read prompts from `file`, one a line (\\n in a line is a newline)")
 			maxNew := fs.Int("max-new-tokens", 32, "generate at most `n` tokens a sequence")
 			temp := fs.Float64("temperature", 0, "sampling temperature; 0: greedy")
-			topK := fs.Int("top-k", 0, "sample from the `k` most likely tokens (0: all)")
-			topP := fs.Float64("top-p", 0, "sample from the nucleus of probability `p` (0: all)")
+			topK := fs.Int("top-k", 0, "sample from the `k` most likely tokens, 0 to the vocabulary (0: all)")
+			topP := fs.Float64("top-p", 1, "sample from the nucleus of probability `p`, in (0, 1] (1: all)")
 			seed := fs.Uint64("seed", 0, "seed of the sampling")
 			var stops stringList
 			fs.Var(&stops, "stop", "end a sequence when its text contains `string` (repeatable); the end-of-text token always ends it")
@@ -95,14 +95,22 @@ exits 130.`,
 				if err := g.sampling.Check(); err != nil {
 					return usagef("%v", err)
 				}
+				// The library takes top-p 0 as none; on the command line
+				// the default is 1 and 0 is a mistake.
+				if !(*topP > 0) {
+					return usagef("--top-p %g outside (0, 1]", *topP)
+				}
+				set := map[string]bool{}
+				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+				if g.sampling.Greedy() && (set["top-k"] || set["top-p"]) {
+					return usagef("--top-k and --top-p need --temperature above 0 (0 is greedy)")
+				}
 				if err := checkOutput("json", *jsonPath); err != nil {
 					return err
 				}
 				if g.texts, err = readPrompts(prompts, *promptsFile); err != nil {
 					return err
 				}
-				set := map[string]bool{}
-				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 				// Unless asked, no more rows than prompts: the rows of a step
 				// are computed whether they hold a sequence or not.
 				if !set["rows"] && g.opts.Buckets == nil {

@@ -110,7 +110,15 @@ func TestGenerateBadInput(t *testing.T) {
 				return func() { os.Remove(p) }
 			}},
 		{name: "strategy", args: []string{"--prompt", "hi", "--strategy", "bogus"}, code: exitUsage, want: `bogus`},
-		{name: "sampling", args: []string{"--prompt", "hi", "--top-p", "3"}, code: exitUsage, want: "top-p"},
+		{name: "top-p above 1", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "3"}, code: exitUsage, want: "top-p 3 outside (0, 1]"},
+		{name: "top-p 0", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "0"}, code: exitUsage, want: "--top-p 0 outside (0, 1]"},
+		{name: "top-p negative", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "-0.5"}, code: exitUsage, want: "top-p -0.5 outside (0, 1]"},
+		{name: "temperature", args: []string{"--prompt", "hi", "--temperature", "-0.1"}, code: exitUsage, want: "temperature -0.1: must be 0 (greedy) or positive"},
+		{name: "temperature NaN", args: []string{"--prompt", "hi", "--temperature", "NaN"}, code: exitUsage, want: "temperature NaN"},
+		{name: "top-k negative", args: []string{"--prompt", "hi", "--temperature", "1", "--top-k", "-1"}, code: exitUsage, want: "top-k -1 is negative"},
+		{name: "top-k past the vocabulary", args: []string{"--prompt", "hi", "--temperature", "1", "--top-k", "50258"}, code: exitUsage,
+			want: "prompt 0: gpt2: top-k 50258 is more than the vocabulary of 50257 tokens"},
+		{name: "top-k greedy", args: []string{"--prompt", "hi", "--top-k", "5"}, code: exitUsage, want: "need --temperature above 0"},
 	} {
 		cfg := c
 		if cs.config != nil {

@@ -175,7 +175,7 @@ func CheckRequest(c Config, maxPositions int, r Request) error {
 			return fmt.Errorf("prompt token %d is id %d, outside the vocabulary of %d", i, t, c.Vocab)
 		}
 	}
-	return r.Sampling.Check()
+	return r.Sampling.checkVocab(c.Vocab)
 }
 
 // StopReason says why a sequence ended.

@@ -310,7 +310,9 @@ func TestBadRequests(t *testing.T) {
 		{Request{Prompt: []int32{97}, MaxNewTokens: 1}, "outside the vocabulary"},
 		{Request{Prompt: []int32{1}}, "at least one"},
 		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: -1}}, "temperature"},
-		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{TopP: 2}}, "top-p"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{TopP: 2}}, "top-p 2 outside (0, 1]"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: 1, TopK: -3}}, "top-k -3 is negative"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: 1, TopK: micro.Vocab + 1}}, "more than the vocabulary"},
 	} {
 		before := bt.Stats()
 		_, err := bt.Generate(context.Background(), []Request{ok, c.r}, nil)

@@ -25,8 +25,8 @@ type Sampling struct {
 	// Temperature divides the logits before the softmax; 0 is greedy
 	// (the largest logit, the lowest id on a tie).
 	Temperature float64
-	// TopK keeps only the K most likely tokens (0, or the vocabulary or
-	// more: all).
+	// TopK keeps only the K most likely tokens (0 or the vocabulary:
+	// all; more is refused).
 	TopK int
 	// TopP keeps the smallest set of most likely tokens whose
 	// probabilities add up to at least TopP (nucleus sampling; 0 or 1:
@@ -41,7 +41,10 @@ type Sampling struct {
 // Greedy reports whether s picks the largest logit.
 func (s Sampling) Greedy() bool { return s.Temperature == 0 }
 
-// Check reports settings that cannot be sampled with.
+// Check reports settings that cannot be sampled with: a temperature
+// that is negative, infinite or NaN, a negative top-k, a top-p outside
+// (0, 1] other than 0 (none). CheckRequest also refuses a top-k above the
+// vocabulary.
 func (s Sampling) Check() error {
 	switch {
 	case !(s.Temperature >= 0) || math.IsInf(s.Temperature, 1):
@@ -49,7 +52,18 @@ func (s Sampling) Check() error {
 	case s.TopK < 0:
 		return fmt.Errorf("gpt2: top-k %d is negative", s.TopK)
 	case !(s.TopP >= 0 && s.TopP <= 1):
-		return fmt.Errorf("gpt2: top-p %g outside [0, 1]", s.TopP)
+		return fmt.Errorf("gpt2: top-p %g outside (0, 1]", s.TopP)
+	}
+	return nil
+}
+
+// checkVocab is Check, and a top-k no larger than the vocabulary.
+func (s Sampling) checkVocab(vocab int) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	if s.TopK > vocab {
+		return fmt.Errorf("gpt2: top-k %d is more than the vocabulary of %d tokens", s.TopK, vocab)
 	}
 	return nil
 }
