@@ -86,51 +86,95 @@ func TestCandidatesMatchWholeRow(t *testing.T) {
 	}
 }
 
-// TestSamplerDistribution: the host's draws under top-k and top-p follow
-// the softmax renormalised over the tokens kept (worked out by hand here):
-// 12,000 draws pass a chi-square test at the 0.1% level; tokens outside the
-// kept set are never drawn.
+// TestSamplerDistribution: the host's draws (which the device's equal
+// token for token: TestCandidatesMatchWholeRow, TestDeviceSamplingMatchesHost)
+// follow the softmax of logits/T renormalised over the tokens kept, worked
+// out here independently by sorting the probabilities: temperature alone,
+// top-k, top-p and both. 12,000 draws a setting (fixed seed: the outcome is
+// the same every run) pass a chi-square test at the 0.1% level; tokens
+// outside the kept set are never drawn, and the counts fail the test
+// against the softmax without the cut (so it can fail).
 func TestSamplerDistribution(t *testing.T) {
 	row := []float32{2, 0.1, 1.5, 3, -1, 1, 2.5, 0, 0.5, -2}
-	const T = 0.9
-	// Top 6 by logit: ids 3 (3), 6 (2.5), 0 (2), 2 (1.5), 5 (1), 8 (0.5).
-	top6 := []int{3, 6, 0, 2, 5, 8}
-	w := make([]float64, len(top6))
-	var sum float64
-	for i, id := range top6 {
-		w[i] = math.Exp(float64(row[id]) / T)
-		sum += w[i]
-	}
-	// The nucleus of 0.7 within them: the first two hold 69.6%, so it
-	// keeps three.
-	kept, acc := 0, 0.0
-	for kept < len(w) && acc < 0.7*sum {
-		acc += w[kept]
-		kept++
-	}
-	if kept != 3 {
-		t.Fatalf("the nucleus keeps %d of 6, want 3", kept)
-	}
-	s := Sampling{Temperature: T, TopK: 6, TopP: 0.7, Seed: 11}
+	// P(χ² > c) = 0.001 for 1 to 9 degrees of freedom.
+	crit := []float64{0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88}
 	const n = 12000
-	counts := map[int32]int{}
-	var sc scratch
-	for i := range n {
-		counts[s.drawLogits(row, i%3, i, &sc)]++
-	}
-	var x float64
-	for i, id := range top6[:kept] {
-		e := n * w[i] / acc
-		d := float64(counts[int32(id)]) - e
-		x += d * d / e
-		delete(counts, int32(id))
-	}
-	if len(counts) > 0 {
-		t.Errorf("tokens outside the kept set drawn: %v", counts)
-	}
-	// Three outcomes, two degrees of freedom: P(χ² > 13.82) = 0.001.
-	if x > 13.82 {
-		t.Errorf("χ² = %.1f over the %d kept tokens", x, kept)
+	for _, c := range []struct {
+		s    Sampling
+		kept int // how many tokens the cut keeps (worked out by hand)
+	}{
+		{Sampling{Temperature: 1.4, Seed: 1}, 10},
+		{Sampling{Temperature: 0.9, TopK: 4, Seed: 2}, 4},
+		// Sorted at T = 0.9: 3, 2.5, 2, 1.5 hold 43.3%, 25.2%, 14.7%,
+		// 8.6%: a nucleus of 0.75 needs three.
+		{Sampling{Temperature: 0.9, TopP: 0.75, Seed: 3}, 3},
+		{Sampling{Temperature: 0.9, TopK: 6, TopP: 0.7, Seed: 4}, 3},
+		{Sampling{Temperature: 2, TopK: 9, TopP: 0.99, Seed: 5}, 9},
+	} {
+		s := c.s
+		// Independently: the probabilities, sorted, cut to the top k and
+		// then to the smallest prefix reaching p of what is left.
+		ids := make([]int, len(row))
+		for i := range ids {
+			ids[i] = i
+		}
+		slices.SortFunc(ids, func(a, b int) int { return cmp.Compare(row[b], row[a]) })
+		if s.TopK > 0 {
+			ids = ids[:s.TopK]
+		}
+		w := make([]float64, len(ids))
+		var sum float64
+		for i, id := range ids {
+			w[i] = math.Exp(float64(row[id]) / s.Temperature)
+			sum += w[i]
+		}
+		kept, acc := len(ids), 0.0
+		if s.TopP > 0 {
+			kept = 0
+			for kept < len(w) && acc < s.TopP*sum {
+				acc += w[kept]
+				kept++
+			}
+		}
+		if kept != c.kept {
+			t.Fatalf("%+v: the cut keeps %d, want %d", s, kept, c.kept)
+		}
+		var total float64
+		for _, v := range w[:kept] {
+			total += v
+		}
+		counts := map[int32]int{}
+		var sc scratch
+		for i := range n {
+			counts[s.drawLogits(row, i%3, i, &sc)]++
+		}
+		var x, xAll float64
+		var zAll float64
+		for _, v := range row {
+			zAll += math.Exp(float64(v) / s.Temperature)
+		}
+		for i, id := range ids[:kept] {
+			e := n * w[i] / total
+			d := float64(counts[int32(id)]) - e
+			x += d * d / e
+			eAll := n * w[i] / zAll
+			xAll += (float64(counts[int32(id)]) - eAll) * (float64(counts[int32(id)]) - eAll) / eAll
+		}
+		for j := range row {
+			if !slices.Contains(ids[:kept], j) {
+				if counts[int32(j)] != 0 {
+					t.Errorf("%+v: token %d, outside the kept set, drawn %d times", s, j, counts[int32(j)])
+				}
+				eAll := n * math.Exp(float64(row[j])/s.Temperature) / zAll
+				xAll += eAll // (0 − e)²/e
+			}
+		}
+		if x > crit[kept-1] {
+			t.Errorf("%+v: χ² = %.1f over the %d kept tokens (> %.2f)", s, x, kept, crit[kept-1])
+		}
+		if kept < len(row) && xAll < 3*crit[len(row)-1] {
+			t.Errorf("%+v: the counts fit the softmax without the cut too (χ² = %.1f): the test has no power", s, xAll)
+		}
 	}
 }
 
@@ -187,9 +231,10 @@ func TestDeviceSamplingMatchesHost(t *testing.T) {
 	}
 }
 
-// TestSampledStrategies: device sampling gives the same tokens under the
-// strategies that copy or map the step's params (the sampling param
-// among them) as under eager, with fresh and with unchanged params.
+// TestSampledStrategies: device sampling gives the same tokens under auto
+// and every strategy, those that copy or map the step's params (the
+// sampling param among them) included, as under eager, with fresh and with
+// unchanged params.
 func TestSampledStrategies(t *testing.T) {
 	b := openSim(t)
 	w := microWeights(t)
@@ -197,7 +242,7 @@ func TestSampledStrategies(t *testing.T) {
 	reqs = append(reqs, mixedRequests(Sampling{Temperature: 1.2, Seed: 9})...)
 	reqs = append(reqs, mixedRequests(Sampling{})...)
 	want := generate(t, newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: sg.StrategyEager}), reqs)
-	for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyStable, sg.StrategyPool, sg.StrategyDevice} {
+	for _, st := range []sg.Strategy{sg.StrategyAuto, sg.StrategyPatch, sg.StrategyUpdate, sg.StrategyStable, sg.StrategyPool, sg.StrategyDevice} {
 		bt := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: st})
 		res, err := bt.Generate(context.Background(), reqs, nil)
 		if err != nil {
