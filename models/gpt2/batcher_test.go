@@ -382,3 +382,52 @@ func TestBatcherFaults(t *testing.T) {
 	}
 	b.ClearFaults() // openSim's cleanup checks that nothing leaked
 }
+
+// TestEndOfTextStops: with GPT-2's vocabulary and no stop tokens given, a
+// sequence ends at the end-of-text token, greedy or sampled on the device,
+// without it among its tokens; an empty, non-nil StopTokens does not stop
+// there. The model is made to prefer the token: ln_f gives every row the
+// same hidden vector, and the tied LM head's row of EndOfText points along
+// it.
+func TestEndOfTextStops(t *testing.T) {
+	b := openSim(t)
+	c := Config{Layers: 1, Width: 16, Heads: 2, Vocab: EndOfText + 1, Positions: 16}
+	w, err := Generate(c, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range w.Tensors {
+		tn := &w.Tensors[i]
+		f := gpu.BytesToF32(tn.Data)
+		switch tn.Name {
+		case "ln_f.weight":
+			clear(f)
+		case "ln_f.bias":
+			for j := range f {
+				f[j] = 1
+			}
+		case "wte.weight":
+			for j := range c.Width {
+				f[EndOfText*c.Width+j] = 1
+			}
+		default:
+			continue
+		}
+		tn.Data = gpu.F32ToBytes(f)
+	}
+	bt := newBatcher(t, b, w, Options{Rows: 2, PrefillRows: 4})
+	p := []int32{5, 9, 2}
+	res := generate(t, bt, []Request{
+		{Prompt: p, MaxNewTokens: 4},
+		{Prompt: p, MaxNewTokens: 4, Sampling: Sampling{Temperature: 0.5, Seed: 1}},
+		{Prompt: p, MaxNewTokens: 4, StopTokens: []int32{}},
+	})
+	for i, r := range res[:2] {
+		if r.Reason != StopToken || len(r.Tokens) != 0 {
+			t.Errorf("sequence %d: %v (%s), want no tokens, ended by the end-of-text token", i, r.Tokens, r.Reason)
+		}
+	}
+	if r := res[2]; r.Reason != StopBudget || !slices.Equal(r.Tokens, []int32{EndOfText, EndOfText, EndOfText, EndOfText}) {
+		t.Errorf("no stop tokens: %v (%s), want the end-of-text token 4 times, to the budget", r.Tokens, r.Reason)
+	}
+}
