@@ -255,3 +255,55 @@ func TestSampledStrategies(t *testing.T) {
 		}
 	}
 }
+
+// TestHostDrawEqualsKernel: over GPT-2's vocabulary (long enough that the
+// host splits the row over goroutines), the host's temperature draw is the
+// token of kernels.Sample's reference (the body sim runs and the CUDA
+// kernel is checked against bit for bit), NaNs and −Infs among the
+// logits; and a top-p whose nucleus is most of the row draws from the
+// same noise as a one-goroutine scan over the kept set.
+func TestHostDrawEqualsKernel(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 9))
+	const V = EndOfText + 1
+	row := make([]float32, V)
+	for j := range row {
+		switch r.IntN(60) {
+		case 0:
+			row[j] = float32(math.NaN())
+		case 1:
+			row[j] = float32(math.Inf(-1))
+		default:
+			row[j] = float32(r.NormFloat64() * 0.5)
+		}
+	}
+	var sc scratch
+	for trial := range 6 {
+		s := Sampling{Temperature: []float64{0.3, 1, 2.5}[trial%3], Seed: uint64(trial) * 77}
+		want := kernels.SampleDrawRow(row, kernels.SampleParams{Seed: s.Seed, Seq: uint32(trial), Index: uint32(40 + trial),
+			Temperature: s.Temperature, Flags: kernels.SampleDraw})
+		if got := s.drawLogits(row, trial, 40+trial, &sc); got != want {
+			t.Errorf("%+v: host draws %d, kernels.Sample's reference %d", s, got, want)
+		}
+		s.TopP = 0.97
+		got := s.drawLogits(row, trial, 40+trial, &sc)
+		kept := sc.cand // drawLogits leaves the sorted row here; the nucleus is a prefix
+		best, bs := int32(-1), math.Inf(-1)
+		var total, acc float64
+		m := float64(kept[0].v)
+		for _, e := range kept {
+			total += math.Exp((float64(e.v) - m) / s.Temperature)
+		}
+		for _, e := range kept {
+			sc := kernels.SampleScore(e.v, s.Temperature, kernels.GumbelNoise(s.Seed, uint32(trial), uint32(40+trial), uint32(e.id)))
+			if sc > bs || sc == bs && e.id < best {
+				best, bs = e.id, sc
+			}
+			if acc += math.Exp((float64(e.v) - m) / s.Temperature); acc >= s.TopP*total {
+				break
+			}
+		}
+		if got != best {
+			t.Errorf("%+v: host draws %d, a scan of the nucleus %d", s, got, best)
+		}
+	}
+}
