@@ -385,12 +385,8 @@ func (pl *copyPlan) record(st *base, sg *slotGraph, cause recordCause, refusal e
 	if err != nil {
 		return err
 	}
-	if sg.recorded {
-		st.rerecorded(cause, refusal)
-		st.log.Debug("re-recorded a persistent-address graph")
-	}
+	st.countRecord(sg.recorded, cause, refusal)
 	sg.recorded = true
-	st.c.Records++
 	err = pl.dropExec(st, sg)
 	sg.x = x
 	return err

@@ -243,39 +243,7 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	if err := st.checkPatcher(); err != nil {
 		return Result{}, err
 	}
-	switch {
-	case st.x == nil:
-		if err := st.record(s, addrs); err != nil {
-			return Result{}, err
-		}
-	case st.stateMoved(addrs):
-		// A state rebound: its pointers are in no slot.
-		st.c.MoveRerecords++
-		if err := st.dropExec(); err != nil {
-			return Result{}, err
-		}
-		if err := st.record(s, addrs); err != nil {
-			return Result{}, err
-		}
-	case st.cb.Moved(st.x.Addrs(), addrs):
-		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
-		if err != nil {
-			// Some nodes may be moved and others not.
-			derr := st.dropExec()
-			if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
-				return Result{}, errors.Join(err, derr)
-			}
-			st.c.UpdateFallbacks++
-			st.log.Debug("device: cannot move on the device; recording again", "reason", err)
-			if err := st.record(s, addrs); err != nil {
-				return Result{}, err
-			}
-			break
-		}
-		// What moved from the host is no opted-in node: no upload.
-		st.c.PatchedNodes += int64(n)
-	}
-	writes, err := st.writeTable(addrs)
+	writes, err := st.move(s, addrs)
 	if err != nil {
 		return Result{}, err
 	}
@@ -298,6 +266,58 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		st.c.DeviceUpdates += int64(writes)
 	}
 	return Result{}, nil
+}
+
+// move brings the graph to addrs, recording it when it must, and writes
+// the next launch's table; it returns how many pointers the launch moves
+// on the device. An update the backend refuses is replaced by a record;
+// after any other failure the graph is dropped and the next step records
+// it afresh.
+func (st *device) move(s gpu.Stream, addrs []gpu.DevicePtr) (int, error) {
+	switch {
+	case st.x == nil:
+		// The first step, or a failed step dropped the graph.
+		if err := st.record(s, addrs, causeRetry, nil); err != nil {
+			return 0, err
+		}
+	case st.stateMoved(addrs):
+		// A state rebound: its pointers are in no slot.
+		if err := st.dropExec(); err != nil {
+			return 0, err
+		}
+		if err := st.record(s, addrs, causeMoved, nil); err != nil {
+			return 0, err
+		}
+	default:
+		writes, err := st.update(addrs)
+		if err == nil {
+			return writes, nil
+		}
+		// Some nodes may be moved and others not.
+		derr := st.dropExec()
+		if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
+			return 0, errors.Join(err, derr)
+		}
+		st.refused("device: host-side update", err)
+		if err := st.record(s, addrs, causeRefused, err); err != nil {
+			return 0, err
+		}
+	}
+	return st.writeTable(addrs)
+}
+
+// update moves from the host what does not move on the device
+// (graph.PatchDevice), then writes the next launch's table.
+func (st *device) update(addrs []gpu.DevicePtr) (int, error) {
+	if st.cb.Moved(st.x.Addrs(), addrs) {
+		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
+		if err != nil {
+			return 0, err
+		}
+		// What moved from the host is no opted-in node: no upload.
+		st.c.PatchedNodes += int64(n)
+	}
+	return st.writeTable(addrs)
 }
 
 // stateMoved reports whether a state is not where the graph was recorded.
@@ -417,10 +437,11 @@ func (st *device) checkPatcher() error {
 }
 
 // record records, instantiates and uploads the step at addrs with the
-// patcher before the first node it moves, and then frees what earlier graphs left, once
-// the stream has finished with it. On error the current graph, if any, is
+// patcher before the first node it moves, and then frees what earlier
+// graphs left, once the stream has finished with it; a record after the
+// first is a re-record for cause. On error the current graph, if any, is
 // kept.
-func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
+func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause, refusal error) (err error) {
 	b := st.b
 	dr, err := st.cb.RecordDevice(b, st.du, addrs, st.opts)
 	if err != nil {
@@ -486,11 +507,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
 	}
 	st.c.GraphUploads++
-	if st.c.Records > 0 {
-		st.c.Rerecords++
-		st.log.Debug("device: recorded the step graph again")
-	}
-	st.c.Records++
+	st.countRecord(st.c.Records > 0, cause, refusal)
 	derr := st.dropExec()
 	st.x, st.rig = x, rig
 	copy(st.rec, addrs)

@@ -38,12 +38,14 @@
 //   - FallbackReporter: why its graph updates were refused, by reason
 //     (every strategy embedding base has it).
 //
-// Every re-record a strategy makes is counted with its cause
-// (Counters.Rerecords = MoveRerecords + UpdateFallbacks + RetryRerecords):
-// record through recorded.record and copies.go's record, which take the
-// cause. A refused update (errors.Is(err, gpu.ErrGraphUpdate); the
-// *gpu.UpdateError's Result says why) is logged in full at debug level
-// (base.refused) and counted by reason when its re-record succeeds.
+// Every graph a strategy records is counted by one helper that takes its
+// cause, base.countRecord (base.go), so that Counters.Rerecords =
+// MoveRerecords + UpdateFallbacks + RetryRerecords always holds. A refused
+// update (errors.Is(err, gpu.ErrGraphUpdate); the *gpu.UpdateError's
+// Result says why) is logged in full at debug level (base.refused) and
+// counted by reason in Fallbacks when its re-record succeeds, so that
+// Fallbacks sums to UpdateFallbacks. TestEveryRecordCounted holds every
+// registered strategy to both, states rebound, updates refused and failed.
 //
 // # Aliasing
 //

@@ -115,6 +115,10 @@ type autoProbe struct {
 	acc        Counters
 	base       Counters
 	probeSteps int64
+	// The same for the refusals (Fallbacks): accFalls holds the model's
+	// choice's while the decision was pending (modelFalls: its refusals
+	// already taken), baseFalls final's when it was kept.
+	accFalls, modelFalls, baseFalls Fallbacks
 
 	info struct {
 		sync.Mutex
@@ -238,11 +242,12 @@ func allAliasSafe(ps []*probe) bool {
 	return true
 }
 
-// Fallbacks merges the candidates' refused updates, those closed included.
+// Fallbacks are the refused updates of the steps auto ran, but for its
+// probe steps, as Counters counts them: they sum to UpdateFallbacks.
 func (a *autoProbe) Fallbacks() Fallbacks {
-	var f Fallbacks
-	for _, pr := range a.probes {
-		f.merge(FallbacksOf(pr.st))
+	f := a.accFalls.clone()
+	if a.final != nil {
+		f.merge(FallbacksOf(a.final.st).since(a.baseFalls))
 	}
 	return f
 }
@@ -310,8 +315,17 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 	if a.cur >= len(a.probes) {
 		a.setLastRan(a.model.strategy)
 		before := a.model.st.Counters()
+		if a.modelFalls.ByReason == nil && before.UpdateFallbacks > 0 {
+			a.modelFalls = FallbacksOf(a.model.st) // taken in its probe steps
+		}
 		res, err := a.model.st.Run(ctx, s, addrs)
-		a.acc.add(a.model.st.Counters().Sub(before))
+		d := a.model.st.Counters().Sub(before)
+		a.acc.add(d)
+		if d.UpdateFallbacks > 0 {
+			f := FallbacksOf(a.model.st)
+			a.accFalls.merge(f.since(a.modelFalls))
+			a.modelFalls = f
+		}
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
@@ -437,7 +451,7 @@ func (a *autoProbe) tryDecide() error {
 // closed once idle, and publishes the choice (first: the candidate listed
 // first; nil keeps the model's order).
 func (a *autoProbe) keep(pr *probe, reason string, first *probe) {
-	a.final, a.base = pr, pr.st.Counters()
+	a.final, a.base, a.baseFalls = pr, pr.st.Counters(), FallbacksOf(pr.st)
 	for _, o := range a.probes {
 		if o != pr {
 			a.losers = append(a.losers, o)

@@ -27,11 +27,7 @@ func (st *recorded) record(addrs []gpu.DevicePtr, cause recordCause, refusal err
 	if err != nil {
 		return err
 	}
-	if st.c.Records > 0 {
-		st.rerecorded(cause, refusal)
-		st.log.Debug("re-recorded the step graph")
-	}
-	st.c.Records++
+	st.countRecord(st.c.Records > 0, cause, refusal)
 	err = st.dropExec()
 	st.x = x
 	return err

@@ -183,8 +183,15 @@ func (r *remap) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	for k, id := range r.bound {
 		r.addrs[id] = r.ranges[k].res.Ptr()
 	}
-	if r.x == nil || !slices.Equal(r.x.Addrs(), r.addrs) {
-		if err := r.record(); err != nil {
+	switch {
+	case r.x == nil:
+		// The first step (a failed record keeps the graph before).
+		if err := r.record(causeRetry); err != nil {
+			return Result{}, err
+		}
+	case !slices.Equal(r.x.Addrs(), r.addrs):
+		// A state rebound: the ranges never move.
+		if err := r.record(causeMoved); err != nil {
 			return Result{}, err
 		}
 	}
@@ -332,18 +339,15 @@ func (r *remap) remapRange(k int, t remapTarget) error {
 }
 
 // record records and instantiates the graph over r.addrs, replacing the
-// old one only once the new one exists. Traced commands are captured, not
-// traced for patching: the addresses do not move.
-func (r *remap) record() error {
+// old one only once the new one exists; a record after the first is a
+// re-record for cause. Traced commands are captured, not traced for
+// patching: the addresses do not move.
+func (r *remap) record(cause recordCause) error {
 	x, err := r.cb.Instantiate(r.b, r.addrs, false)
 	if err != nil {
 		return err
 	}
-	if r.c.Records > 0 {
-		r.c.Rerecords++
-		r.log.Debug("remap: re-recorded the step graph (a state was rebound)")
-	}
-	r.c.Records++
+	r.countRecord(r.c.Records > 0, cause, nil)
 	err = r.dropExec()
 	r.x = x
 	return err
