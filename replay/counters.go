@@ -75,7 +75,7 @@ type Counters struct {
 	// device still using it, or its outputs still leased) and had to wait.
 	SlotWaits int64
 	// SlotWaitSleeps counts the waits for the device to finish with a slot
-	// that outlasted the yield phase of Options.SlotPoll and slept.
+	// that outlasted the yield phase of the executable's SlotPoll (Spec.Poll) and slept.
 	SlotWaitSleeps int64
 	// Remaps counts the buffers whose range remap unmapped and mapped to
 	// the caller's memory anew, one per bound buffer that moved.

@@ -16,6 +16,17 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
+// DeviceOptions configure device (Options.DeviceStrategy).
+type DeviceOptions struct {
+	// Tables makes device pass every step's pointer moves through its
+	// ring of tables in mapped host memory, which the patcher reads over
+	// the bus, also when at most kernels.PatchInlineCap buffers move: by
+	// default those go in the patcher node's own parameters, with one
+	// exec update of that node per step that moves anything, which costs
+	// the GPU half as much (see device, below). Default false.
+	Tables bool
+}
+
 // device moves the step's pointers on the device: the graph is recorded
 // once, every kernel node with a pointer into a buffer the caller binds
 // every step (params, outputs) is opted in to device-side updates
@@ -46,7 +57,7 @@ import (
 // device-updatable, so the graph needs no upload); the patcher then reads
 // them with no round trip over the bus, which halves its GPU time
 // (bench/probes/patcher) for one exec update of host time. Otherwise, or
-// with Options.DeviceTables, into the next table of a ring in mapped pinned
+// with DeviceOptions.Tables, into the next table of a ring in mapped pinned
 // host memory, which the patcher reads over the bus: a step is then one
 // graph launch and no other driver call but the first command's update.
 //
@@ -89,20 +100,31 @@ import (
 // the timeline plays for pool, written by the patcher itself instead of a
 // stream write per step). Acquire makes the executable wait, without its
 // lock, while the host is deviceTables launches ahead of the device,
-// polling as Options.SlotPoll says. The mirror also counts the pointer
+// polling as Spec.Poll says. The mirror also counts the pointer
 // updates the device runtime refused; a step that finds the count grown
 // fails (the steps before it ran on stale pointers) and the graph is
 // recorded afresh.
 //
 // # When it records again
 //
-// At its first step; when a copy kernel's buffers move off 4-byte
-// alignment or a flattened library call's operands move to another
-// alignment class (graph.PatchDevice refuses both: the library may choose
-// other kernels there); and after a failure. A graph with device-updatable
-// nodes cannot take a whole-graph update, so recording again means a new
-// graph: the old one's patcher memory is freed once the stream has
-// finished with it.
+// At its first step; when a state is rebound (its pointers are in no
+// slot: a re-record for a move); when a host-side update is refused (a
+// copy kernel's buffers moved off 4-byte alignment or a flattened library
+// call's operands to another alignment class, which graph.PatchDevice
+// refuses since the library may choose other kernels there, or an update
+// the driver refused: a re-record for a refusal); and after a failure (for
+// a retry). A graph with device-updatable nodes cannot take a whole-graph
+// update, so recording again means a new graph: the old one's patcher
+// memory is freed once the stream has finished with it.
+//
+// # Options and counters
+//
+// Its options are DeviceOptions (Options.DeviceStrategy); Spec.Poll says
+// how it waits for a table. It counts DeviceUpdates (the pointers the
+// patcher rewrote), PatchedNodes (the nodes moved from the host: the lead
+// command's, copies it could not make kernels, traced commands on the host
+// path), GraphUploads (one per recording), its re-records by cause, and
+// GraphLaunches.
 //
 // # Requirements
 //
@@ -117,10 +139,9 @@ type device struct {
 	module  gpu.Module
 	patcher gpu.Function
 	inline  gpu.Function // the inline patcher; 0: the cubins predate it
-	tables  bool         // Options.DeviceTables
+	tables  bool         // DeviceOptions.Tables
 	opts    graph.DeviceOptions
-	bound   []bool // per buffer: bound by the caller every step
-	states  []int  // the states: recorded at their addresses, never moved on the device
+	states  []int // the states: recorded at their addresses, never moved on the device
 	policy  vmm.WaitPolicy
 
 	x   *graph.Exec // nil before the first step and after a failure
@@ -155,12 +176,12 @@ const (
 )
 
 func newDevice(spec Spec) (_ Strategy, err error) {
-	b, dev := spec.Backend, spec.Device
+	b, dev := spec.Backend, spec.Ordinal
 	du, err := gpu.DeviceUpdatesOf(b, dev)
 	if err != nil {
 		return nil, fmt.Errorf("device: pointers moved on the device need device-updatable graph nodes: %w", err)
 	}
-	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Options.SlotPoll, tables: spec.Options.DeviceTables}
+	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Poll, tables: spec.Options.DeviceStrategy.Tables}
 	m, err := b.ModuleLoad(dev, kernels.PatcherModule())
 	if err != nil {
 		return nil, fmt.Errorf("device: load the patcher: %w", err)
@@ -182,20 +203,16 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	case !errors.Is(err, gpu.ErrNotFound):
 		return nil, fmt.Errorf("device: the inline patcher kernel: %w", err)
 	}
+	// Only what moves every step opts in: a node opted in to device-side
+	// updates costs the GPU time even when nothing moves (a cuBLAS kernel
+	// node more than a small one), and states move only when rebound,
+	// which records afresh (Run).
 	st.opts.Movable = make([]bool, len(spec.Buffers))
 	st.opts.HostLead = hostLead
-	st.bound = make([]bool, len(spec.Buffers))
-	for i, buf := range spec.Buffers {
-		st.bound[i] = buf.Class.Bound()
-		// Only what moves every step opts in: a node opted in to
-		// device-side updates costs the GPU time even when nothing moves
-		// (a cuBLAS kernel node more than a small one), and states
-		// move only when rebound, which records afresh (Run).
-		st.opts.Movable[i] = st.bound[i]
-		if buf.Class == State {
-			st.states = append(st.states, i)
-		}
+	for _, i := range spec.classes.Bound {
+		st.opts.Movable[i] = true
 	}
+	st.states = spec.classes.States
 	if spec.Kernels != nil {
 		// Without them, copies and memsets that move take the host path.
 		if f, err := spec.Kernels(kernels.Copy); err == nil {
@@ -467,7 +484,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause,
 	// take several each (grid-stride) rather than idle every step.
 	threads := 0
 	for _, r := range dr.Ranges {
-		if st.bound[r.Buf] {
+		if st.opts.Movable[r.Buf] {
 			threads += r.N
 		}
 	}
@@ -696,12 +713,12 @@ func (r *patchRig) free(b gpu.Backend) error {
 // when auto builds it.
 func modelDevice(spec Spec) Candidate {
 	cand := Candidate{Strategy: Device}
-	if _, err := gpu.DeviceUpdatesOf(spec.Backend, spec.Device); err != nil {
+	if _, err := gpu.DeviceUpdatesOf(spec.Backend, spec.Ordinal); err != nil {
 		cand.Note = err.Error()
 		return cand
 	}
-	c := spec.Options.Costs
-	bound := spec.bound()
+	c := spec.Costs
+	bound := spec.classes.Bound
 	lead := spec.Commands.MovesIn(bound, 0, hostLead)
 	m := spec.Commands.MovesIn(bound, hostLead, spec.Commands.Len())
 	kern := 0
@@ -712,7 +729,7 @@ func modelDevice(spec Spec) Candidate {
 	// What moves every step fits the inline patcher's parameters, set
 	// with one exec update per step, or it goes through the ring.
 	patcher, update, what := c.PatcherUS, 0.0, "the patcher node"
-	if len(bound) <= kernels.PatchInlineCap && !spec.Options.DeviceTables {
+	if len(bound) <= kernels.PatchInlineCap && !spec.Options.DeviceStrategy.Tables {
 		patcher, update, what = c.PatcherInlineUS, c.NodeUpdateUS, "the inline patcher node and its update"
 	}
 	cand.Note = what

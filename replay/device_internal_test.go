@@ -57,8 +57,8 @@ func chainSpec(t testing.TB, b *sim.Backend, k, n int) Spec {
 		t.Fatal(err)
 	}
 	size := int64(4 * n)
-	return Spec{Program: "chain", Backend: b, Device: 0, Commands: cb, Kernels: lookup,
-		Options: Options{Alignment: 256, Costs: DefaultCosts()},
+	return Spec{Program: "chain", Backend: b, Ordinal: 0, Commands: cb, Kernels: lookup,
+		Alignment: 256, Costs: DefaultCosts(),
 		Buffers: []Buffer{
 			{Name: "x", Class: Param, Size: size, Flow: Flow{ReadFirst: true}},
 			{Name: "y", Class: Output, Size: size, Flow: Flow{Written: true, Full: true}},
@@ -128,7 +128,7 @@ func calls(b *sim.Backend) map[string]int {
 func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gpu.DevicePtr, tables bool) *device {
 	t.Helper()
 	spec := chainSpec(t, b, k, 64)
-	spec.Options.DeviceTables = tables
+	spec.Options.DeviceStrategy.Tables = tables
 	st, err := New(Device, spec)
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,8 @@ import (
 )
 
 // eager launches every command on the stream every step. It records
-// nothing and is the reference the others must match bit for bit.
+// nothing and is the reference the others must match bit for bit. It has
+// no options, and counts Launches: the commands it enqueued.
 type eager struct{ base }
 
 func newEager(spec Spec) (Strategy, error) { return &eager{newBase(spec)}, nil }

@@ -19,7 +19,7 @@ import (
 //
 // New builds every usable candidate (newAuto). The first steps
 // then run each in turn, in the model's order: a few warm-up steps that
-// record its graphs (probeWarmup), then Options.AutoProbeSteps measured
+// record its graphs (probeWarmup), then AutoOptions.ProbeSteps measured
 // steps, each timed on the host by the clock around the candidate's run and
 // on the device by two events around its work on the step's stream. Every
 // candidate computes the same bits and shares the executable's states,
@@ -104,7 +104,7 @@ type autoProbe struct {
 	fellBack string // "; fell back because ..." of Compile, or ""
 	// aliasSafe: every candidate handles overlapping bindings.
 	aliasSafe bool
-	// bound is what ranks the measured candidates (Options.AutoBound).
+	// bound is what ranks the measured candidates (AutoOptions.Bound).
 	bound Bound
 
 	// What the steps did, without the probe steps (Counters): acc holds
@@ -147,28 +147,28 @@ func (a *autoProbe) setLastRan(n Name) {
 // the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
 	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
-		bound: spec.Options.AutoBound}
+		bound: spec.Options.Auto.Bound}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
 		}
 	}()
-	steps := spec.Options.AutoProbeSteps
+	steps := spec.Options.Auto.ProbeSteps
 	for _, pr := range built {
 		pr.warm = WarmUpOf(pr.st)
 		pr.samples = make([]probeSample, steps)
 		for i := range pr.samples {
 			for _, ev := range []*gpu.Event{&pr.samples[i].start, &pr.samples[i].end} {
-				if *ev, err = a.b.EventCreate(spec.Device, gpu.EventDefault); err != nil {
+				if *ev, err = a.b.EventCreate(spec.Ordinal, gpu.EventDefault); err != nil {
 					return nil, fmt.Errorf("probe events: %w", err)
 				}
 			}
 		}
 	}
-	if a.mark, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.mark, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe marker event: %w", err)
 	}
-	if a.fence, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.fence, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe fence event: %w", err)
 	}
 	a.info.choice = ch
@@ -190,7 +190,7 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 // from the first step.
 func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
 	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack,
-		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.AutoBound}
+		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.Auto.Bound}
 	ch.Strategy = pr.strategy
 	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
 	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
