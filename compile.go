@@ -121,6 +121,10 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 	for i := range cmds {
 		coll = coll || cmds[i].coll != nil
 	}
+	var agree replay.Agreement
+	if a := newAgreement(e.b, e.dev, cmds); a != nil && e.opts.Strategy == StrategyAuto {
+		agree = a // auto decides with the other ranks (replay/collective.go)
+	}
 	return replay.Spec{
 		Program:     e.name,
 		Backend:     e.b,
@@ -133,6 +137,7 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 		Wait:        e.opts.SlotWait,
 		Options:     e.opts.StrategyOptions,
 		Collectives: coll,
+		Agree:       agree,
 		Kernels:     e.kernel,
 		Logger:      e.log,
 	}

@@ -26,8 +26,13 @@ type AutoOptions struct {
 	// and closes the others, releasing their memory. The probe steps count
 	// in no counter but ProbeSteps. Default 3, at most MaxAutoProbeSteps;
 	// negative: no probing, the model alone decides at New. Probing is
-	// also skipped with zero-copy outputs and for programs holding
-	// collectives (Choice.Reason says so).
+	// also skipped with zero-copy outputs (Choice.Reason says so). For a
+	// step holding collectives the ranks decide together: the first step
+	// agrees on the candidates every rank built, and the step after the
+	// probes on each candidate's slowest-rank times, read one step later,
+	// so that every rank keeps the same strategy (Choice.Agreed;
+	// collective.go). Every rank must compile the program with the same
+	// options.
 	ProbeSteps int
 	// Bound is what bounds a step, by which auto ranks the candidates it
 	// measured: BoundLatency (host + GPU time, each step awaited before
@@ -65,8 +70,10 @@ func (o AutoOptions) withDefaults() (AutoOptions, error) {
 // or lacks a capability), and the first steps run each in turn, timing
 // them (probe.go). Auto keeps the fastest and releases the others; all
 // compute the same bits over the same states, so the switches are
-// invisible. Without probing (AutoOptions.ProbeSteps < 0, zero-copy
-// outputs, collectives) the model decides, and only its choice is built.
+// invisible. On a step with collectives the ranks agree on the candidates
+// and on the choice (collective.go). Without probing
+// (AutoOptions.ProbeSteps < 0, zero-copy outputs, collectives without an
+// Agreement) the model decides, and only its choice is built.
 // Its Choice says what it chose and why, with the measured and modelled
 // figures. Its options are AutoOptions (Options.Auto).
 //
@@ -79,7 +86,10 @@ func (o AutoOptions) withDefaults() (AutoOptions, error) {
 // host time, never by GPU time alone: a candidate whose host time exceeds
 // its GPU time is bound by its host time (a patch moving a long chain's
 // every node has slightly less GPU time than stable and several times its
-// host time, and loses). testdata/probe_picks.txt holds the cases.
+// host time, and loses). testdata/probe_picks.txt holds the cases. On a
+// step with collectives the ranks decide together, each candidate ranked
+// by the slowest rank's times (collective.go), so that every rank runs the
+// same strategy.
 //
 // # What it counts
 //
@@ -168,7 +178,9 @@ func newAuto(spec Spec) (Strategy, error) {
 	if len(fallbacks) > 0 {
 		fellBack = "; fell back because " + strings.Join(fallbacks, ", ")
 	}
-	if skip == "" && len(built) == 1 {
+	if skip == "" && len(built) == 1 && !agreesOn(spec) {
+		// (With collectives the ranks still agree: another rank may have
+		// built more, and runs the agreement's collectives.)
 		skip = "no other candidate could be built"
 	}
 	if skip != "" {
@@ -191,10 +203,11 @@ func probeSkipped(spec Spec) string {
 		// Only pool leases its outputs: the candidates would not agree on
 		// whether the caller must bind them.
 		return "zero-copy outputs (only pool leases its outputs)"
-	case spec.Collectives:
+	case spec.Collectives && spec.Agree == nil:
 		// A rank's step waits for its peers: its probe would measure
-		// them, and the ranks would each decide from noise.
-		return "the program holds collectives, whose step time is set by the peers"
+		// them, and the ranks, each deciding alone, could choose apart.
+		// With an Agreement they decide together (collective.go).
+		return "the program holds collectives, whose step time is set by the peers, and no agreement over the ranks"
 	}
 	return ""
 }

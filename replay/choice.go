@@ -23,6 +23,11 @@ type Choice struct {
 	// enqueued until their times can be read. It turns false when auto
 	// decides.
 	Probing bool
+	// Agreed is true once the ranks of the step's communicators chose
+	// together (a step with collectives; collective.go): every rank ranked
+	// the same numbers, each candidate's slowest rank's times, so every
+	// rank runs the same strategy.
+	Agreed bool
 }
 
 // Candidate is one strategy auto weighed. The root package's Candidate is

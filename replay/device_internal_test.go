@@ -170,7 +170,7 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	first := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256)}
 	st := deviceOnChain(t, b, k, s, first, tables)
 	if st.rig.inline == tables {
-		t.Fatalf("inline patcher %v with DeviceTables %v", st.rig.inline, tables)
+		t.Fatalf("inline patcher %v with DeviceOptions.Tables %v", st.rig.inline, tables)
 	}
 	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl

@@ -268,7 +268,7 @@ func simOps() []string {
 // executable's own step event, one exec update of the step's first node
 // (hostLead: all three start with a command that reads x) and, when the
 // moves go in the inline patcher's parameters (at most 16 buffers move, as
-// in all three, unless DeviceTables), one of the patcher node; no other
+// in all three, unless DeviceOptions.Tables), one of the patcher node; no other
 // driver call.
 func TestDeviceOneLaunchPerStep(t *testing.T) {
 	for _, tc := range []struct {

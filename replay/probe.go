@@ -68,6 +68,9 @@ type probe struct {
 	hostUS  float64
 	n       int // samples measured
 	closed  bool
+	// skip: not probed, since another rank could not build it (a
+	// collective decision; collective.go).
+	skip bool
 }
 
 // probeSample is one measured step.
@@ -84,6 +87,7 @@ type probeSample struct {
 // executable's, then info).
 type autoProbe struct {
 	b      gpu.Backend
+	dev    int
 	log    *slog.Logger
 	probes []*probe // built, in the model's order
 	model  *probe   // the model's choice: runs while the probes' times are pending
@@ -106,6 +110,10 @@ type autoProbe struct {
 	aliasSafe bool
 	// bound is what ranks the measured candidates (AutoOptions.Bound).
 	bound Bound
+
+	// coll is the collective decision's state (collective.go); nil when
+	// the rank decides alone.
+	coll *agreeing
 
 	// What the steps did, without the probe steps (Counters): acc holds
 	// the steps the model's choice ran while the decision was pending,
@@ -146,8 +154,11 @@ func (a *autoProbe) setLastRan(n Name) {
 // candidates, in the model's order). On error it has released the events;
 // the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
+	a := &autoProbe{b: spec.Backend, dev: spec.Ordinal, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
 		bound: spec.Options.Auto.Bound}
+	if agreesOn(spec) {
+		a.coll = newAgreeing(spec.Agree)
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
@@ -180,8 +191,12 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 		plan = append(plan, fmt.Sprintf("%s (%d+%d steps)", pr.strategy, pr.warm, steps))
 	}
 	a.info.live = slices.Clone(built)
-	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured) before choosing; until then the cheapest modelled step: %s%s",
-		strings.Join(plan, ", "), othersAfter(a.info.choice.Candidates), fellBack)
+	together := ""
+	if a.coll != nil {
+		together = " with the other ranks (the step holds collectives: the candidates and then the choice are agreed over the ranks)"
+	}
+	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured) before choosing%s; until then the cheapest modelled step: %s%s",
+		strings.Join(plan, ", "), together, othersAfter(a.info.choice.Candidates), fellBack)
 	a.log.Debug("auto: probing", "candidates", plan)
 	return a, nil
 }
@@ -288,6 +303,8 @@ func (a *autoProbe) current() *probe {
 func (a *autoProbe) Acquire() func(context.Context) error {
 	switch {
 	case a.deferred != nil:
+	case a.coll != nil && a.final == nil:
+		a.deferred = a.collectiveAcquire()
 	case a.final == nil && a.marked:
 		a.deferred = a.tryDecide()
 	case a.fenced && len(a.losers) > 0:
@@ -312,20 +329,13 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 		a.setLastRan(a.final.strategy)
 		return a.final.st.Run(ctx, s, addrs)
 	}
+	if a.coll != nil {
+		if res, err, ok := a.collectiveRun(s, func() (Result, error) { return a.runModel(ctx, s, addrs) }); ok {
+			return res, err
+		}
+	}
 	if a.cur >= len(a.probes) {
-		a.setLastRan(a.model.strategy)
-		before := a.model.st.Counters()
-		if a.modelFalls.ByReason == nil && before.UpdateFallbacks > 0 {
-			a.modelFalls = FallbacksOf(a.model.st) // taken in its probe steps
-		}
-		res, err := a.model.st.Run(ctx, s, addrs)
-		d := a.model.st.Counters().Sub(before)
-		a.acc.add(d)
-		if d.UpdateFallbacks > 0 {
-			f := FallbacksOf(a.model.st)
-			a.accFalls.merge(f.since(a.modelFalls))
-			a.modelFalls = f
-		}
+		res, err := a.runModel(ctx, s, addrs)
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
@@ -371,10 +381,32 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 	return res, err
 }
 
-// nextProbe ends the current probe and moves to the next; after the last,
-// it records the marker on s.
+// runModel runs the model's choice while the decision is pending; its
+// work counts.
+func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	a.setLastRan(a.model.strategy)
+	before := a.model.st.Counters()
+	if a.modelFalls.ByReason == nil && before.UpdateFallbacks > 0 {
+		a.modelFalls = FallbacksOf(a.model.st) // taken in its probe steps
+	}
+	res, err := a.model.st.Run(ctx, s, addrs)
+	d := a.model.st.Counters().Sub(before)
+	a.acc.add(d)
+	if d.UpdateFallbacks > 0 {
+		f := FallbacksOf(a.model.st)
+		a.accFalls.merge(f.since(a.modelFalls))
+		a.modelFalls = f
+	}
+	return res, err
+}
+
+// nextProbe ends the current probe and moves to the next (past those
+// skipped); after the last, it records the marker on s.
 func (a *autoProbe) nextProbe(s gpu.Stream) error {
 	a.cur++
+	for a.cur < len(a.probes) && a.probes[a.cur].skip {
+		a.cur++
+	}
 	a.ran = 0
 	if a.cur < len(a.probes) {
 		return nil
@@ -413,6 +445,26 @@ func (a *autoProbe) tryDecide() error {
 	if !done {
 		return nil
 	}
+	errs := a.readProbes()
+	ms := make([]probeResult, len(a.probes))
+	for i, pr := range a.probes {
+		ms[i] = probeResult{gpuUS: pr.gpuUS, hostUS: pr.hostUS, n: pr.n}
+	}
+	best := pickProbed(ms, a.bound)
+	if best < 0 {
+		a.keep(a.model, fmt.Sprintf("no probe step was measured; the model's choice: %s%s",
+			othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
+	} else {
+		kept := a.probes[best]
+		a.keep(kept, fmt.Sprintf("fastest measured step by %s: %s%s",
+			a.bound.says(), othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
+	}
+	return errors.Join(errs...)
+}
+
+// readProbes reads every probe's events (the device has passed them) into
+// its medians, and returns the errors met.
+func (a *autoProbe) readProbes() []error {
 	var errs []error
 	for _, pr := range a.probes {
 		var gpuUS, hostUS []float64
@@ -430,22 +482,16 @@ func (a *autoProbe) tryDecide() error {
 			hostUS = append(hostUS, float64(smp.host.Nanoseconds())/1e3)
 		}
 		pr.n, pr.gpuUS, pr.hostUS = len(gpuUS), median(gpuUS), median(hostUS)
+		if probeTimesHook != nil && pr.n > 0 {
+			pr.gpuUS, pr.hostUS = probeTimesHook(a.dev, pr.strategy, pr.gpuUS, pr.hostUS)
+		}
 	}
-	ms := make([]probeResult, len(a.probes))
-	for i, pr := range a.probes {
-		ms[i] = probeResult{gpuUS: pr.gpuUS, hostUS: pr.hostUS, n: pr.n}
-	}
-	best := pickProbed(ms, a.bound)
-	if best < 0 {
-		a.keep(a.model, fmt.Sprintf("no probe step was measured; the model's choice: %s%s",
-			othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
-	} else {
-		kept := a.probes[best]
-		a.keep(kept, fmt.Sprintf("fastest measured step by %s: %s%s",
-			a.bound.says(), othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
-	}
-	return errors.Join(errs...)
+	return errs
 }
+
+// probeTimesHook, set by tests only (export_test.go), replaces the
+// medians a probe measured on device dev: ranks that measure differently.
+var probeTimesHook func(dev int, strategy Name, gpuUS, hostUS float64) (float64, float64)
 
 // keep makes pr the candidate that runs from now on, the others to be
 // closed once idle, and publishes the choice (first: the candidate listed
@@ -591,6 +637,9 @@ func (a *autoProbe) Close() error {
 		}
 	}
 	errs = append(errs, a.destroyEvents())
+	if a.coll != nil {
+		errs = append(errs, a.coll.agree.Close())
+	}
 	return errors.Join(errs...)
 }
 
