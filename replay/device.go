@@ -240,7 +240,7 @@ func (st *device) AliasSafe() bool { return true }
 // patcher of the launch deviceTables before it.
 func (st *device) Acquire() func(context.Context) error {
 	r := st.rig
-	if r == nil || r.inline || r.none || r.launches < deviceTables {
+	if r == nil || r.mode != patcherTables || r.launches < deviceTables {
 		return nil
 	}
 	need := r.launches - deviceTables + 1
@@ -268,7 +268,7 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		// Nothing ran. The table must not move anything at the next
 		// launch, which takes this one's number and writes its own (an
 		// inline table is rewritten by the next step: held is unchanged).
-		if !st.rig.inline && !st.rig.none {
+		if st.rig.mode == patcherTables {
 			w := patchtable.NewWriter(st.rig.table(st.rig.launches))
 			w.Seal(math.MaxUint64)
 		}
@@ -352,7 +352,7 @@ func (st *device) stateMoved(addrs []gpu.DevicePtr) bool {
 // pointers it moves.
 func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 	r := st.rig
-	if r.none {
+	if r.mode == patcherNone {
 		return 0, nil
 	}
 	moved := false
@@ -362,7 +362,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 			break
 		}
 	}
-	if r.inline {
+	if r.mode == patcherInline {
 		return st.writeInline(addrs, moved)
 	}
 	k := r.launches
@@ -489,30 +489,30 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause,
 		}
 	}
 	p := gpu.KernelParams{Func: st.patcher, Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}
-	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
+	switch {
+	case len(dr.Slots) == 0:
+		// No patcher, which would cost the step a node's time for
+		// nothing.
+		rig.mode = patcherNone
+	case st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap:
 		// Every step's updates fit the patcher's own parameters.
-		rig.inline = true
+		rig.mode = patcherInline
 		rig.param = make([]byte, patchtable.InlineSize)
 		rig.args = rig.mem.InlineArgs(rig.param)
 		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
-	}
-	switch {
-	case len(dr.Slots) == 0:
-		// Nothing moves on the device (the first command was the only
-		// one to point into bound buffers, or the rest are on the host
-		// path): no patcher, which would cost the step a node's time
-		// for nothing.
-		rig.none = true
 	default:
+		rig.mode = patcherTables
+	}
+	if rig.mode != patcherNone {
 		if rig.node, err = st.du.GraphAddKernelNodeBefore(dr.Graph(), p, dr.Before); err != nil {
-			return fmt.Errorf("device: add the patcher: %w", err)
+			return fmt.Errorf("device: add the %s patcher: %w", rig.mode, err)
 		}
 	}
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
 	if err != nil {
 		return fmt.Errorf("device: %w", err)
 	}
-	if rig.inline && !rig.none {
+	if rig.mode == patcherInline {
 		// The inline patcher's parameters change every step that moves
 		// something: prepared once, only its table rewritten.
 		if rig.set, err = gpu.PrepareKernelNodes(b, x.X, []gpu.GraphNode{rig.node}, []gpu.KernelParams{p}); err != nil {
@@ -590,10 +590,9 @@ type patchRig struct {
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
 
+	mode patcherMode
 	// The inline patcher: its node, table (in its arguments, rewritten
 	// in place each step) and whether that table moves anything.
-	inline   bool
-	none     bool // no patcher: nothing to move on the device
 	node     gpu.GraphNode
 	param    []byte
 	args     []gpu.Arg
@@ -609,6 +608,34 @@ type patchRig struct {
 	host   gpu.HostMem
 	hostOf gpu.StreamMemOps // what allocated host
 	closed bool
+}
+
+// patcherMode is how a graph's patcher gets each step's pointer moves.
+type patcherMode uint8
+
+const (
+	// patcherTables: from the next table of the ring in mapped host
+	// memory, read over the bus (more than kernels.PatchInlineCap buffers
+	// with pointers on the device, DeviceOptions.Tables, or cubins that
+	// predate the inline patcher).
+	patcherTables patcherMode = iota
+	// patcherInline: from the patcher node's own parameters, set with one
+	// exec update of that node per step that moves anything.
+	patcherInline
+	// patcherNone: the graph has no patcher, since nothing moves on the
+	// device (the lead command was the only one to point into bound
+	// buffers, or the rest are on the host path).
+	patcherNone
+)
+
+func (m patcherMode) String() string {
+	switch m {
+	case patcherInline:
+		return "inline"
+	case patcherNone:
+		return "none"
+	}
+	return "tables"
 }
 
 // newPatchRig allocates and fills a patcher's memory for slots (one

@@ -169,8 +169,8 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	}
 	first := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256)}
 	st := deviceOnChain(t, b, k, s, first, tables)
-	if st.rig.inline == tables {
-		t.Fatalf("inline patcher %v with DeviceOptions.Tables %v", st.rig.inline, tables)
+	if want := map[bool]patcherMode{false: patcherInline, true: patcherTables}[tables]; st.rig.mode != want {
+		t.Fatalf("patcher %s with DeviceOptions.Tables %v, want %s", st.rig.mode, tables, want)
 	}
 	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl
