@@ -96,7 +96,8 @@
 // name, class, size and flow (what the step reads before writing, what it
 // writes, whether in full), split by class once (Classes); the
 // executable's alignment, costs and how it polls and bounds its waits for
-// the device; the strategies' options; whether the step holds collectives;
+// the device; the strategies' options; whether the step holds collectives, and
+// how the ranks agree on auto's choice then (Agreement, collective.go);
 // the executable's kernels by name; and a logger. A strategy keeps what it
 // needs and never reaches back into the executable. Buffers are indexed as
 // the address vectors Run receives: params and outputs may move every
@@ -118,8 +119,9 @@
 //   - stable.go, pool.go: persistent copies of the params and outputs
 //     (copies.go holds what the two share, and their CopyOptions).
 //   - remap.go: the caller's memory mapped into fixed ranges.
-//   - auto.go, probe.go, bound.go: the priced strategies measured on the
-//     first steps, the fastest kept.
+//   - auto.go, probe.go, bound.go, collective.go: the priced strategies
+//     measured on the first steps, the fastest kept (agreed over the ranks
+//     on a step with collectives).
 //
 // alias.go finds overlapping bindings (above).
 //
