@@ -49,7 +49,8 @@ type DeviceOptions struct {
 // figures). What is left is the patcher node itself: any extra node costs
 // a launch-bound step GPU time even with nothing to do, wherever it sits,
 // so when nothing is left to move on the device, the graph gets no
-// patcher.
+// patcher. Each graph's patcher is thus in one of three modes
+// (patcherMode): inline or tables, as below, or none.
 //
 // Where the updates go: when at most kernels.PatchInlineCap buffers can
 // move, into the inline patcher's own kernel parameters, set with one exec
