@@ -19,7 +19,7 @@ import (
 //
 // New builds every usable candidate (newAuto). The first steps
 // then run each in turn, in the model's order: a few warm-up steps that
-// record its graphs (probeWarmup), then Options.AutoProbeSteps measured
+// record its graphs (probeWarmup), then AutoOptions.ProbeSteps measured
 // steps, each timed on the host by the clock around the candidate's run and
 // on the device by two events around its work on the step's stream. Every
 // candidate computes the same bits and shares the executable's states,
@@ -108,7 +108,7 @@ type autoProbe struct {
 	fellBack string // "; fell back because ..." of Compile, or ""
 	// aliasSafe: every candidate handles overlapping bindings.
 	aliasSafe bool
-	// bound is what ranks the measured candidates (Options.AutoBound).
+	// bound is what ranks the measured candidates (AutoOptions.Bound).
 	bound Bound
 
 	// coll is the collective decision's state (collective.go); nil when
@@ -123,6 +123,10 @@ type autoProbe struct {
 	acc        Counters
 	base       Counters
 	probeSteps int64
+	// The same for the refusals (Fallbacks): accFalls holds the model's
+	// choice's while the decision was pending (modelFalls: its refusals
+	// already taken), baseFalls final's when it was kept.
+	accFalls, modelFalls, baseFalls Fallbacks
 
 	info struct {
 		sync.Mutex
@@ -150,8 +154,8 @@ func (a *autoProbe) setLastRan(n Name) {
 // candidates, in the model's order). On error it has released the events;
 // the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, dev: spec.Device, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
-		bound: spec.Options.AutoBound}
+	a := &autoProbe{b: spec.Backend, dev: spec.Ordinal, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
+		bound: spec.Options.Auto.Bound}
 	if agreesOn(spec) {
 		a.coll = newAgreeing(spec.Agree)
 	}
@@ -160,22 +164,22 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 			err = errors.Join(err, a.destroyEvents())
 		}
 	}()
-	steps := spec.Options.AutoProbeSteps
+	steps := spec.Options.Auto.ProbeSteps
 	for _, pr := range built {
 		pr.warm = WarmUpOf(pr.st)
 		pr.samples = make([]probeSample, steps)
 		for i := range pr.samples {
 			for _, ev := range []*gpu.Event{&pr.samples[i].start, &pr.samples[i].end} {
-				if *ev, err = a.b.EventCreate(spec.Device, gpu.EventDefault); err != nil {
+				if *ev, err = a.b.EventCreate(spec.Ordinal, gpu.EventDefault); err != nil {
 					return nil, fmt.Errorf("probe events: %w", err)
 				}
 			}
 		}
 	}
-	if a.mark, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.mark, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe marker event: %w", err)
 	}
-	if a.fence, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.fence, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe fence event: %w", err)
 	}
 	a.info.choice = ch
@@ -201,7 +205,7 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 // from the first step.
 func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
 	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack,
-		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.AutoBound}
+		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.Auto.Bound}
 	ch.Strategy = pr.strategy
 	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
 	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
@@ -253,11 +257,12 @@ func allAliasSafe(ps []*probe) bool {
 	return true
 }
 
-// Fallbacks merges the candidates' refused updates, those closed included.
+// Fallbacks are the refused updates of the steps auto ran, but for its
+// probe steps, as Counters counts them: they sum to UpdateFallbacks.
 func (a *autoProbe) Fallbacks() Fallbacks {
-	var f Fallbacks
-	for _, pr := range a.probes {
-		f.merge(FallbacksOf(pr.st))
+	f := a.accFalls.clone()
+	if a.final != nil {
+		f.merge(FallbacksOf(a.final.st).since(a.baseFalls))
 	}
 	return f
 }
@@ -381,8 +386,17 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	a.setLastRan(a.model.strategy)
 	before := a.model.st.Counters()
+	if a.modelFalls.ByReason == nil && before.UpdateFallbacks > 0 {
+		a.modelFalls = FallbacksOf(a.model.st) // taken in its probe steps
+	}
 	res, err := a.model.st.Run(ctx, s, addrs)
-	a.acc.add(a.model.st.Counters().Sub(before))
+	d := a.model.st.Counters().Sub(before)
+	a.acc.add(d)
+	if d.UpdateFallbacks > 0 {
+		f := FallbacksOf(a.model.st)
+		a.accFalls.merge(f.since(a.modelFalls))
+		a.modelFalls = f
+	}
 	return res, err
 }
 
@@ -483,7 +497,7 @@ var probeTimesHook func(dev int, strategy Name, gpuUS, hostUS float64) (float64,
 // closed once idle, and publishes the choice (first: the candidate listed
 // first; nil keeps the model's order).
 func (a *autoProbe) keep(pr *probe, reason string, first *probe) {
-	a.final, a.base = pr, pr.st.Counters()
+	a.final, a.base, a.baseFalls = pr, pr.st.Counters(), FallbacksOf(pr.st)
 	for _, o := range a.probes {
 		if o != pr {
 			a.losers = append(a.losers, o)
