@@ -151,11 +151,14 @@
 // docs/GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
 // support and slot memory) rules out what the device cannot run and orders
 // the rest; Compile builds them (falling back past one that runs out of
-// memory), and the first steps run each in turn, warm-up steps then
-// Options.AutoProbeSteps steps timed by events (GPU time) and the clock
-// (host time). Auto keeps the fastest, by GPU time then host time, and
-// releases the others; all compute the same bits over the same states, so
-// the switches are invisible. Without probing (AutoProbeSteps < 0,
+// memory), and the first steps run each: warm-up steps, then interleaved
+// rounds until each has Options.AutoProbeSteps measured steps, timed as
+// stablegraph bench times a step (the stream held behind a gate while the
+// host enqueues it: host time by the clock, GPU time by events around the
+// device's work alone). Auto keeps the fastest by what bounds the step
+// (Options.AutoBound: latency, host + GPU time, by default), and releases
+// the others; all compute the same bits over the same states, so the
+// switches are invisible. Without probing (AutoProbeSteps < 0,
 // zero-copy outputs, collectives) the model decides. Executable.Choice says
 // what it chose and why, with the measured and modelled figures.
 //

@@ -217,17 +217,24 @@ type Options struct {
 	// candidates over before it keeps one. Compile builds every candidate
 	// the device can run (the model excludes what it cannot, and pool slots
 	// larger than Costs.PoolMemoryFraction of free memory); the first steps
-	// run each in turn, the model's cheapest first: warm-up steps that
-	// record its graphs (patch 2, stable 1, pool one per slot), then
-	// AutoProbeSteps steps timed by events around its work on the step's
-	// stream (GPU time) and by the clock around its enqueueing (host
-	// time). Once the device has passed the last probe step (polled, never
-	// waited for; the model's choice runs meanwhile), auto keeps the
-	// candidate with the lowest median step time under AutoBound, then
-	// under the other bound, then host time (times within 1% or 0.5 µs are
-	// equal; the model breaks ties), and closes the others, releasing their
-	// memory. The probe steps count in no counter of Stats but ProbeSteps.
-	// Default 3; negative: no probing,
+	// run each in turn, the model's cheapest first, for its warm-up steps
+	// that record its graphs (patch 2, device 2, stable 1, pool one per
+	// slot); then rounds visit every candidate in turn, each round starting
+	// one candidate further on, a visit being one step that brings the
+	// candidate back to the caller's addresses and up to two measured
+	// steps, until each has AutoProbeSteps measured steps (replay/probe.go
+	// has the plan). A measured step is timed as stablegraph bench times
+	// one: its stream waits behind a gate while the candidate enqueues it
+	// (host time, by the clock), so that events around its work time the
+	// device's work alone (GPU time). Once the device has passed the last
+	// probe step (polled, never waited for; the model's choice runs
+	// meanwhile), auto keeps the candidate with the lowest median step time
+	// under AutoBound, then under the other bound, then host time (times
+	// within 1% or 0.5 µs are equal; the model breaks ties), and closes the
+	// others, releasing their memory. The probe steps count in no counter
+	// of Stats but ProbeSteps; the graphs the kept candidate recorded while
+	// probing count in Records. Default 6 (with the four candidates of a
+	// device that can run them all, 43 probe steps); negative: no probing,
 	// the model alone decides at Compile. Probing is also skipped with
 	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason
 	// says so).
@@ -247,7 +254,7 @@ const (
 	defaultPoolSlots      = 2
 	defaultSlotWait       = 30 * time.Second
 	defaultCloseWait      = 30 * time.Second
-	defaultAutoProbeSteps = 3
+	defaultAutoProbeSteps = 6
 )
 
 // MaxAutoProbeSteps bounds Options.AutoProbeSteps.

@@ -137,9 +137,15 @@
 // time, never by GPU time alone: a candidate whose host time exceeds its
 // GPU time is bound by its host time (a patch moving a long chain's every
 // node has slightly less GPU time than stable and several times its host
-// time, and loses). Its probe steps count in no counter but ProbeSteps, so
-// that the counters are those of the strategy that runs
-// (testdata/probe_picks.txt holds the cases).
+// time, and loses). It measures them as stablegraph bench measures a step
+// (probe.go): the stream held behind a gate while the candidate enqueues
+// it, so that the host time is the clock's and the GPU time the device's
+// work alone, whether the caller awaits each step or not, in rounds that
+// interleave the candidates, so that a slow phase of the host falls on all
+// of them. Its probe steps count in no counter but ProbeSteps, so that the
+// counters are those of the strategy that runs, with the graphs the one
+// kept recorded while probing, which it runs
+// (testdata/probe_picks.txt holds the ranking's cases).
 //
 // # Adding a strategy
 //

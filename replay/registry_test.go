@@ -14,9 +14,9 @@ import (
 // movement and demands every output of every step, and the final state,
 // equal to eager's bit for bit.
 func TestStrategiesMatchEager(t *testing.T) {
-	// Enough for auto to probe its four candidates (19 steps) and then
+	// Enough for auto to probe its four candidates (43 steps) and then
 	// run the one it kept.
-	const steps = 23
+	const steps = 48
 	for _, move := range steptest.Movements() {
 		t.Run(string(move), func(t *testing.T) {
 			b := simtest.New(t, 1)

@@ -31,6 +31,10 @@ type stubSteps struct {
 const sets = 64
 
 func newStubSteps(tb testing.TB, name string, cfg workload.Config, st sg.Strategy, pat workload.Pattern) *stubSteps {
+	return newStubStepsWith(tb, name, cfg, sg.Options{Strategy: st}, pat)
+}
+
+func newStubStepsWith(tb testing.TB, name string, cfg workload.Config, opts sg.Options, pat workload.Pattern) *stubSteps {
 	tb.Helper()
 	b, calls := cuda.OpenHostStub(tb)
 	ctx := context.Background()
@@ -47,7 +51,7 @@ func newStubSteps(tb testing.TB, name string, cfg workload.Config, st sg.Strateg
 			tb.Error(err)
 		}
 	})
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: st})
+	exe, err := sg.Compile(ctx, b, w.Program, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
