@@ -147,7 +147,7 @@
 // it with an error wrapping gpu.ErrNotSupported on devices without them.
 //
 // StrategyAuto chooses among patch, device, stable and pool per program and device
-// from measured costs. A cost model (Costs, by default the H100 figures of
+// from measured costs. A cost model (Costs, by default the measured figures of
 // docs/GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
 // support and slot memory) rules out what the device cannot run and orders
 // the rest; Compile builds them (falling back past one that runs out of

@@ -128,7 +128,7 @@ const (
 // StrategyRemap (replay.ChunkFinder); a remappable.Allocator is one.
 type ChunkFinder = replay.ChunkFinder
 
-// DefaultCosts returns the H100 costs (see Costs).
+// DefaultCosts returns the measured costs (see Costs).
 func DefaultCosts() Costs { return replay.DefaultCosts() }
 
 // Options configure Compile. The zero value is valid; each field's default
