@@ -132,6 +132,10 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 	for i := range cmds {
 		coll = coll || cmds[i].coll != nil
 	}
+	var agree replay.Agreement
+	if a := newAgreement(e.b, e.dev, cmds); a != nil && e.opts.Strategy == StrategyAuto {
+		agree = a // auto decides with the other ranks (replay/collective.go)
+	}
 	return replay.Spec{
 		Program:     e.name,
 		Backend:     e.b,
@@ -140,6 +144,7 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 		Buffers:     bufs,
 		Options:     e.opts.replayOptions(),
 		Collectives: coll,
+		Agree:       agree,
 		Kernels:     e.kernel,
 		Logger:      e.log,
 	}

@@ -26,22 +26,38 @@ func (quietSim) GraphExecMemcpyNodeSetParams(gpu.GraphExec, gpu.GraphNode, gpu.M
 func (quietSim) GraphExecMemsetNodeSetParams(gpu.GraphExec, gpu.GraphNode, gpu.Memset) error {
 	return nil
 }
-func (quietSim) EventRecord(gpu.Event, gpu.Stream) error { return nil }
+func (quietSim) EventRecord(gpu.Event, gpu.Stream) error        { return nil }
+func (quietSim) GraphExecUpdate(gpu.GraphExec, gpu.Graph) error { return nil }
+func (quietSim) GraphKernelNodeSetParams(gpu.GraphNode, gpu.KernelParams) error {
+	return nil
+}
 
 // TestStepHostAllocatesNothing: once warm, Executable.Run of a step whose
 // params and outputs are at fresh addresses allocates nothing on the host
-// under patch and device (the model's GEMMs flattened and moved through
-// their templates, its copies and memsets, the outputs handed back), on
-// sim, under -race too. TestStubStepAllocatesNothing (package gpu/cuda)
+// under patch, node by node and by whole-graph updates from its host
+// template, and device (the model's GEMMs flattened and moved through their
+// templates, its copies and memsets, the outputs handed back), on sim, under
+// -race too. TestStubStepAllocatesNothing (package gpu/cuda)
 // checks the same through the CUDA backend's code.
 func TestStepHostAllocatesNothing(t *testing.T) {
-	for _, st := range []stablegraph.Strategy{stablegraph.StrategyPatch, stablegraph.StrategyDevice} {
-		t.Run(string(st), func(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		st    stablegraph.Strategy
+		costs stablegraph.Costs
+		whole bool
+	}{
+		// Costs that price each of patch's two ways below the other.
+		{"patch", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 0.01}, false},
+		{"patch-whole", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 100}, true},
+		{"device", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
+	} {
+		st := c.st
+		t.Run(c.name, func(t *testing.T) {
 			b := quietSim{simtest.New(t, 1)}
 			s := simtest.Stream(t, b, 0)
 			w := steptest.NewMLP(4, 32, 3, 100, 6)
 			ad := steptest.NewMLPAddresser(t, b, w, steptest.Random)
-			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: st})
+			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: st, Costs: c.costs})
 			w.InitStates(t, exe)
 			var binds []stablegraph.Bindings
 			for i := range 32 {
@@ -63,9 +79,10 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 			if n := testing.AllocsPerRun(64, step); n != 0 {
 				t.Errorf("%v allocations per step", n)
 			}
+			whole := c.whole
 			if c := exe.Stats().Counters; c.Rerecords != 0 || (st == stablegraph.StrategyPatch && c.PatchedNodes == 0) ||
-				(st == stablegraph.StrategyDevice && c.DeviceUpdates == 0) {
-				t.Errorf("the steps did not move as %s moves: %+v", st, c)
+				(st == stablegraph.StrategyDevice && c.DeviceUpdates == 0) || (c.GraphUpdates > 0) != whole {
+				t.Errorf("the steps did not move as %s moves (whole-graph updates: %v): %+v", st, whole, c)
 			}
 		})
 	}

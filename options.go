@@ -236,8 +236,12 @@ type Options struct {
 	// probing count in Records. Default 6 (with the four candidates of a
 	// device that can run them all, 43 probe steps); negative: no probing,
 	// the model alone decides at Compile. Probing is also skipped with
-	// ZeroCopyOutputs and for programs holding collectives (Choice.Reason
-	// says so).
+	// ZeroCopyOutputs (Choice.Reason says so). For a program holding
+	// collectives the ranks decide together: the first step agrees on the
+	// candidates every rank built, and the step after the probes on each
+	// candidate's slowest-rank times, read one step later, so that every
+	// rank keeps the same strategy (Choice.Agreed; replay/collective.go).
+	// Every rank must compile the program with the same options.
 	AutoProbeSteps int
 	// Remappable is where StrategyRemap finds the physical memory behind
 	// the params and outputs the caller binds: the remappable.Allocator

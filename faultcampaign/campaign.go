@@ -24,8 +24,9 @@
 // a trial is run with InjectFault(op, n) armed during that phase only.
 // Allocation entry points fail with gpu.ErrOutOfMemory as well, so that
 // StrategyAuto's fallbacks are exercised. Config.PerSite bounds the call
-// indices tried per (phase, op), spread over the range, so that CI runs a
-// reduced campaign; zero tries every index.
+// indices tried per (phase, op), spread over the range, and Config.Every
+// tries one site in Every of each cell, rotating from cell to cell, so that
+// CI runs a reduced campaign; with both zero, every site is tried.
 //
 // # What is checked after each fault
 //
@@ -62,6 +63,7 @@
 //
 //	go test -run TestFaultCampaign -v ./faultcampaign                        # reduced (CI), summary table in the log
 //	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full   # every call index, random and pingpong buffers
+//	go test -race -run TestFaultCampaign -v ./faultcampaign -args -campaign.offset 1  # CI's race sample, the next third of its sites
 //	go test -run TestFaultCampaignRemap -v ./faultcampaign                   # remap: every call index (CI too)
 //	go test -run TestCollectiveFaults -v ./faultcampaign                     # collectives, two ranks
 //	go test -run '^$' -fuzz FuzzCompile -fuzztime 5m .                       # random programs through Compile and one step
@@ -70,7 +72,9 @@
 //	go run ./cmd/stablegraph soak --duration 1h --json soak.json            # the soak (package soak)
 //
 // go test -race ./... runs all of them in reduced form: the campaign over
-// fewer workloads, the collective sweep over three strategies, the fuzz
+// fewer workloads and a third of their first call indices (Config.Every
+// 3; -campaign.offset 1 and 2 try the other thirds, -campaign.every 1 all
+// of them), the collective sweep over three strategies, the fuzz
 // targets' seed corpora, a short soak per workload, the concurrency test of
 // the root package.
 package faultcampaign
@@ -134,6 +138,16 @@ type Config struct {
 	// last and evenly spread ones between. Zero tries every index (the full
 	// campaign).
 	PerSite int
+	// Every, above 1, samples the sites further: each cell tries every
+	// Every-th of its sites (in the clean trial's order: phase by phase,
+	// entry points by name, call indices rising), starting at the
+	// cell's rotation, (Offset + the cell's index in the run) mod Every, so
+	// that neighbouring cells try different sites. The Every runs with
+	// Offset 0, 1, ..., Every-1 together try every site PerSite picks.
+	// Zero or one: no sampling.
+	Every int
+	// Offset shifts the rotation of Every (see there).
+	Offset int
 	// Open opens a fresh backend for one trial. It must implement
 	// gpu.FaultInjector and gpu.HandleCounter. Default: a one-device sim
 	// of 1 GiB.
@@ -258,7 +272,7 @@ type Cell struct {
 	Pattern  workload.Pattern
 	Variant  string
 	// Sites is the number of (phase, op, n) sites the clean trial has;
-	// Tried the number tried (PerSite may sample).
+	// Tried the number tried (PerSite and Every may sample).
 	Sites, Tried int
 	// Counts by outcome.
 	Counts [Failed + 1]int
@@ -496,7 +510,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				cell, err := sweep(ctx, &cfg, w, pat, v, ops, ref)
+				cell, err := sweep(ctx, &cfg, w, pat, v, ops, ref, len(rep.Cells))
 				if err != nil {
 					return nil, err
 				}
@@ -523,8 +537,9 @@ func settleGoroutines(want int) int {
 	return n
 }
 
-// sweep runs the clean trial of (w, pat, v) and then a trial per site.
-func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.Pattern, v Variant, ops []string, ref *trial) (Cell, error) {
+// sweep runs the clean trial of (w, pat, v), the index-th cell of the run,
+// and then a trial per site (per sampled site, with Config.Every).
+func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.Pattern, v Variant, ops []string, ref *trial, index int) (Cell, error) {
 	start := time.Now()
 	cell := Cell{Workload: w.Name, Pattern: pat, Variant: v.Name, Fired: map[string]int{}}
 	clean := &trial{cfg: cfg, w: w, pattern: pat, v: v, ops: ops, ref: ref, count: map[string]map[string]int{}}
@@ -532,7 +547,7 @@ func sweep(ctx context.Context, cfg *Config, w *workload.Workload, pat workload.
 	if len(clean.problems) > 0 {
 		return cell, fmt.Errorf("faultcampaign: %s (%s buffers) with %s: clean trial: %s", w.Name, pat, v.Name, strings.Join(clean.problems, "; "))
 	}
-	sites := clean.sites(cfg.PerSite)
+	sites := sample(clean.sites(cfg.PerSite), cfg.Every, cfg.Offset+index)
 	for _, n := range clean.count {
 		for _, c := range n {
 			cell.Sites += c
@@ -579,6 +594,19 @@ func pick(n, k int) []int {
 		if len(out) == 0 || out[len(out)-1] != v {
 			out = append(out, v)
 		}
+	}
+	return out
+}
+
+// sample returns every every-th of sites starting at rotation mod every;
+// all of them when every <= 1.
+func sample(sites []Site, every, rotation int) []Site {
+	if every <= 1 {
+		return sites
+	}
+	var out []Site
+	for i := ((rotation % every) + every) % every; i < len(sites); i += every {
+		out = append(out, sites[i])
 	}
 	return out
 }

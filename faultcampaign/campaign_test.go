@@ -14,32 +14,44 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
-var full = flag.Bool("campaign.full", false, "sweep every call index of every site (the full campaign; minutes)")
+var (
+	full   = flag.Bool("campaign.full", false, "sweep every call index of every site (the full campaign; minutes)")
+	every  = flag.Int("campaign.every", 0, "try one site in `k` of each cell (default 3 under the race detector, else 1: all)")
+	offset = flag.Int("campaign.offset", 0, "rotate -campaign.every's sample by `n`: the runs with 0 to k-1 try every site")
+)
 
 // TestFaultCampaign runs the fault campaign: every strategy and workload,
 // each driver entry point the trial reaches failed in turn (see the package
 // doc), and logs the summary table. By default it tries at most two call
 // indices per (phase, entry point), the first and the last, over random
 // buffer movement; under the race detector (CI: go test -race ./...) one
-// index, over the mlp, train and chain-moving workloads; with -short one. The
-// full campaign, every index of every site over random and pingpong
-// buffers, takes seconds without the race detector:
+// index, over the mlp, train and chain-moving workloads, and of those sites
+// one in three (Config.Every), a different third in neighbouring cells;
+// with -short one index. The full campaign, every index of every site over
+// random and pingpong buffers, takes seconds without the race detector:
 //
 //	go test -run TestFaultCampaign -v ./faultcampaign
 //	go test -run TestFaultCampaign -v ./faultcampaign -args -campaign.full
+//	go test -race -run TestFaultCampaign -v ./faultcampaign -args -campaign.offset 1   # the next third
 func TestFaultCampaign(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	cfg := faultcampaign.Config{PerSite: 2}
+	cfg := faultcampaign.Config{PerSite: 2, Every: *every, Offset: *offset}
 	switch {
 	case *full:
-		cfg.PerSite = 0
+		cfg.PerSite, cfg.Every = 0, 1
 		cfg.Patterns = []workload.Pattern{workload.Random, workload.PingPong}
 	case raceEnabled:
 		cfg.Workloads = []string{"mlp", "train", "chain-moving"}
 		cfg.PerSite = 1
+		if cfg.Every == 0 {
+			cfg.Every = 3
+		}
 	}
 	if testing.Short() && !*full {
 		cfg.PerSite = 1
+	}
+	if cfg.Every > 1 {
+		t.Logf("one site in %d of each cell, rotation offset %d (-campaign.every, -campaign.offset)", cfg.Every, cfg.Offset)
 	}
 	cfg.Progress = func(c faultcampaign.Cell) {
 		t.Logf("%-13s %-9s %-21s sites %4d tried %4d injected %4d failed %d (%v)", c.Workload, c.Pattern, c.Variant,

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/f32mem"
 )
 
 // The transformer-decode kernels: what a GPT-2 step needs besides its GEMMs
@@ -226,6 +227,9 @@ func refEmbed(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		return err
 	}
 	y := make([]float32, rows*d)
+	te, pe := f32mem.Get(d), f32mem.Get(d)
+	defer te.Put()
+	defer pe.Put()
 	for r := range rows {
 		if pos[r] == InactiveRow {
 			continue // zeros
@@ -236,19 +240,18 @@ func refEmbed(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if pos[r] < 0 || int(pos[r]) >= npos {
 			return fmt.Errorf("kernel %s: row %d: position %d outside [0, %d): %w", Embed, r, pos[r], npos, gpu.ErrInvalidValue)
 		}
-		te, err := gpu.ReadF32(mem, a[1].AsPtr().Add(uint64(toks[r])*uint64(4*d)), d)
-		if err != nil {
+		if err := f32mem.ReadInto(mem, a[1].AsPtr().Add(uint64(toks[r])*uint64(4*d)), te.V); err != nil {
 			return err
 		}
-		pe, err := gpu.ReadF32(mem, a[2].AsPtr().Add(uint64(pos[r])*uint64(4*d)), d)
-		if err != nil {
+		if err := f32mem.ReadInto(mem, a[2].AsPtr().Add(uint64(pos[r])*uint64(4*d)), pe.V); err != nil {
 			return err
 		}
-		for c := range d {
-			y[r*d+c] = te[c] + pe[c]
+		yr := y[r*d : (r+1)*d]
+		for c, v := range te.V {
+			yr[c] = v + pe.V[c]
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), y)
+	return f32mem.Write(mem, a[0].AsPtr(), y)
 }
 
 // checkRowBlocks checks a launch of one block per row (or per row and
@@ -277,18 +280,24 @@ func refLayerNorm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := checkRowBlocks(LayerNorm, cfg, rows, 1); err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+	xBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	g, err := gpu.ReadF32(mem, a[2].AsPtr(), cols)
+	defer xBuf.Put()
+	x := xBuf.V
+	gBuf, err := f32mem.Read(mem, a[2].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
-	b, err := gpu.ReadF32(mem, a[3].AsPtr(), cols)
+	defer gBuf.Put()
+	g := gBuf.V
+	bBuf, err := f32mem.Read(mem, a[3].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
+	defer bBuf.Put()
+	b := bBuf.V
 	y := make([]float32, rows*cols)
 	for r := range rows {
 		row := x[r*cols : (r+1)*cols]
@@ -306,7 +315,7 @@ func refLayerNorm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 			y[r*cols+c] = float32((float64(e)-mean)*rstd*float64(g[c]) + float64(b[c]))
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), y)
+	return f32mem.Write(mem, a[0].AsPtr(), y)
 }
 
 // refBiasResidual is x += a + bias, summed as x + (a + bias) in float32,
@@ -319,22 +328,28 @@ func refBiasResidual(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, rows*cols, BiasResidual); err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[0].AsPtr(), rows*cols)
+	xBuf, err := f32mem.Read(mem, a[0].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	av, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+	defer xBuf.Put()
+	x := xBuf.V
+	avBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
-	bv, err := gpu.ReadF32(mem, a[2].AsPtr(), cols)
+	defer avBuf.Put()
+	av := avBuf.V
+	bvBuf, err := f32mem.Read(mem, a[2].AsPtr(), cols)
 	if err != nil {
 		return err
 	}
+	defer bvBuf.Put()
+	bv := bvBuf.V
 	for i := range x {
 		x[i] += av[i] + bv[i%cols]
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), x)
+	return f32mem.Write(mem, a[0].AsPtr(), x)
 }
 
 // seqCaches returns the first nseq cache pointers of a launch whose cache
@@ -387,14 +402,18 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, nseq*d, KVAppend); err != nil {
 		return err
 	}
-	qkv, err := gpu.ReadF32(mem, a[1].AsPtr(), nseq*3*d)
+	qkvBuf, err := f32mem.Read(mem, a[1].AsPtr(), nseq*3*d)
 	if err != nil {
 		return err
 	}
-	bias, err := gpu.ReadF32(mem, a[2].AsPtr(), 3*d)
+	defer qkvBuf.Put()
+	qkv := qkvBuf.V
+	biasBuf, err := f32mem.Read(mem, a[2].AsPtr(), 3*d)
 	if err != nil {
 		return err
 	}
+	defer biasBuf.Put()
+	bias := biasBuf.V
 	pos, err := readI32(mem, a[3].AsPtr(), nseq)
 	if err != nil {
 		return err
@@ -414,11 +433,11 @@ func refKVAppend(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		if pos[i] == InactiveRow {
 			continue
 		}
-		if err := gpu.WriteF32(mem, caches[i].Add(4*(uint64(pos[i])*uint64(stride)+uint64(off))), kv); err != nil {
+		if err := f32mem.Write(mem, caches[i].Add(4*(uint64(pos[i])*uint64(stride)+uint64(off))), kv); err != nil {
 			return err
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), q)
+	return f32mem.Write(mem, a[0].AsPtr(), q)
 }
 
 // refDecodeAttention computes scores, softmax and the weighted sum in
@@ -448,10 +467,12 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	case cfg.SharedMem < want:
 		return fmt.Errorf("kernel %s: %d bytes of shared memory, the kernel needs %d for %d positions: %w", DecodeAttention, cfg.SharedMem, want, npos, gpu.ErrInvalidValue)
 	}
-	q, err := gpu.ReadF32(mem, a[1].AsPtr(), nseq*d)
+	qBuf, err := f32mem.Read(mem, a[1].AsPtr(), nseq*d)
 	if err != nil {
 		return err
 	}
+	defer qBuf.Put()
+	q := qBuf.V
 	pos, err := readI32(mem, a[2].AsPtr(), nseq)
 	if err != nil {
 		return err
@@ -462,27 +483,29 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 	out := make([]float32, nseq*d)
 	s := make([]float64, npos)
 	acc := make([]float64, hd)
-	keys, vals := make([]float32, 0, npos*d), make([]float32, 0, npos*d)
+	// Each position's keys and values of the layer lie side by side
+	// (2·d floats); kv holds a sequence's positions, one such row each.
+	kv := f32mem.Get(npos * 2 * d)
+	defer kv.Put()
 	for i := range nseq {
 		if pos[i] == InactiveRow {
 			continue // zeros, and the cache is not read
 		}
 		n := int(pos[i]) + 1
-		keys, vals = keys[:0], vals[:0]
 		for t := range n {
-			kv, err := gpu.ReadF32(mem, caches[i].Add(4*(uint64(t)*uint64(stride)+uint64(off))), 2*d)
-			if err != nil {
+			if err := f32mem.ReadInto(mem, caches[i].Add(4*(uint64(t)*uint64(stride)+uint64(off))), kv.V[t*2*d:(t+1)*2*d]); err != nil {
 				return err
 			}
-			keys, vals = append(keys, kv[:d]...), append(vals, kv[d:]...)
 		}
 		for h := range heads {
 			qh := q[i*d+h*hd : i*d+(h+1)*hd]
 			m := math.Inf(-1)
 			for t := range n {
+				k := kv.V[t*2*d+h*hd : t*2*d+(h+1)*hd]
+				k = k[:len(qh)]
 				var dot float64
 				for j, qv := range qh {
-					dot += float64(qv) * float64(keys[t*d+h*hd+j])
+					dot += float64(qv) * float64(k[j])
 				}
 				s[t] = scale * dot
 				m = max(m, s[t])
@@ -493,9 +516,11 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 				sum += s[t]
 			}
 			clear(acc)
-			for t := range n {
+			for t, st := range s[:n] {
+				v := kv.V[t*2*d+d+h*hd : t*2*d+d+(h+1)*hd]
+				v = v[:len(acc)]
 				for j := range acc {
-					acc[j] += s[t] * float64(vals[t*d+h*hd+j])
+					acc[j] += st * float64(v[j])
 				}
 			}
 			for j, v := range acc {
@@ -503,7 +528,7 @@ func refDecodeAttention(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error
 			}
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), out)
+	return f32mem.Write(mem, a[0].AsPtr(), out)
 }
 
 // refArgmax scans each row in index order, keeping the first maximum.
@@ -519,10 +544,12 @@ func refArgmax(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		// The CUDA kernel halves the block in its reduction.
 		return fmt.Errorf("kernel %s: block of %d threads is not a power of two: %w", Argmax, bx, gpu.ErrInvalidValue)
 	}
-	logits, err := gpu.ReadF32(mem, a[2].AsPtr(), rows*vocab)
+	lb, err := f32mem.Read(mem, a[2].AsPtr(), rows*vocab)
 	if err != nil {
 		return err
 	}
+	defer lb.Put()
+	logits := lb.V
 	next := make([]int32, rows)
 	top := make([]float32, 2*rows)
 	for r := range rows {
@@ -541,7 +568,7 @@ func refArgmax(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := mem.Write(a[0].AsPtr(), i32Bytes(next)); err != nil {
 		return err
 	}
-	return gpu.WriteF32(mem, a[1].AsPtr(), top)
+	return f32mem.Write(mem, a[1].AsPtr(), top)
 }
 
 func i32Bytes(v []int32) []byte {

@@ -40,6 +40,7 @@ import (
 	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/f32mem"
 )
 
 // Kernel names.
@@ -148,7 +149,7 @@ func refFill(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	for i := range v {
 		v[i] = a[1].AsF32()
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), v)
+	return f32mem.Write(mem, a[0].AsPtr(), v)
 }
 
 func refFillU64(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
@@ -170,14 +171,16 @@ func unary(f func(float32) float32) gpu.KernelFunc {
 		if err := need(cfg, n, "unary"); err != nil {
 			return err
 		}
-		x, err := gpu.ReadF32(mem, a[1].AsPtr(), n)
+		xBuf, err := f32mem.Read(mem, a[1].AsPtr(), n)
 		if err != nil {
 			return err
 		}
+		defer xBuf.Put()
+		x := xBuf.V
 		for i := range x {
 			x[i] = f(x[i])
 		}
-		return gpu.WriteF32(mem, a[0].AsPtr(), x)
+		return f32mem.Write(mem, a[0].AsPtr(), x)
 	}
 }
 
@@ -188,18 +191,22 @@ func binary(f func(x, y float32) float32) gpu.KernelFunc {
 		if err := need(cfg, n, "binary"); err != nil {
 			return err
 		}
-		x, err := gpu.ReadF32(mem, a[1].AsPtr(), n)
+		xBuf, err := f32mem.Read(mem, a[1].AsPtr(), n)
 		if err != nil {
 			return err
 		}
-		y, err := gpu.ReadF32(mem, a[2].AsPtr(), n)
+		defer xBuf.Put()
+		x := xBuf.V
+		yBuf, err := f32mem.Read(mem, a[2].AsPtr(), n)
 		if err != nil {
 			return err
 		}
+		defer yBuf.Put()
+		y := yBuf.V
 		for i := range x {
 			x[i] = f(x[i], y[i])
 		}
-		return gpu.WriteF32(mem, a[0].AsPtr(), x)
+		return f32mem.Write(mem, a[0].AsPtr(), x)
 	}
 }
 
@@ -215,15 +222,17 @@ func refAxpb(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, n, Axpb); err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[1].AsPtr(), n)
+	xBuf, err := f32mem.Read(mem, a[1].AsPtr(), n)
 	if err != nil {
 		return err
 	}
+	defer xBuf.Put()
+	x := xBuf.V
 	ca, cb := a[2].AsF32(), a[3].AsF32()
 	for i := range x {
 		x[i] = ca*x[i] + cb
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), x)
+	return f32mem.Write(mem, a[0].AsPtr(), x)
 }
 
 func refAxpy(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
@@ -231,19 +240,23 @@ func refAxpy(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, n, Axpy); err != nil {
 		return err
 	}
-	y, err := gpu.ReadF32(mem, a[0].AsPtr(), n)
+	yBuf, err := f32mem.Read(mem, a[0].AsPtr(), n)
 	if err != nil {
 		return err
 	}
-	x, err := gpu.ReadF32(mem, a[1].AsPtr(), n)
+	defer yBuf.Put()
+	y := yBuf.V
+	xBuf, err := f32mem.Read(mem, a[1].AsPtr(), n)
 	if err != nil {
 		return err
 	}
+	defer xBuf.Put()
+	x := xBuf.V
 	s := a[2].AsF32()
 	for i := range y {
 		y[i] += s * x[i]
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), y)
+	return f32mem.Write(mem, a[0].AsPtr(), y)
 }
 
 // bias builds (y, x, bias, rows, cols): y[r,c] = f(x[r,c] + bias[c]).
@@ -256,18 +269,22 @@ func bias(f func(float32) float32) gpu.KernelFunc {
 		if err := need(cfg, rows*cols, "bias"); err != nil {
 			return err
 		}
-		x, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+		xBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 		if err != nil {
 			return err
 		}
-		b, err := gpu.ReadF32(mem, a[2].AsPtr(), cols)
+		defer xBuf.Put()
+		x := xBuf.V
+		bBuf, err := f32mem.Read(mem, a[2].AsPtr(), cols)
 		if err != nil {
 			return err
 		}
+		defer bBuf.Put()
+		b := bBuf.V
 		for i := range x {
 			x[i] = f(x[i] + b[i%cols])
 		}
-		return gpu.WriteF32(mem, a[0].AsPtr(), x)
+		return f32mem.Write(mem, a[0].AsPtr(), x)
 	}
 }
 
@@ -279,10 +296,12 @@ func refBiasGrad(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if err := need(cfg, cols, BiasGrad); err != nil {
 		return err
 	}
-	dy, err := gpu.ReadF32(mem, a[1].AsPtr(), rows*cols)
+	dyBuf, err := f32mem.Read(mem, a[1].AsPtr(), rows*cols)
 	if err != nil {
 		return err
 	}
+	defer dyBuf.Put()
+	dy := dyBuf.V
 	db := make([]float32, cols)
 	for c := range db {
 		var s float32
@@ -291,7 +310,7 @@ func refBiasGrad(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 		}
 		db[c] = s
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), db)
+	return f32mem.Write(mem, a[0].AsPtr(), db)
 }
 
 func refGemm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
@@ -304,14 +323,18 @@ func refGemm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 	if uint64(cfg.Grid.X)*uint64(cfg.Block.X) < uint64(n) || uint64(cfg.Grid.Y)*uint64(cfg.Block.Y) < uint64(m) {
 		return fmt.Errorf("kernel %s: launch %v×%v does not cover %dx%d: %w", Gemm, cfg.Grid, cfg.Block, m, n, gpu.ErrInvalidValue)
 	}
-	A, err := gpu.ReadF32(mem, a[1].AsPtr(), m*k)
+	ABuf, err := f32mem.Read(mem, a[1].AsPtr(), m*k)
 	if err != nil {
 		return err
 	}
-	B, err := gpu.ReadF32(mem, a[2].AsPtr(), k*n)
+	defer ABuf.Put()
+	A := ABuf.V
+	BBuf, err := f32mem.Read(mem, a[2].AsPtr(), k*n)
 	if err != nil {
 		return err
 	}
+	defer BBuf.Put()
+	B := BBuf.V
 	var C []float32
 	if beta != 0 {
 		if C, err = gpu.ReadF32(mem, a[0].AsPtr(), m*n); err != nil {
@@ -341,5 +364,5 @@ func refGemm(mem gpu.Memory, cfg gpu.LaunchConfig, a []gpu.Arg) error {
 			}
 		}
 	}
-	return gpu.WriteF32(mem, a[0].AsPtr(), C)
+	return f32mem.Write(mem, a[0].AsPtr(), C)
 }

@@ -16,6 +16,11 @@ import (
 // testToken is the job token of the tests' jobs.
 const testToken = "the-job-token-0123456789abcdef"
 
+// loadedTimeout is the rendezvous timeout of tests whose ranks must do
+// something before it passes (arrive, be refused, dial once): room for a
+// loaded machine to schedule them, where the tests wait for it in full.
+const loadedTimeout = 3 * time.Second
+
 // listen returns a loopback listener on a free port.
 func listen(t *testing.T) net.Listener {
 	t.Helper()
@@ -120,15 +125,19 @@ func TestWorldOfOne(t *testing.T) {
 	g.Close()
 }
 
+// TestRankNeverArrives: rank 0 gives up at its deadline naming the rank
+// that never came. The deadline leaves a loaded machine time to start rank
+// 1, which must not be named.
 func TestRankNeverArrives(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	start := time.Now()
-	_, errs := joinAll(t, listen(t), 3, 200*time.Millisecond, func(r int, c *Config) {
+	_, errs := joinAll(t, listen(t), 3, loadedTimeout, func(r int, c *Config) {
 		if r == 2 {
 			c.World = 0 // never starts
 		}
 	})
-	if d := time.Since(start); d > 3*time.Second {
-		t.Fatalf("Join took %v with a 200ms timeout", d)
+	if d := time.Since(start); d > loadedTimeout+30*time.Second {
+		t.Fatalf("Join took %v with a %v timeout", d, loadedTimeout)
 	}
 	if !errors.Is(errs[0], ErrTimeout) || !strings.Contains(errs[0].Error(), "ranks [2]") {
 		t.Fatalf("rank 0: %v, want a timeout naming rank 2", errs[0])
@@ -139,21 +148,26 @@ func TestRankNeverArrives(t *testing.T) {
 	}
 }
 
+// TestRankZeroNeverArrives: a rank whose rank 0 never listens gives up at
+// its deadline, naming the refused connection (its first attempt must come
+// before the deadline, even on a loaded machine).
 func TestRankZeroNeverArrives(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	l := listen(t)
 	addr := l.Addr().String()
 	l.Close() // nobody listens: connections are refused until the deadline
 	start := time.Now()
-	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: testToken, Timeout: 200 * time.Millisecond})
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 2, Token: testToken, Timeout: loadedTimeout})
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "could not join rank 0") || !strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("got %v", err)
 	}
-	if d := time.Since(start); d > 3*time.Second {
+	if d := time.Since(start); d > loadedTimeout+30*time.Second {
 		t.Fatalf("Join took %v", d)
 	}
 }
 
 func TestRejections(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	for _, tc := range []struct {
 		name string
 		edit func(c *Config)
@@ -163,7 +177,8 @@ func TestRejections(t *testing.T) {
 		{"world", func(c *Config) { c.World = 5 }, "says the world has 5 ranks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, errs := joinAll(t, listen(t), 3, 300*time.Millisecond, func(r int, c *Config) {
+			t.Parallel()
+			_, errs := joinAll(t, listen(t), 3, loadedTimeout, func(r int, c *Config) {
 				if r == 2 {
 					tc.edit(c)
 					c.Rank = 2
@@ -183,6 +198,7 @@ func TestRejections(t *testing.T) {
 // holds is refused ("already arrived") until its deadline; once the holder's
 // connection ends, the rank is free again and the group forms.
 func TestDuplicateRank(t *testing.T) {
+	t.Parallel() // waits out a deadline
 	l := listen(t)
 	addr := l.Addr().String()
 	root := make(chan error, 1)
@@ -200,7 +216,7 @@ func TestDuplicateRank(t *testing.T) {
 	if f, err := advAnswer(c, 5*time.Second); err != nil || f.typ != frameWelcome {
 		t.Fatalf("rank 0 answered %s, %v; want welcome", frameName(f.typ), err)
 	}
-	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: 500 * time.Millisecond})
+	_, err := Join(context.Background(), Config{Addr: addr, Rank: 1, World: 3, Token: testToken, Timeout: loadedTimeout})
 	if !errors.Is(err, ErrTimeout) || !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), "rank 1 has already arrived") {
 		t.Fatalf("duplicate rank 1: %v", err)
 	}

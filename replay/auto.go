@@ -30,6 +30,11 @@ type Choice struct {
 	// enqueued until their times can be read. It turns false when auto
 	// decides.
 	Probing bool
+	// Agreed is true once the ranks of the step's communicators chose
+	// together (a step with collectives; collective.go): every rank ranked
+	// the same numbers, each candidate's slowest rank's times, so every
+	// rank runs the same strategy.
+	Agreed bool
 }
 
 // Candidate is one strategy auto weighed. The root package's Candidate is
@@ -75,8 +80,10 @@ func (c Candidate) String() string {
 // or lacks a capability), and the first steps run each in turn, timing
 // them (probe.go). Auto keeps the fastest and releases the others; all
 // compute the same bits over the same states, so the switches are
-// invisible. Without probing (Options.AutoProbeSteps < 0, zero-copy
-// outputs, collectives) the model decides, and only its choice is built.
+// invisible. On a step with collectives the ranks agree on the candidates
+// and on the choice (collective.go). Without probing
+// (Options.AutoProbeSteps < 0, zero-copy outputs, collectives without an
+// Agreement) the model decides, and only its choice is built.
 // Its Choice says what it chose and why, with the measured and modelled
 // figures.
 
@@ -159,7 +166,9 @@ func newAuto(spec Spec) (Strategy, error) {
 	if len(fallbacks) > 0 {
 		fellBack = "; fell back because " + strings.Join(fallbacks, ", ")
 	}
-	if skip == "" && len(built) == 1 {
+	if skip == "" && len(built) == 1 && !agreesOn(spec) {
+		// (With collectives the ranks still agree: another rank may have
+		// built more, and runs the agreement's collectives.)
 		skip = "no other candidate could be built"
 	}
 	if skip != "" {
@@ -182,10 +191,11 @@ func probeSkipped(spec Spec) string {
 		// Only pool leases its outputs: the candidates would not agree on
 		// whether the caller must bind them.
 		return "zero-copy outputs (only pool leases its outputs)"
-	case spec.Collectives:
+	case spec.Collectives && spec.Agree == nil:
 		// A rank's step waits for its peers: its probe would measure
-		// them, and the ranks would each decide from noise.
-		return "the program holds collectives, whose step time is set by the peers"
+		// them, and the ranks, each deciding alone, could choose apart.
+		// With an Agreement they decide together (collective.go).
+		return "the program holds collectives, whose step time is set by the peers, and no agreement over the ranks"
 	}
 	return ""
 }

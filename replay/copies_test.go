@@ -58,8 +58,9 @@ func persistentVariants() []struct {
 // copy nodes.
 func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
 	// Enough for auto to probe its four candidates (43 steps by default)
-	// and then run the one it kept.
-	const steps = 48
+	// and then run the one it kept; for stable and pool, every slot used
+	// once and then a few steady steps.
+	const steps, fewSteps = 48, 7
 	workloads := []struct {
 		name string
 		cfg  workload.Config
@@ -74,10 +75,16 @@ func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
 			for _, pattern := range []workload.Pattern{workload.PingPong, workload.Random} {
 				t.Run(string(pattern), func(t *testing.T) {
 					b := simtest.New(t, 1)
-					want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, false)
+					eager := stablegraph.Options{Strategy: stablegraph.StrategyEager}
+					want := steptest.RunWorkload(t, b, w, eager, pattern, steps, false)
+					wantFew := steptest.RunWorkload(t, b, w, eager, pattern, fewSteps, false)
 					for _, v := range persistentVariants() {
 						t.Run(v.name, func(t *testing.T) {
-							got := steptest.RunWorkload(t, b, w, v.opts, pattern, steps, false)
+							n, want := steps, want
+							if v.opts.Strategy != stablegraph.StrategyAuto {
+								n, want = fewSteps, wantFew
+							}
+							got := steptest.RunWorkload(t, b, w, v.opts, pattern, n, false)
 							steptest.SameResults(t, got, want)
 							checkSteadyState(t, got, v.opts)
 							for i, st := range got.Steps {
@@ -182,7 +189,9 @@ func checkSteadyState(t *testing.T, r steptest.WorkloadRun, opts stablegraph.Opt
 }
 
 // TestPersistentDefaultShapes runs stable, pool and auto at the workloads'
-// default shapes (chain of 1000 kernels, width 256) for a few steps.
+// default shapes (chain of 1000 kernels, width 256) for a few steps; train
+// at its default width and batch over two of its eight layers, since its
+// backward GEMMs at eight made this most of the package's time on sim.
 func TestPersistentDefaultShapes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("default shapes are slow on sim")
@@ -191,7 +200,11 @@ func TestPersistentDefaultShapes(t *testing.T) {
 	for _, name := range []string{"mlp", "train", "chain"} {
 		t.Run(name, func(t *testing.T) {
 			b := simtest.New(t, 1)
-			w := steptest.MustWorkload(t, name, workload.Config{})
+			var cfg workload.Config
+			if name == "train" {
+				cfg.Layers = 2
+			}
+			w := steptest.MustWorkload(t, name, cfg)
 			want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, steps, false)
 			for _, st := range []stablegraph.Strategy{stablegraph.StrategyStable, stablegraph.StrategyPool, stablegraph.StrategyAuto} {
 				t.Run(string(st), func(t *testing.T) {
@@ -212,7 +225,7 @@ func TestPersistentDefaultShapes(t *testing.T) {
 func TestWorkloadBenchIncludesNewStrategies(t *testing.T) {
 	b := simtest.New(t, 1)
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
-	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random})
+	rep, err := workload.Bench(context.Background(), b, w, nil, workload.RunOptions{Steps: 4, Pattern: workload.Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -145,7 +145,10 @@
 // of them. Its probe steps count in no counter but ProbeSteps, so that the
 // counters are those of the strategy that runs, with the graphs the one
 // kept recorded while probing, which it runs
-// (testdata/probe_picks.txt holds the ranking's cases).
+// (testdata/probe_picks.txt holds the ranking's cases). On a step with
+// collectives the ranks decide together, each candidate ranked by the
+// slowest rank's times (collective.go), so that every rank runs the same
+// strategy.
 //
 // # Adding a strategy
 //

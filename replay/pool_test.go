@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -277,8 +278,12 @@ func TestPoolCopiedOutputsFromTheSlotThatRan(t *testing.T) {
 }
 
 // TestPoolStalledTimeline: a timeline that never advances (a hung GPU)
-// makes the step that needs a used slot fail at the deadline with
-// ErrSlotWait, instead of hanging; Close still releases everything.
+// makes the step after the fresh slots fail with ErrSlotWait at the slot
+// deadline instead of waiting forever; an earlier caller deadline ends the
+// wait too; a cancelled caller gets context.Canceled, not ErrSlotWait.
+// The caller's deadline and cancellation come only once the step waits
+// (Stats.SlotWaits), on an executable whose own slot deadline is far, so
+// that no scheduling delay decides which ends the wait.
 func TestPoolStalledTimeline(t *testing.T) {
 	ctx := context.Background()
 	for n := 1; n <= 2; n++ {
@@ -287,37 +292,50 @@ func TestPoolStalledTimeline(t *testing.T) {
 			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			xs := pp.inputs(t, b, 1)
-			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{
-				Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotWait: 40 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
 			bind := stablegraph.Bindings{pp.x: xs[0], pp.y: simtest.Alloc(t, b, 0, uint64(pp.y.Size())), pp.s: simtest.Alloc(t, b, 0, uint64(pp.s.Size()))}
+			// stalled compiles an executable whose n slots are all used by
+			// steps the stalled timeline will never finish.
+			stalled := func(slotWait time.Duration) *stablegraph.Executable {
+				exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{
+					Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotWait: slotWait})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = exe.Close() }) // after a failure; a second Close is nil
+				for i := range n {
+					if _, err := exe.Run(ctx, s, bind); err != nil {
+						t.Fatalf("step %d with a fresh slot: %v", i, err)
+					}
+				}
+				return exe
+			}
 			b.StallTimeline(true)
 			defer b.StallTimeline(false)
-			for i := range n {
-				if _, err := exe.Run(ctx, s, bind); err != nil {
-					t.Fatalf("step %d with a fresh slot: %v", i, err)
-				}
-			}
+
+			exe := stalled(40 * time.Millisecond)
 			start := time.Now()
-			_, err = exe.Run(ctx, s, bind)
+			_, err := exe.Run(ctx, s, bind)
 			if !errors.Is(err, stablegraph.ErrSlotWait) || !errors.Is(err, gpu.ErrTimeout) {
 				t.Fatalf("step on a stalled timeline = %v, want ErrSlotWait and gpu.ErrTimeout", err)
 			}
-			if el := time.Since(start); el < 30*time.Millisecond || el > 5*time.Second {
+			// The upper bound is a watchdog: the step gave up.
+			if el := time.Since(start); el < 40*time.Millisecond || el > time.Minute {
 				t.Errorf("gave up after %v with a 40ms deadline", el)
 			}
+			if err := exe.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			exe = stalled(time.Hour)
 			// The caller's own deadline, when earlier, ends the wait too.
-			short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
-			_, err = exe.Run(short, s, bind)
-			cancel()
+			short := &testDeadline{Context: ctx, at: time.Now().Add(time.Minute), done: make(chan struct{})}
+			err = waitingStep(t, exe, short, short.expire, s, bind)
 			if !errors.Is(err, stablegraph.ErrSlotWait) || !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("step with a short context = %v", err)
+				t.Fatalf("step past the caller's deadline = %v", err)
 			}
 			canceled, cancel := context.WithCancel(ctx)
-			go func() { time.Sleep(5 * time.Millisecond); cancel() }()
-			if _, err = exe.Run(canceled, s, bind); !errors.Is(err, context.Canceled) || errors.Is(err, stablegraph.ErrSlotWait) {
+			defer cancel()
+			if err := waitingStep(t, exe, canceled, cancel, s, bind); !errors.Is(err, context.Canceled) || errors.Is(err, stablegraph.ErrSlotWait) {
 				t.Fatalf("step canceled while waiting = %v", err)
 			}
 			if err := exe.Close(); err != nil {
@@ -326,6 +344,53 @@ func TestPoolStalledTimeline(t *testing.T) {
 		})
 	}
 }
+
+// waitingStep runs a step of exe under ctx in a goroutine, calls end once
+// the step waits for a slot (Stats.SlotWaits grew), and returns the
+// step's error.
+func waitingStep(t *testing.T, exe *stablegraph.Executable, ctx context.Context, end func(), s gpu.Stream, bind stablegraph.Bindings) error {
+	t.Helper()
+	waits := exe.Stats().SlotWaits
+	ran := make(chan error, 1)
+	go func() {
+		_, err := exe.Run(ctx, s, bind)
+		ran <- err
+	}()
+	watchdog := time.After(time.Minute)
+	for exe.Stats().SlotWaits == waits {
+		select {
+		case err := <-ran:
+			t.Fatalf("step returned before waiting for a slot: %v", err)
+		case <-watchdog:
+			t.Fatal("step did not wait for a slot within a minute")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	end()
+	return <-ran
+}
+
+// testDeadline is a context with a deadline that passes when the test
+// says so (expire), not by the clock: Deadline reports at, an instant
+// before the executable's slot deadline.
+type testDeadline struct {
+	context.Context
+	at   time.Time
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *testDeadline) Deadline() (time.Time, bool) { return c.at, true }
+func (c *testDeadline) Done() <-chan struct{}       { return c.done }
+func (c *testDeadline) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+func (c *testDeadline) expire() { c.once.Do(func() { close(c.done) }) }
 
 // TestPoolOutOfMemoryAtSlot: when slot k cannot be created (a fault
 // injected into MemCreate call k, or a device too small for k+1 slots),

@@ -101,6 +101,9 @@ type probe struct {
 	hostUS  float64
 	n       int // samples measured
 	closed  bool
+	// skip: not probed, since another rank could not build it (a
+	// collective decision; collective.go).
+	skip bool
 }
 
 // probeSample is one measured step.
@@ -233,6 +236,7 @@ func (g *probeGate) free() error {
 // executable's, then info).
 type autoProbe struct {
 	b      gpu.Backend
+	dev    int
 	log    *slog.Logger
 	probes []*probe // built, in the model's order
 	model  *probe   // the model's choice: runs while the probes' times are pending
@@ -258,6 +262,10 @@ type autoProbe struct {
 	aliasSafe bool
 	// bound is what ranks the measured candidates (Options.AutoBound).
 	bound Bound
+
+	// coll is the collective decision's state (collective.go); nil when
+	// the rank decides alone.
+	coll *agreeing
 
 	// What the steps did, without the probe steps (Counters): acc holds
 	// the steps the model's choice ran while the decision was pending,
@@ -300,8 +308,11 @@ func (a *autoProbe) setLastRan(n Name) {
 // built (two or more candidates, in the model's order). On error it has
 // released what it made; the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
+	a := &autoProbe{b: spec.Backend, dev: spec.Device, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
 		bound: spec.Options.AutoBound}
+	if agreesOn(spec) {
+		a.coll = newAgreeing(spec.Agree)
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, a.destroyEvents())
@@ -344,8 +355,12 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 		timing = "GPU time by events around the call (no stream waits on this device)"
 	}
 	a.info.live = slices.Clone(built)
-	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured, the measured steps in interleaved rounds, %d steps in all; %s) before choosing; until then the cheapest modelled step: %s%s",
-		strings.Join(plan, ", "), len(a.plan), timing, othersAfter(a.info.choice.Candidates), fellBack)
+	together := ""
+	if a.coll != nil {
+		together = " with the other ranks (the step holds collectives: the candidates and then the choice are agreed over the ranks)"
+	}
+	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured, the measured steps in interleaved rounds, %d steps in all; %s) before choosing%s; until then the cheapest modelled step: %s%s",
+		strings.Join(plan, ", "), len(a.plan), timing, together, othersAfter(a.info.choice.Candidates), fellBack)
 	a.log.Debug("auto: probing", "candidates", plan, "steps", len(a.plan))
 	return a, nil
 }
@@ -450,10 +465,11 @@ func (a *autoProbe) current() *probe {
 	return a.model
 }
 
-// nextPlanned skips the planned steps of candidates whose probe failed and
-// reports whether a probe step is left.
+// nextPlanned skips the planned steps of candidates whose probe failed,
+// or that the ranks agreed to skip, and reports whether a probe step is
+// left.
 func (a *autoProbe) nextPlanned() bool {
-	for a.at < len(a.plan) && a.probes[a.plan[a.at].probe].failed != nil {
+	for a.at < len(a.plan) && (a.probes[a.plan[a.at].probe].failed != nil || a.probes[a.plan[a.at].probe].skip) {
 		a.at++
 	}
 	return a.at < len(a.plan)
@@ -465,6 +481,8 @@ func (a *autoProbe) nextPlanned() bool {
 func (a *autoProbe) Acquire() func(context.Context) error {
 	switch {
 	case a.deferred != nil:
+	case a.coll != nil && a.final == nil:
+		a.deferred = a.collectiveAcquire()
 	case a.final == nil && a.marked:
 		a.deferred = a.tryDecide()
 	case a.fenced && len(a.losers) > 0:
@@ -490,11 +508,13 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 		a.finalRan = true
 		return a.final.st.Run(ctx, s, addrs)
 	}
+	if a.coll != nil {
+		if res, err, ok := a.collectiveRun(s, func() (Result, error) { return a.runModel(ctx, s, addrs) }); ok {
+			return res, err
+		}
+	}
 	if !a.nextPlanned() {
-		a.setLastRan(a.model.strategy)
-		before := a.model.st.Counters()
-		res, err := a.model.st.Run(ctx, s, addrs)
-		a.acc.add(a.model.st.Counters().Sub(before))
+		res, err := a.runModel(ctx, s, addrs)
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
@@ -516,6 +536,16 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 	if !a.nextPlanned() {
 		err = errors.Join(err, a.recordMark(s))
 	}
+	return res, err
+}
+
+// runModel runs the model's choice while the decision is pending; its
+// work counts.
+func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
+	a.setLastRan(a.model.strategy)
+	before := a.model.st.Counters()
+	res, err := a.model.st.Run(ctx, s, addrs)
+	a.acc.add(a.model.st.Counters().Sub(before))
 	return res, err
 }
 
@@ -602,6 +632,26 @@ func (a *autoProbe) tryDecide() error {
 	if !done {
 		return nil
 	}
+	errs := a.readProbes()
+	ms := make([]probeResult, len(a.probes))
+	for i, pr := range a.probes {
+		ms[i] = probeResult{gpuUS: pr.gpuUS, hostUS: pr.hostUS, n: pr.n}
+	}
+	best := pickProbed(ms, a.bound)
+	if best < 0 {
+		a.keep(a.model, fmt.Sprintf("no probe step was measured; the model's choice: %s%s",
+			othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
+	} else {
+		kept := a.probes[best]
+		a.keep(kept, fmt.Sprintf("fastest measured step by %s: %s%s",
+			a.bound.says(), othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
+	}
+	return errors.Join(errs...)
+}
+
+// readProbes reads every probe's events (the device has passed them) into
+// its medians, and returns the errors met.
+func (a *autoProbe) readProbes() []error {
 	var errs []error
 	for _, pr := range a.probes {
 		var gpuUS, hostUS []float64
@@ -619,22 +669,16 @@ func (a *autoProbe) tryDecide() error {
 			hostUS = append(hostUS, float64(smp.host.Nanoseconds())/1e3)
 		}
 		pr.n, pr.gpuUS, pr.hostUS = len(gpuUS), median(gpuUS), median(hostUS)
+		if probeTimesHook != nil && pr.n > 0 {
+			pr.gpuUS, pr.hostUS = probeTimesHook(a.dev, pr.strategy, pr.gpuUS, pr.hostUS)
+		}
 	}
-	ms := make([]probeResult, len(a.probes))
-	for i, pr := range a.probes {
-		ms[i] = probeResult{gpuUS: pr.gpuUS, hostUS: pr.hostUS, n: pr.n}
-	}
-	best := pickProbed(ms, a.bound)
-	if best < 0 {
-		a.keep(a.model, fmt.Sprintf("no probe step was measured; the model's choice: %s%s",
-			othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
-	} else {
-		kept := a.probes[best]
-		a.keep(kept, fmt.Sprintf("fastest measured step by %s: %s%s",
-			a.bound.says(), othersAfter(a.candidatesNow(kept)), a.fellBack), kept)
-	}
-	return errors.Join(errs...)
+	return errs
 }
+
+// probeTimesHook, set by tests only (export_test.go), replaces the
+// medians a probe measured on device dev: ranks that measure differently.
+var probeTimesHook func(dev int, strategy Name, gpuUS, hostUS float64) (float64, float64)
 
 // heldGraphs are the graphs a candidate with counters c recorded while
 // probing and holds when it is kept: its first recordings (those that were
@@ -796,6 +840,9 @@ func (a *autoProbe) Close() error {
 		}
 	}
 	errs = append(errs, a.destroyEvents())
+	if a.coll != nil {
+		errs = append(errs, a.coll.agree.Close())
+	}
 	return errors.Join(errs...)
 }
 

@@ -31,8 +31,14 @@ type Spec struct {
 	// Options are the strategy options, defaults applied.
 	Options Options
 	// Collectives is true when the step holds collectives, whose time is
-	// set by the peers (auto does not probe such steps).
+	// set by the peers.
 	Collectives bool
+	// Agree, for a step with collectives, combines numbers over the ranks
+	// of its communicators, so that auto decides with the other ranks
+	// (collective.go). Nil: auto decides such a step by its model alone.
+	// It allocates nothing before its first MaxOver; auto, which calls
+	// it, closes it.
+	Agree Agreement
 	// Kernels resolves the executable's loaded kernels by name, the
 	// built-in ones (package kernels) always among them, for a strategy
 	// that puts kernels of its own in the step (device: copy and fill

@@ -63,10 +63,10 @@ func TestShortSoak(t *testing.T) {
 			var progress []Progress
 			cfg := Config{
 				// One cycle of the strategies (a duration shorter than any
-				// segment), each segment 90 steps: 30 of warm-up (the
-				// caches fill), then a sample after every third, checked,
-				// step: 20 for each trend.
-				Workload: name, Duration: time.Nanosecond, CheckEvery: 3, Warmup: 30, SegmentSteps: 90,
+				// segment), each segment 54 steps: 24 of warm-up (the
+				// caches fill, auto's probe ends), then a sample after
+				// every third, checked, step: 10 for each trend.
+				Workload: name, Duration: time.Nanosecond, CheckEvery: 3, Warmup: 24, SegmentSteps: 54,
 				Interval: time.Nanosecond,
 				Progress: func(p Progress) { progress = append(progress, p) },
 			}
@@ -81,12 +81,12 @@ func TestShortSoak(t *testing.T) {
 			if !rep.OK() || rep.Memory != MemoryFlat {
 				t.Fatalf("soak failed (memory %s, unjudged %v)", rep.Memory, rep.Unjudged)
 			}
-			if want := int64(90 * len(sg.Strategies())); rep.Steps != want || rep.Checks == 0 || len(rep.Strategies) != len(sg.Strategies()) {
+			if want := int64(54 * len(sg.Strategies())); rep.Steps != want || rep.Checks == 0 || len(rep.Strategies) != len(sg.Strategies()) {
 				t.Fatalf("steps %d (want %d) checks %d strategies %d", rep.Steps, want, rep.Checks, len(rep.Strategies))
 			}
 			for _, s := range rep.Strategies {
-				if s.Segments != 1 || s.Checks == 0 || s.Device.Samples != 20 {
-					t.Errorf("%s: %d segments, %d checks, %d samples in the device trend; want 1 segment and 20 samples", s.Strategy, s.Segments, s.Checks, s.Device.Samples)
+				if s.Segments != 1 || s.Checks == 0 || s.Device.Samples != 10 {
+					t.Errorf("%s: %d segments, %d checks, %d samples in the device trend; want 1 segment and 10 samples", s.Strategy, s.Segments, s.Checks, s.Device.Samples)
 				}
 			}
 			if len(progress) < 2 || !progress[len(progress)-1].Final {

@@ -112,9 +112,14 @@ func TestTimelineShortWaitYields(t *testing.T) {
 	}
 	t.Logf("%d short waits: %+v", rounds, st)
 
-	// A hung device: the wait leaves the yield phase and sleeps until its
-	// deadline.
+	// A hung device: the wait leaves the yield phase and sleeps. Bound to
+	// its stream, the timeline queries it before every sleep: the first
+	// StreamQuery proves the wait slept, and only then is it cancelled, so
+	// that no scheduling delay can end it inside the yield phase.
 	if err := tl.SetWaitPolicy(vmm.WaitPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Bind(d0.Stream); err != nil {
 		t.Fatal(err)
 	}
 	b.StallTimeline(true)
@@ -123,17 +128,45 @@ func TestTimelineShortWaitYields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	queries := b.Calls("StreamQuery")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() { waited <- tl.Wait(ctx, p, time.Hour) }()
+	// A watchdog, not a measure: the yield phase lasts 1 ms.
+	watchdog := time.After(time.Minute)
+	for b.Calls("StreamQuery") == queries {
+		select {
+		case err := <-waited:
+			t.Fatalf("Wait on a stalled timeline returned %v before sleeping", err)
+		case <-watchdog:
+			cancel()
+			t.Fatalf("Wait on a stalled timeline has not slept after a minute (then: %v)", <-waited)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-waited; !errors.Is(err, context.Canceled) || errors.Is(err, gpu.ErrTimeout) {
+		t.Fatalf("cancelled Wait on a stalled timeline: %v, want context.Canceled", err)
+	}
+	slept := tl.WaitStats()
+	if slept.Waits-st.Waits != 1 || slept.Slept-st.Slept != 1 || slept.Sleeps-st.Sleeps < 1 || slept.Timeouts != 0 {
+		t.Fatalf("stalled wait: %+v, before %+v", slept, st)
+	}
+
+	// ... and fails at its deadline: the timeout's or the context's. (How
+	// long it yielded first depends on the scheduler, so it is not counted.)
 	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
 		t.Fatalf("Wait on a stalled timeline: %v, want ErrTimeout", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	if err := tl.Wait(ctx, p, time.Hour); !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer dcancel()
+	if err := tl.Wait(dctx, p, time.Hour); !errors.Is(err, gpu.ErrTimeout) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Wait past the context's deadline: %v", err)
 	}
 	after := tl.WaitStats()
-	if d := after.Waits - st.Waits; d != 2 || after.Timeouts != 2 || after.Slept-st.Slept != 2 || after.Sleeps-st.Sleeps < 2 {
-		t.Fatalf("stalled waits: %+v, before %+v", after, st)
+	if d := after.Waits - slept.Waits; d != 2 || after.Timeouts != 2 {
+		t.Fatalf("stalled waits: %+v, before %+v", after, slept)
 	}
 	if err := b.StreamSynchronize(d0.Stream); err != nil {
 		t.Fatal(err)

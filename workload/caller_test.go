@@ -97,7 +97,7 @@ func TestRemappableCaller(t *testing.T) {
 func TestRemapRunUsesRemappableCaller(t *testing.T) {
 	b := openSim(t)
 	w := small(t, "chain")
-	rep, err := Bench(context.Background(), b, w, []sg.Strategy{sg.StrategyRemap}, RunOptions{Steps: 3, Pattern: Random, NoFloor: true})
+	rep, err := Bench(context.Background(), b, w, []sg.Strategy{sg.StrategyRemap}, RunOptions{Steps: 3, Pattern: Random, NoFloor: true, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

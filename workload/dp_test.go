@@ -182,7 +182,7 @@ func TestDPBenchEveryStrategy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps, err := BenchRanks(context.Background(), b, ws, nil, RunOptions{Steps: 4, Warmup: 2, Pattern: Random})
+	reps, err := BenchRanks(context.Background(), b, ws, nil, RunOptions{Steps: 4, Warmup: 2, Pattern: Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +536,8 @@ func TestDPDevice(t *testing.T) {
 	for _, c := range ch.Candidates {
 		found = found || (c.Strategy == sg.StrategyDevice && c.Usable && c.StepUS > 0)
 	}
-	if !found || !strings.Contains(ch.Reason, "device: ") || !strings.Contains(ch.Reason, "not probed: the program holds collectives") {
+	// Auto weighs device on dp, and probes with the other ranks.
+	if !found || !strings.Contains(ch.Reason, "device (") || !ch.Probing || !strings.Contains(ch.Reason, "with the other ranks") {
 		t.Errorf("auto on dp: %+v", ch)
 	}
 }

@@ -37,6 +37,19 @@ import (
 // cache's elements in the order [layer][k or v][position][column] (their
 // logical index, which the PyTorch peer computes the same way), whatever
 // the layout.
+//
+// # Tensor parallelism
+//
+// With a communicator of N > 1 ranks (Config.Comm: --nproc N, torchrun),
+// each rank runs its part of the model (gpt2.Shard{Rank, N}: heads/N heads
+// and 4d/N MLP columns, sliced from the whole model's weights, and an
+// all-reduce after each of a block's two projections, inside the step; the
+// embeddings, layer norms and LM head whole on every rank). A rank's caches
+// hold its heads' columns only, rank r's being columns [r·d/N, (r+1)·d/N)
+// of the whole model's caches at the same logical indices, so that the N
+// ranks together hold the single-rank caches and every rank's logits equal
+// the single-rank step's within float32 reassociation. The heads must
+// divide by N.
 
 // gpt2Shape is the model and batch of a gpt2-decode workload.
 type gpt2Shape struct {
@@ -57,8 +70,14 @@ const gpt2Eps = 1e-5
 
 func (s gpt2Shape) headDim() int { return s.d / s.heads }
 
-// cacheFloats is the size of one sequence's cache in floats.
+// cacheFloats is the size of one sequence's whole cache in floats.
 func (s gpt2Shape) cacheFloats() int64 { return int64(s.npos) * int64(s.config().Stride()) }
+
+// cacheFloats is the size of one sequence's cache on this rank in floats:
+// its shard's heads.
+func (m *gpt2Model) cacheFloats() int64 {
+	return int64(m.shape.npos) * int64(m.shard.Stride(m.shape.config()))
+}
 
 // seqPos is the position sequence seq decodes at.
 func (s gpt2Shape) seqPos(seq int) int { return max(0, s.pos-seq%4) }
@@ -101,7 +120,10 @@ func gpt2Config(c Config, base gpt2Shape) (gpt2Shape, error) {
 // gpt2Model is what the caller of a gpt2-decode workload needs beyond its
 // buffers: the shape, the seed of the inputs, and the per-sequence params.
 type gpt2Model struct {
-	shape             gpt2Shape
+	shape gpt2Shape
+	// shard is the rank's part of the model: the whole model without a
+	// communicator of several ranks.
+	shard             gpt2.Shard
 	seed              uint64
 	tokens, positions sg.Buffer
 	caches            []sg.Buffer // per batch row
@@ -113,17 +135,33 @@ func gpt2Decode(name string, base gpt2Shape) func(Config) (*Workload, error) {
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: %w", name, err)
 		}
-		weights, from, err := gpt2Weights(s, c.Seed, c.Weights)
+		var shard gpt2.Shard
+		if c.Comm != nil && c.Comm.Size() > 1 {
+			shard = gpt2.Shard{Rank: c.Comm.Rank(), Ranks: c.Comm.Size()}
+			if err := shard.Check(s.config()); err != nil {
+				return nil, fmt.Errorf("workload %s: tensor parallel over %d ranks: %w", name, shard.Ranks, err)
+			}
+		}
+		weights, from, err := gpt2Weights(s, c.Seed, c.Weights, shard)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: %w", name, err)
 		}
-		step, err := gpt2.Step{Config: s.config(), Rows: s.batch}.Build(name)
+		st := gpt2.Step{Config: s.config(), Rows: s.batch, Shard: shard}
+		if !shard.Whole() {
+			st.Comm = c.Comm
+		}
+		step, err := st.Build(name)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: %w", name, err)
 		}
 		p := step.Program
-		wl := &Workload{Name: name, Desc: fmt.Sprintf("%s (%s, weights %s)", name, s, from), Program: p}
-		m := &gpt2Model{shape: s, seed: c.Seed, tokens: step.Tokens, positions: step.Positions, caches: step.Caches}
+		desc := fmt.Sprintf("%s (%s, weights %s", name, s, from)
+		if !shard.Whole() {
+			desc += fmt.Sprintf(", tensor-parallel rank %d of %d: %d heads, %d MLP columns", shard.Rank, shard.Ranks,
+				shard.Heads(s.config()), shard.Inner(s.config()))
+		}
+		wl := &Workload{Name: name, Desc: desc + ")", Program: p, Comm: st.Comm}
+		m := &gpt2Model{shape: s, shard: shard, seed: c.Seed, tokens: step.Tokens, positions: step.Positions, caches: step.Caches}
 		wl.gpt2 = m
 		wl.Params = append([]sg.Buffer{m.tokens, m.positions}, m.caches...)
 		wl.Outputs = []sg.Buffer{step.Logits}
@@ -177,8 +215,7 @@ func cacheValue(seed uint64, seq, idx uint32) float32 {
 // 0..seqPos(seq)-1 of every layer's keys and values hold cacheValue (a
 // prefix the sequence has "seen"), the rest is zero.
 func (m *gpt2Model) initialCache(seq int) []byte {
-	s := m.shape
-	out := make([]byte, 4*s.cacheFloats())
+	out := make([]byte, 4*m.cacheFloats())
 	for _, blk := range m.prefixBlocks(seq) {
 		copy(out[4*blk.off:], blk.data)
 	}
@@ -193,18 +230,21 @@ type cacheBlock struct {
 
 // prefixBlocks are the non-zero runs of sequence seq's initial cache: for
 // each of its first seqPos(seq) positions, every layer's keys and values
-// (one run per position, position-major). Element (l, kv, t, c) holds
-// cacheValue of its logical index ((l·2 + kv)·Positions + t)·d + c.
+// (one run per position, position-major). Element (l, kv, t, c) of the
+// whole model's cache holds cacheValue of its logical index
+// ((l·2 + kv)·Positions + t)·d + c; a tensor-parallel rank's cache holds
+// its columns c of that, at its own stride.
 func (m *gpt2Model) prefixBlocks(seq int) []cacheBlock {
 	s := m.shape
-	d, stride := int64(s.d), int64(s.config().Stride())
+	d, dl := int64(s.d), int64(m.shard.Width(s.config()))
+	c0, stride := int64(m.shard.Rank)*dl, int64(m.shard.Stride(s.config()))
 	var blks []cacheBlock
 	for t := range int64(s.seqPos(seq)) {
 		v := make([]float32, stride)
 		for lk := range int64(2 * s.layers) {
-			logical := (lk*int64(s.npos) + t) * d
-			for c := range d {
-				v[lk*d+c] = cacheValue(m.seed, uint32(seq), uint32(logical+c))
+			logical := (lk*int64(s.npos)+t)*d + c0
+			for c := range dl {
+				v[lk*dl+c] = cacheValue(m.seed, uint32(seq), uint32(logical+c))
 			}
 		}
 		blks = append(blks, cacheBlock{t * stride, gpu.F32ToBytes(v)})
@@ -261,11 +301,33 @@ func (m *gpt2Model) positionBytes(rows []int) []byte {
 
 // ---------------------------------------------------------------- weights
 
-// gpt2Weights returns the weights in checkpoint order (gpt2.Specs) and
-// where they came from: read from the safetensors file at path when it
-// exists, else generated from seed (gpt2.Generate; and written to path
-// when path is set).
-func gpt2Weights(s gpt2Shape, seed uint64, path string) ([]safetensors.Tensor, string, error) {
+// gpt2Weights returns the weights in checkpoint order (gpt2.Specs) of
+// shard and where they came from: read from the safetensors file at path
+// when it exists, else generated from seed (gpt2.Generate; and written to
+// path when path is set). The file holds the whole model, whatever the
+// shard: a rank's part is sliced from it (gpt2.Weights.Shard).
+func gpt2Weights(s gpt2Shape, seed uint64, path string, shard gpt2.Shard) ([]safetensors.Tensor, string, error) {
+	ts, from, err := wholeGPT2Weights(s, seed, path)
+	if err != nil || shard.Whole() {
+		return ts, from, err
+	}
+	w := &gpt2.Weights{Config: s.config()}
+	for _, t := range ts {
+		w.Tensors = append(w.Tensors, gpt2.Tensor{Name: t.Name, Shape: t.Shape, Data: t.Data})
+	}
+	part, err := w.Shard(shard)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]safetensors.Tensor, len(part.Tensors))
+	for i, t := range part.Tensors {
+		out[i] = safetensors.Tensor{Name: t.Name, DType: "F32", Shape: t.Shape, Data: t.Data}
+	}
+	return out, from, nil
+}
+
+// wholeGPT2Weights is gpt2Weights of the whole model.
+func wholeGPT2Weights(s gpt2Shape, seed uint64, path string) ([]safetensors.Tensor, string, error) {
 	specs, err := gpt2.Specs(s.config(), gpt2.Shard{})
 	if err != nil {
 		return nil, "", err

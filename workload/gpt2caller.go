@@ -69,7 +69,7 @@ func seqRegion(w *Workload, pattern Pattern) uint64 {
 	if pattern == Random {
 		n = 2*n + 2
 	}
-	return n * gpu.RoundUp(uint64(4*w.gpt2.shape.cacheFloats()), 256)
+	return n * gpu.RoundUp(uint64(4*w.gpt2.cacheFloats()), 256)
 }
 
 // newSeqCaller allocates and fills the sequences' caches in c's region. On
@@ -78,7 +78,7 @@ func newSeqCaller(c *Caller, seed uint64) (*seqCaller, error) {
 	m := c.w.gpt2
 	sc := &seqCaller{c: c, m: m, rng: rand.New(rand.NewPCG(seed, 0x5e9ca11))}
 	for seq := range seqCount(m, c.pattern) {
-		p, err := c.alloc.Alloc(uint64(4 * m.shape.cacheFloats()))
+		p, err := c.alloc.Alloc(uint64(4 * m.cacheFloats()))
 		if err != nil {
 			return nil, fmt.Errorf("workload: KV cache of sequence %d: %w", seq, err)
 		}
@@ -98,7 +98,7 @@ func newSeqCaller(c *Caller, seed uint64) (*seqCaller, error) {
 // fill writes sequence seq's initial cache at p: zeros, then its prefix.
 func (sc *seqCaller) fill(seq int, p gpu.DevicePtr) error {
 	b := sc.c.b
-	if err := b.Memset(gpu.Memset{Dst: p, ElemSize: 4, Count: uint64(sc.m.shape.cacheFloats())}); err != nil {
+	if err := b.Memset(gpu.Memset{Dst: p, ElemSize: 4, Count: uint64(sc.m.cacheFloats())}); err != nil {
 		return fmt.Errorf("workload: clear the KV cache of sequence %d: %w", seq, err)
 	}
 	for _, blk := range sc.m.prefixBlocks(seq) {
@@ -160,7 +160,7 @@ func (sc *seqCaller) swap() {
 // move copies every cache to a new allocation and frees the old one. The
 // previous step must be complete.
 func (sc *seqCaller) move() error {
-	size := uint64(4 * sc.m.shape.cacheFloats())
+	size := uint64(4 * sc.m.cacheFloats())
 	for seq, old := range sc.seqs {
 		p, err := sc.c.alloc.Alloc(size)
 		if err != nil {

@@ -135,7 +135,7 @@ func TestGatedGPUTimeExcludesHost(t *testing.T) {
 // at least its GPU time, in every strategy's row of a bench.
 func TestGatedLatencyOnSim(t *testing.T) {
 	b := openSim(t)
-	rep, err := Bench(context.Background(), b, small(t, "train"), nil, RunOptions{Steps: 4, Warmup: 1, Pattern: Random})
+	rep, err := Bench(context.Background(), b, small(t, "train"), nil, RunOptions{Steps: 4, Warmup: 1, Pattern: Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

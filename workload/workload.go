@@ -17,7 +17,9 @@
 //   - gpt2-decode: one GPT-2 small decode step over a batch of sequences,
 //     each with its own KV cache, a param bound every step (gpt2-decode-tiny
 //     for CI; see gpt2.go). Its weights can be read from or written to a
-//     safetensors file, so that the PyTorch peer loads the same ones.
+//     safetensors file, so that the PyTorch peer loads the same ones. On a
+//     communicator of several ranks it is tensor parallel: each rank runs
+//     its heads and MLP columns, with an all-reduce after each projection.
 //
 // # Caller
 //
@@ -51,7 +53,7 @@
 //
 // # Ranks
 //
-// A workload with collectives (dp) runs on several ranks: in one process
+// A workload with collectives (dp, gpt2-decode) runs on several ranks: in one process
 // on the sim's devices (ForRanks, RunRanks, BenchRanks), or one process per
 // GPU, each setting its rank up with JoinRank or NewRank from a rendezvous
 // (see ranks.go and docs/MULTI-GPU.md). Run aligns the ranks of a
@@ -110,9 +112,11 @@ type Config struct {
 	BatchPerRank int
 	// Seed seeds the weights and the inputs. Default 1.
 	Seed uint64
-	// Comm is dp's communicator: the rank's shard of the batch and the
-	// ranks its gradients are all-reduced over. Nil: dp is the single-rank
-	// step over the whole batch. Other workloads ignore it.
+	// Comm is the rank's communicator. dp: the rank's shard of the batch
+	// and the ranks its gradients are all-reduced over. gpt2-decode: the
+	// tensor-parallel group, of more than one rank, whose ranks each run
+	// their heads and MLP columns (gpt2.go); one rank is the whole model.
+	// Nil: the single-rank step. Other workloads ignore it.
 	Comm *stablegraph.Comm
 }
 
@@ -133,8 +137,9 @@ type Workload struct {
 	// States are the executable-owned buffers to initialise with Init
 	// before the first step, with their contents.
 	States []StateInit
-	// Comm is the communicator the program's collectives use (dp), nil
-	// when it has none. The program must run on Comm.Device().
+	// Comm is the communicator the program's collectives use (dp,
+	// tensor-parallel gpt2-decode), nil when it has none. The program must
+	// run on Comm.Device().
 	Comm *stablegraph.Comm
 
 	seed   uint64

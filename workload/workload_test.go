@@ -46,6 +46,11 @@ func TestNew(t *testing.T) {
 			// a minute under -race. TestGPT2SmallShape checks that shape.
 			cfg = Config{Layers: 1, Width: 64, Heads: 4, Vocab: 256, Positions: 64, Pos: 8}
 		}
+		if strings.HasSuffix(name, "-large") {
+			// Their default width and batch over two of the eight layers,
+			// whose weights are most of the test's time under -race.
+			cfg.Layers = 2
+		}
 		w, err := New(name, cfg)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -74,7 +79,7 @@ func TestNew(t *testing.T) {
 func TestChainValues(t *testing.T) {
 	b := openSim(t)
 	w := small(t, "chain")
-	res, err := Run(context.Background(), b, w, RunOptions{Steps: 2, Pattern: Random})
+	res, err := Run(context.Background(), b, w, RunOptions{Steps: 2, Pattern: Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +105,7 @@ func TestBenchStrategiesMatchEager(t *testing.T) {
 		for _, pat := range Patterns() {
 			w := small(t, name)
 			steps := 0
-			rep, err := Bench(context.Background(), b, w, nil, RunOptions{Steps: 4, Warmup: 1, Pattern: pat,
+			rep, err := Bench(context.Background(), b, w, nil, RunOptions{Steps: 4, Warmup: 1, Pattern: pat, WallBatches: 1, WallBatchSize: 2,
 				Progress: func(sg.Strategy, int, int) { steps++ }})
 			if err != nil {
 				t.Fatalf("%s/%s: %v", name, pat, err)
@@ -198,7 +203,7 @@ func TestBenchSkipsUnsupported(t *testing.T) {
 	defer raw.Close()
 	w := small(t, "chain-moving")
 	rep, err := Bench(context.Background(), noDeviceUpdates{raw}, w, []sg.Strategy{sg.StrategyDevice, sg.StrategyPatch},
-		RunOptions{Steps: 3, Warmup: 1, Pattern: Random})
+		RunOptions{Steps: 3, Warmup: 1, Pattern: Random, WallBatches: 1, WallBatchSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

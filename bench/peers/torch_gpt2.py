@@ -130,6 +130,10 @@ class Model:
         """The step returning new logits (for torch.compile)."""
         return self.torch.mm(self.hidden(tokens, pos, kv), self.wte.t())
 
+    def new_sequences(self, count: int):
+        """The caller's count sequences, each with its cache (Runner's)."""
+        return Sequences(self.torch, self, count)
+
 
 class Sequences:
     """The caller's sequences: each one's own cache tensor [layers, 2, heads,
@@ -156,13 +160,14 @@ class Runner:
     """One strategy: step(i) runs step i; check(tokens, positions) runs one
     step with row r holding sequence r and returns the logits."""
 
-    def __init__(self, name, torch, model: Model, args):
+    def __init__(self, name, torch, model: Model, args, capture_fn=None):
         self.name, self.torch, self.model = name, torch, model
+        capture_fn = capture_fn or capture
         c = model.cfg
         B = c.batch
         self.notes = []
         count = B + c.swaps_per_step() if name == "torch-graph-swap-copy" else B
-        self.seqs = Sequences(torch, model, count)
+        self.seqs = model.new_sequences(count)
         self.rows = list(range(B))
         self.idle = list(range(B, count))
         self.kv = model.new_cache(B)
@@ -185,7 +190,7 @@ class Runner:
         self.graph = None
         stream = torch.cuda.Stream()
         if name in (FIXED, "torch-graph-copy", "torch-graph-swap-copy"):
-            self.graph = capture(torch, lambda: model.step(self.st_tok, self.st_pos, self.kv, self.st_out), stream)
+            self.graph = capture_fn(torch, lambda: model.step(self.st_tok, self.st_pos, self.kv, self.st_out), stream)
         if name == FIXED:
             self.step = lambda i: self.graph.replay()
             self.out_for = lambda i: self.st_out

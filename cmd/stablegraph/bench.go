@@ -15,6 +15,12 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
+// wallBatches, when not zero, replaces workload's default wall-time
+// batches (workload.RunOptions.WallBatches and WallBatchSize) of run and
+// bench. The command's tests set it small: on sim the batches are most of
+// a short bench's work, and the tests read no wall time.
+var wallBatches struct{ n, size int }
+
 // workloadFlags are the flags run and bench share.
 type workloadFlags struct {
 	name      string
@@ -37,6 +43,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
 	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
 	f.ranks.register(fs)
+	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }
 
 // build checks the flags and builds the workload.
@@ -99,13 +106,14 @@ stderr. With --check (the
 default) an eager run of the same inputs goes first and the outputs of every
 step are compared bit for bit; a difference makes the command fail.
 
-Workloads with collectives (dp) run on several ranks: --nproc N starts N
-ranks on this host (N processes, one GPU each, on cuda; N simulated devices
-in this process on sim); under torchrun, srun or mpirun each process is the
-rank its launcher's environment says, with no flag (docs/MULTI-GPU.md); or
---rank, --world and --rendezvous launch one rank by hand on any host. The job
-token is read from STABLEGRAPH_TOKEN or a file (--token-file), never from
-the command line. Rank 0 reports.`,
+Workloads with collectives (dp; gpt2-decode, tensor parallel over the ranks)
+run on several ranks: --nproc N starts N ranks on this host (N processes,
+one GPU each, on cuda; N simulated devices in this process on sim); under
+torchrun, srun or mpirun each process is the rank its launcher's environment
+says, with no flag (docs/MULTI-GPU.md); or --rank, --world and --rendezvous
+launch one rank by hand on any host. The job token is read from
+STABLEGRAPH_TOKEN or a file (--token-file), never from the command line.
+Rank 0 reports, and writes --dump.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
@@ -129,6 +137,9 @@ the command line. Rank 0 reports.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					if report.SimulatedBackend(b.Name()) {
+						o = capWall(e, "run", o, lead)
+					}
 					return runBody(e, b, w, o, strat, *check, lead)
 				}
 				return wf.execute(e, fs, "run", w, body, func(rep *report.Report) error {
@@ -148,6 +159,9 @@ func runBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions,
 		return nil, err
 	}
 	watch := workload.WatchCollectives(w.Comm, &o)
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	reference := check && strat != sg.StrategyEager
 	if lead {
 		runs := 1
@@ -230,17 +244,33 @@ so.
 With no flags: the mlp workload (8 layers, width 256, batch 8), 100 steps,
 pingpong buffers, on the default backend. Progress goes to stderr with the
 time left; interrupted (Ctrl-C), the command prints the strategies finished so
-far and exits 130. Workloads with collectives (dp) take --nproc or
+far and exits 130. Workloads with collectives (dp, gpt2-decode) take --nproc or
 --rank/--world/--rendezvous as in run; every rank runs every strategy, rank 0
 reports, and the notes say how many collectives each strategy captured in
-steady state.`,
+steady state.
+
+On sim, where every kernel runs on this CPU, bench fits a time budget:
+unless --steps is given, it first times 3 eager steps, then runs as many
+steps per strategy as fit --budget (default 1m0s; fewer warm-up steps and
+wall-time batches with them), and says so on stderr and under the table.
+--budget 0 runs the defaults however long they take. Workloads with
+collectives run the steps the flags say. With --steps N (or no budget),
+wall time on sim is measured over at most N back-to-back steps.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
 			wf.register(fs)
 			strategies := fs.String("strategies", "", "comma-separated `list` of strategies (default all: "+strategyList()+")")
 			jsonPath := fs.String("json", "", "write the report as JSON to `file` (\"-\": stdout, instead of the table)")
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
+			budget := fs.Duration("budget", defaultSimBudget, "sim only: the `time` the runs may take; unless --steps is given, the steps per strategy are cut to fit it, and bench says so (0: no budget)")
+			fs.StringVar(&wf.run.Dump, "dump", "", "write eager's last step's inputs and outputs to `file` (safetensors; every strategy matched them)")
 			return func(e *env) error {
+				if *budget < 0 {
+					return usagef("--budget must not be negative, got %v", *budget)
+				}
+				given := map[string]bool{}
+				fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+				var fitNote string
 				var strats []sg.Strategy
 				for _, s := range strings.Split(*strategies, ",") {
 					if s = strings.TrimSpace(s); s == "" {
@@ -261,14 +291,31 @@ steady state.`,
 				if err != nil {
 					return err
 				}
-				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath)); err != nil {
+				if wf.run.Dump == "-" {
+					return usagef("--dump: the dump is a safetensors file, not for stdout")
+				}
+				if err := errors.Join(checkOutput("--json", *jsonPath), checkOutput("--plot", *plotPath), checkOutput("--dump", wf.run.Dump)); err != nil {
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					switch {
+					case !report.SimulatedBackend(b.Name()):
+					case *budget > 0 && !given["steps"] && w.Comm == nil:
+						var err error
+						if o, fitNote, err = fitBudget(e, b, w, o, strats, *budget, given["warmup"]); err != nil {
+							return nil, err
+						}
+					default:
+						o = capWall(e, "bench", o, lead)
+					}
 					return benchBody(e, b, w, o, strats, lead)
 				}
 				return wf.execute(e, fs, "bench", w, body, func(rep *report.Report) error {
-					return writeReport(e, rep, *jsonPath, *plotPath)
+					err := writeReport(e, rep, *jsonPath, *plotPath)
+					if fitNote != "" && *jsonPath != "-" {
+						fmt.Fprintf(e.stdout, "\n%s\n", fitNote)
+					}
+					return err
 				})
 			}
 		},
@@ -279,6 +326,9 @@ steady state.`,
 // turn. The report comes back also when a strategy failed or differs from
 // eager, with the error saying which.
 func benchBody(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, strats []sg.Strategy, lead bool) (*report.Report, error) {
+	if !lead {
+		o.Dump = "" // rank 0's is the run's: one file, written once
+	}
 	if lead {
 		prog := newStepProgress(e, "bench", benchSteps(strats, o))
 		defer prog.finish()

@@ -31,6 +31,10 @@ import (
 // which the command waits for the signal) or limit it (TestFileSizeLimit:
 // STABLEGRAPH_TEST_FSIZE, the RLIMIT_FSIZE in bytes).
 func TestMain(m *testing.M) {
+	// One batch of two steps keeps the wall-time path of every bench and
+	// run (in process, and in the processes started from this binary)
+	// without the hundred steps per strategy that no test reads.
+	wallBatches.n, wallBatches.size = 1, 2
 	if os.Getenv("STABLEGRAPH_TEST_RUN_MAIN") == "1" {
 		if at := os.Getenv("STABLEGRAPH_TEST_HOLD_AT"); at != "" {
 			stderrFor = func(ctx context.Context) io.Writer { return &holdWriter{w: os.Stderr, ctx: ctx, at: at} }

@@ -113,7 +113,10 @@ func startRanks(t *testing.T, args []string, envs [][]string) []*rankProc {
 // processes over loopback, on sim): each process finds its rank, the world,
 // rank 0's address, its device (the local rank: device 1 for local rank 1)
 // and the job token in its environment; every strategy matches eager on
-// every rank and captures no collective in steady state.
+// every rank and captures no collective in steady state. Every strategy
+// runs under torchrun; the other jobs, whose point is their launcher's
+// environment and a world of three or four, run patch and pool (the
+// in-process ranks of workload's TestDPBenchEveryStrategy try the rest).
 func TestDPUnderLaunchers(t *testing.T) {
 	needSim(t)
 	if testing.Short() {
@@ -129,6 +132,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 		name  string
 		world int
 		env   func(t *testing.T, world int) func(r int) []string
+		some  bool // patch and pool only
 	}{
 		{"torchrun", 2, func(t *testing.T, world int) func(int) []string {
 			port := freePort(t, func(p int) bool { return p > 20000 })
@@ -137,7 +141,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 					"LOCAL_WORLD_SIZE=" + strconv.Itoa(world), "GROUP_RANK=0", "TORCHELASTIC_RUN_ID=test",
 					"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port-1)} // rank 0 listens at MASTER_PORT+1
 			}
-		}},
+		}, false},
 		{"torchrun4", 4, func(t *testing.T, world int) func(int) []string {
 			port := freePort(t, func(p int) bool { return p > 20000 })
 			return func(r int) []string {
@@ -145,7 +149,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 					"LOCAL_WORLD_SIZE=" + strconv.Itoa(world), "GROUP_RANK=0", "TORCHELASTIC_RUN_ID=test",
 					"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + strconv.Itoa(port-1)}
 			}
-		}},
+		}, true},
 		{"srun", 3, func(t *testing.T, world int) func(int) []string {
 			port := freePort(t, func(int) bool { return true })
 			job := 4200000 + port - 20000 // SLURM_JOB_ID mod 10000 gives the port
@@ -154,7 +158,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 					"SLURM_LOCALID=" + strconv.Itoa(r%2), "SLURM_JOB_ID=" + strconv.Itoa(job), "SLURM_STEP_ID=0",
 					"SLURM_STEP_NODELIST=localhost", "SLURM_JOB_NODELIST=localhost", "SLURM_NNODES=1"}
 			}
-		}},
+		}, true},
 		{"mpirun", 2, func(t *testing.T, world int) func(int) []string {
 			var ns string
 			freePort(t, func(p int) bool {
@@ -171,12 +175,17 @@ func TestDPUnderLaunchers(t *testing.T) {
 					"OMPI_COMM_WORLD_LOCAL_RANK=" + strconv.Itoa(r), "OMPI_COMM_WORLD_LOCAL_SIZE=" + strconv.Itoa(world),
 					"PMIX_NAMESPACE=" + ns, "PMIX_RANK=" + strconv.Itoa(r)}
 			}
-		}},
+		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			jsonPath := filepath.Join(dir, tc.name+".json")
 			args := []string{"--backend", "sim", "--devices", "4", "bench", "--workload", "dp", "--layers", "2", "--width", "16",
 				"--batch", "12", "--steps", "3", "--warmup", "1", "--pattern", "random", "--json", jsonPath, "--rendezvous-timeout", "60s"}
+			want := sg.Strategies()
+			if tc.some {
+				want = []sg.Strategy{sg.StrategyPatch, sg.StrategyPool}
+				args = append(args, "--strategies", "patch,pool")
+			}
 			envOf := tc.env(t, tc.world)
 			var envs [][]string
 			for r := range tc.world {
@@ -230,7 +239,7 @@ func TestDPUnderLaunchers(t *testing.T) {
 					t.Errorf("%s: note %q", res.Strategy, res.Note)
 				}
 			}
-			for _, s := range sg.Strategies() {
+			for _, s := range want {
 				if !seen[string(s)] {
 					t.Errorf("no row for %s", s)
 				}

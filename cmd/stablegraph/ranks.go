@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,8 +26,8 @@ import (
 	"github.com/stablegraph/stablegraph/workload"
 )
 
-// Ranks: run and bench of a workload with collectives (dp) on several
-// ranks, one GPU each.
+// Ranks: run and bench of a workload with collectives (dp; gpt2-decode,
+// tensor parallel over the ranks) on several ranks, one GPU each.
 //
 //   - Under a launcher (torchrun, srun, mpirun, or a Kubernetes Job setting
 //     torchrun's variables), each process the launcher starts is one rank:
@@ -102,7 +103,7 @@ func (t *tokenFlag) Set(_ string) error { *t = true; return nil }
 const listenFDFlag = 3
 
 func (f *rankFlags) register(fs *flag.FlagSet) {
-	fs.IntVar(&f.nproc, "nproc", 0, "run `N` ranks of a workload with collectives (dp) on this host: N processes, one GPU each (cuda), or N simulated devices in this process (sim)")
+	fs.IntVar(&f.nproc, "nproc", 0, "run `N` ranks of a workload with collectives (dp, gpt2-decode: tensor parallel) on this host: N processes, one GPU each (cuda), or N simulated devices in this process (sim)")
 	fs.IntVar(&f.rank, "rank", 0, "this process's `rank`, when ranks are launched by hand (with --world and --rendezvous); default: the launcher's (torchrun, srun, mpirun)")
 	fs.IntVar(&f.world, "world", 0, "the `number` of ranks, when ranks are launched by hand; default: the launcher's")
 	fs.StringVar(&f.rendezvous, "rendezvous", "", "`host:port` rank 0 listens on and the other ranks connect to; default: from the launcher's environment (docs/MULTI-GPU.md)")
@@ -112,8 +113,12 @@ func (f *rankFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.timeout, "rendezvous-timeout", rendezvous.DefaultTimeout, "how long ranks wait for each other to arrive")
 }
 
+// collectiveWorkloads run on several ranks: dp (data parallel) and
+// gpt2-decode (tensor parallel).
+var collectiveWorkloads = []string{"dp", "gpt2-decode", "gpt2-decode-tiny"}
+
 // hasCollectives reports whether workload name runs on several ranks.
-func hasCollectives(name string) bool { return name == "dp" }
+func hasCollectives(name string) bool { return slices.Contains(collectiveWorkloads, name) }
 
 // check validates the rank flags for workload name.
 func (f *rankFlags) check(name string) error {
@@ -141,7 +146,7 @@ func (f *rankFlags) check(name string) error {
 		return usagef("--rendezvous-timeout must be positive")
 	}
 	if (f.nproc > 0 || f.world > 0) && !hasCollectives(name) {
-		return usagef("workload %s has no collectives; --nproc and --world run workloads that do (dp)", name)
+		return usagef("workload %s has no collectives; --nproc and --world run workloads that do (%s)", name, strings.Join(collectiveWorkloads, ", "))
 	}
 	return nil
 }

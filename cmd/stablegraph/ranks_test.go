@@ -7,14 +7,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/safetensors"
 	"github.com/stablegraph/stablegraph/rendezvous"
 )
 
@@ -39,6 +44,57 @@ func TestRunDPRanksInProcess(t *testing.T) {
 	}
 }
 
+// TestGPT2DecodeTensorParallelCLI: gpt2-decode under --nproc is tensor
+// parallel over the ranks (run, and bench of two strategies); rank 0's
+// dump (bench: eager's last step) has the single-rank run's logits within
+// float32 reassociation; heads that do not split over the ranks are a
+// usage error.
+func TestGPT2DecodeTensorParallelCLI(t *testing.T) {
+	needSim(t)
+	dir := t.TempDir()
+	tiny := []string{"--workload", "gpt2-decode-tiny", "--layers", "1", "--steps", "2", "--warmup", "1", "--pattern", "swap"}
+	dumps := map[int]string{}
+	for _, n := range []int{1, 2} {
+		dumps[n] = filepath.Join(dir, fmt.Sprintf("n%d.safetensors", n))
+		args := append([]string{"--backend", "sim", "run", "--strategy", "device", "--dump", dumps[n]}, tiny...)
+		if n > 1 {
+			args = append([]string{"--backend", "sim", "bench", "--strategies", "device,stable", "--dump", dumps[n], "--nproc", strconv.Itoa(n)}, tiny...)
+		}
+		code, out, errs := runCLI(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: code %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
+		}
+		if tp := strings.Contains(out, "tensor-parallel rank 0 of 2: 2 heads, 128 MLP columns"); tp != (n > 1) {
+			t.Fatalf("%v: tensor parallel %v in the report:\n%s", args, tp, out)
+		}
+		if n > 1 && !strings.Contains(out, "collectives captured in steady state: 0") {
+			t.Fatalf("%v: no collective note:\n%s", args, out)
+		}
+	}
+	logits := func(path string) []float32 {
+		f, err := safetensors.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		x, err := f.ReadTensor("logits")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gpu.BytesToF32(x.Data)
+	}
+	one, two := logits(dumps[1]), logits(dumps[2])
+	for i := range one {
+		if d := math.Abs(float64(one[i]) - float64(two[i])); !(d <= 1e-4) {
+			t.Fatalf("logit %d: %v on one rank, %v on two", i, one[i], two[i])
+		}
+	}
+	code, _, errs := runCLI(t, append([]string{"--backend", "sim", "run", "--nproc", "3"}, tiny...)...)
+	if code != exitUsage || !strings.Contains(errs, "4 heads do not split over 3 ranks") {
+		t.Fatalf("3 ranks of 4 heads: code %d, stderr %q", code, errs)
+	}
+}
+
 func TestRankUsageErrors(t *testing.T) {
 	needSim(t)
 	for _, tc := range []struct {
@@ -48,7 +104,7 @@ func TestRankUsageErrors(t *testing.T) {
 		{[]string{"run", "--workload", "dp", "--world", "2"}, "needs --rendezvous"},
 		{[]string{"run", "--workload", "dp", "--nproc", "2", "--world", "2"}, "do not give --world"},
 		{[]string{"run", "--workload", "dp", "--world", "2", "--rank", "2", "--rendezvous", "x:1"}, "--rank 2 out of range"},
-		{[]string{"run", "--workload", "mlp", "--nproc", "2"}, "workload mlp has no collectives"},
+		{[]string{"run", "--workload", "mlp", "--nproc", "2"}, "workload mlp has no collectives; --nproc and --world run workloads that do (dp, gpt2-decode, gpt2-decode-tiny)"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rank", "1", "--rendezvous", "127.0.0.1:1"}, "needs a job token"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token", "s3cret"}, "visible to every user of the host"},
 		{[]string{"--backend", "sim", "run", "--workload", "dp", "--world", "2", "--rendezvous", "127.0.0.1:1", "--token=s3cret"}, "visible to every user of the host"},

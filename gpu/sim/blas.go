@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
+	"github.com/stablegraph/stablegraph/internal/f32mem"
 )
 
 // The GEMM library (gpu.GEMM) is a model of cuBLAS in what stablegraph
@@ -453,45 +454,63 @@ func (b *Backend) blasRef(dev int, k blasKernel) gpu.KernelFunc {
 	}
 }
 
-// operands reads A and B.
-func (o *gemmOp) operands(mem gpu.Memory) (a, b []float32, err error) {
-	if a, err = gpu.ReadF32(mem, o.a, o.m*o.k); err != nil {
+// operands reads A into a pooled buffer (the caller puts it back) and
+// returns B's source: B streams through the product (gemmF32) rather than
+// being read whole, but its whole range is checked first, so that a bad B
+// faults as a read of all of it would, before anything is computed.
+func (o *gemmOp) operands(mem gpu.Memory) (*f32mem.Buf, bSource, error) {
+	a, err := f32mem.Read(mem, o.a, o.m*o.k)
+	if err != nil {
 		return nil, nil, err
 	}
-	b, err = gpu.ReadF32(mem, o.b, o.k*o.n)
-	return a, b, err
+	width := o.n
+	if o.transB {
+		width = o.k
+	}
+	if v, ok := mem.(memView); ok {
+		if err := v.b.check(v.a, o.b, uint64(4*o.k*o.n), false); err != nil {
+			a.Put()
+			return nil, nil, err
+		}
+	}
+	return a, memB(mem, o.b, width), nil
 }
 
-// dot is Σ_{l in [k0,k1)} op(A)[i,l]·op(B)[l,j], summed in order.
-func (o *gemmOp) dot(a, b []float32, i, j, k0, k1 int) float32 {
-	var s float32
-	for l := k0; l < k1; l++ {
-		av := a[i*o.k+l]
-		if o.transA {
-			av = a[l*o.m+i]
+// memB is the bSource of B at p in device memory, stored in rows of width
+// floats.
+func memB(mem gpu.Memory, p gpu.DevicePtr, width int) bSource {
+	return func(r0, r1, c0, c1 int, dst []float32) error {
+		if c0 == 0 && c1 == width {
+			return f32mem.ReadInto(mem, p.Add(uint64(4*r0*width)), dst)
 		}
-		bv := b[l*o.n+j]
-		if o.transB {
-			bv = b[j*o.k+l]
+		w := c1 - c0
+		for r := r0; r < r1; r++ {
+			if err := f32mem.ReadInto(mem, p.Add(uint64(4*(r*width+c0))), dst[(r-r0)*w:(r-r0+1)*w]); err != nil {
+				return err
+			}
 		}
-		s += av * bv
+		return nil
 	}
-	return s
 }
 
 // epilogue writes C = alpha·acc + beta·C + bias, in that order.
 func (o *gemmOp) epilogue(mem gpu.Memory, acc []float32) error {
 	var c, bias []float32
-	var err error
 	if o.beta != 0 {
-		if c, err = gpu.ReadF32(mem, o.c, o.m*o.n); err != nil {
+		cb, err := f32mem.Read(mem, o.c, o.m*o.n)
+		if err != nil {
 			return err
 		}
+		defer cb.Put()
+		c = cb.V
 	}
 	if o.bias != 0 {
-		if bias, err = gpu.ReadF32(mem, o.bias, o.n); err != nil {
+		bb, err := f32mem.Read(mem, o.bias, o.n)
+		if err != nil {
 			return err
 		}
+		defer bb.Put()
+		bias = bb.V
 	}
 	for i := range acc {
 		v := o.alpha * acc[i]
@@ -503,7 +522,7 @@ func (o *gemmOp) epilogue(mem gpu.Memory, acc []float32) error {
 		}
 		acc[i] = v
 	}
-	return gpu.WriteF32(mem, o.c, acc)
+	return f32mem.Write(mem, o.c, acc)
 }
 
 // direct is the one-kernel product.
@@ -512,13 +531,13 @@ func (o *gemmOp) direct(mem gpu.Memory) error {
 	if err != nil {
 		return err
 	}
-	acc := make([]float32, o.m*o.n)
-	for i := range o.m {
-		for j := range o.n {
-			acc[i*o.n+j] = o.dot(a, b, i, j, 0, o.k)
-		}
+	defer a.Put()
+	acc := f32mem.Get(o.m * o.n)
+	defer acc.Put()
+	if err := gemmF32(acc.V, a.V, b, o.m, o.n, o.k, o.transA, o.transB, 0, o.k); err != nil {
+		return err
 	}
-	return o.epilogue(mem, acc)
+	return o.epilogue(mem, acc.V)
 }
 
 // partRange is part p's chunk of K.
@@ -537,29 +556,32 @@ func (o *gemmOp) split(mem gpu.Memory) error {
 	if err != nil {
 		return err
 	}
-	part := make([]float32, o.parts*o.m*o.n)
+	defer a.Put()
+	part := f32mem.Get(o.parts * o.m * o.n)
+	defer part.Put()
 	for p := range o.parts {
 		k0, k1 := o.partRange(p)
-		for i := range o.m {
-			for j := range o.n {
-				part[(p*o.m+i)*o.n+j] = o.dot(a, b, i, j, k0, k1)
-			}
+		if err := gemmF32(part.V[p*o.m*o.n:], a.V, b, o.m, o.n, o.k, o.transA, o.transB, k0, k1); err != nil {
+			return err
 		}
 	}
-	return gpu.WriteF32(mem, o.ws, part)
+	return f32mem.Write(mem, o.ws, part.V)
 }
 
 // reduce sums the parts in order and applies the epilogue.
 func (o *gemmOp) reduce(mem gpu.Memory) error {
-	part, err := gpu.ReadF32(mem, o.ws, o.parts*o.m*o.n)
+	part, err := f32mem.Read(mem, o.ws, o.parts*o.m*o.n)
 	if err != nil {
 		return err
 	}
-	acc := make([]float32, o.m*o.n)
+	defer part.Put()
+	acc := f32mem.Get(o.m * o.n)
+	defer acc.Put()
+	clear(acc.V)
 	for p := range o.parts {
-		for x := range acc {
-			acc[x] += part[p*o.m*o.n+x]
+		for x := range acc.V {
+			acc.V[x] += part.V[p*o.m*o.n+x]
 		}
 	}
-	return o.epilogue(mem, acc)
+	return o.epilogue(mem, acc.V)
 }

@@ -136,6 +136,11 @@ func TestGemmKernelChoice(t *testing.T) {
 		{"scalar: 8-byte aligned", 64, 96, 32, 8, true, []string{"simblas_sgemm_64x16"}, false, false},
 		{"scalar: odd shape", 33, 65, 17, 0, true, []string{"simblas_sgemm_64x16"}, true, true},
 		{"no split without room", 8, 256, 256, 0, false, []string{"simblas_sgemm_128x32_vec4"}, false, false},
+		// Large enough to be shared out over goroutines and to stream B
+		// through several panels.
+		{"vectorised, large", 64, 520, 512, 0, true, []string{"simblas_sgemm_128x32_vec4"}, false, false},
+		{"scalar, transposed, large", 33, 601, 300, 0, true, []string{"simblas_sgemm_64x16"}, true, true},
+		{"split-K, transposed B", 8, 64, 1000, 0, true, []string{"simblas_sgemm_splitk", "simblas_splitk_reduce"}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d := newGemm(t, b, r, c.m, c.n, c.k, true, c.off)
@@ -151,6 +156,13 @@ func TestGemmKernelChoice(t *testing.T) {
 			must(t, b.StreamSynchronize(s))
 			eager := readF32(t, b, d.p.C, c.m*c.n)
 			d.check(t, eager)
+			parts := 0
+			if len(c.want) == 2 {
+				parts = min(splitMaxParts, c.k/splitChunk)
+			}
+			if want := d.plain(parts); sameBits(want, eager) >= 0 {
+				t.Fatal("the product's bits are not the plain loop's (each element summed in K order, split by part)")
+			}
 
 			writeF32(t, b, d.p.C, d.c)
 			g := captureGemm(t, b, s, d.p)
@@ -292,6 +304,31 @@ func TestGemmMisalignedVectorFaults(t *testing.T) {
 		t.Errorf("fault %v", fe)
 	}
 	must(t, b.ResetDevice(0))
+}
+
+// TestGemmShortBFaults: a B that runs past its allocation faults as one
+// read of all of B would, at the first byte past it, before C is touched
+// (the kernel streams B, but checks its whole range first).
+func TestGemmShortBFaults(t *testing.T) {
+	b := newSim(t, Config{})
+	s := newStream(t, b, 0)
+	r := rand.New(rand.NewPCG(11, 12))
+	for _, transB := range []bool{false, true} {
+		const m, n, k = 64, 256, 300 // large enough to stream B in parallel
+		d := newGemm(t, b, r, m, n, k, false, 0)
+		d.p.TransB = transB
+		short := alloc(t, b, 0, 4*k*n-4)
+		d.p.B = short
+		must(t, b.Gemm(s, d.p))
+		fe := wantFault(t, b.StreamSynchronize(s))
+		if fe.Addr != short.Add(4*k*n-4) || fe.Size != 4*k*n || fe.Write || fe.Reason != "unmapped" {
+			t.Errorf("transB %v: fault %v, want a read of %d bytes at %#x faulting at %#x", transB, fe, 4*k*n, uint64(short), uint64(short.Add(4*k*n-4)))
+		}
+		must(t, b.ResetDevice(0))
+		if got := readF32(t, b, d.p.C, m*n); fmt.Sprint(got) != fmt.Sprint(d.c) {
+			t.Errorf("transB %v: C was written by the faulting product", transB)
+		}
+	}
 }
 
 // TestGemmErrors: bad parameters are refused before anything runs, and a

@@ -185,7 +185,11 @@
 // the capture when captured: mem-alloc and mem-free nodes around its
 // kernels, at a new address in every capture, as cuBLAS 12.2+ does. A graph
 // holding memory nodes runs, but cannot be a child graph (CUDA refuses it),
-// and an exec update cannot move its allocation. GraphMemcpyNodeParams and
+// and an exec update cannot move its allocation. A product's bits are
+// those of the plain loop (each element a float32 sum from +0 over K in
+// order; the split sums its parts in order), whatever the blocking, the
+// goroutines it is shared over (up to GOMAXPROCS) or the other streams
+// running (gemm.go), so the same call always gives the same bits. GraphMemcpyNodeParams and
 // GraphMemsetNodeParams (gpu.GraphNodeReader) read copy and memset nodes
 // back.
 //

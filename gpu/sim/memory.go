@@ -148,6 +148,19 @@ func (b *Backend) access(a actor, p gpu.DevicePtr, buf []byte, write bool) error
 	return nil
 }
 
+// check faults as an access of n bytes at p would, without copying: for
+// a kernel that then reads the range piece by piece (the GEMM library's
+// streamed operand), so that a bad range faults as one access of all of it.
+func (b *Backend) check(a actor, p gpu.DevicePtr, n uint64, write bool) error {
+	var arr [4]piece
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if _, f := b.mu.as.resolve(p, n, a.perm(), arr[:0]); f != nil {
+		return b.fault(a, p, n, write, f)
+	}
+	return nil
+}
+
 // copyDtoD copies n bytes from src to dst.
 func (b *Backend) copyDtoD(a actor, dst, src gpu.DevicePtr, n uint64) error {
 	var da, sa [4]piece

@@ -4,6 +4,7 @@
 package lint
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -36,11 +38,27 @@ type goFile struct {
 	fset *token.FileSet
 }
 
+// parsed is the tree, parsed once for every rule (the tests only read it).
+var parsed struct {
+	once  sync.Once
+	files []goFile
+	err   error
+}
+
+// sourceFiles returns every Go file of the module, parsed.
 func sourceFiles(t *testing.T) []goFile {
 	t.Helper()
+	parsed.once.Do(func() { parsed.files, parsed.err = parseTree() })
+	if parsed.err != nil {
+		t.Fatal(parsed.err)
+	}
+	return parsed.files
+}
+
+func parseTree() ([]goFile, error) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	var files []goFile
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -67,12 +85,12 @@ func sourceFiles(t *testing.T) []goFile {
 		return nil
 	})
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if len(files) < 5 {
-		t.Fatalf("found only %d Go files under %s: the walk is broken", len(files), root)
+		return nil, fmt.Errorf("found only %d Go files under %s: the walk is broken", len(files), root)
 	}
-	return files
+	return files, nil
 }
 
 func isTest(rel string) bool {

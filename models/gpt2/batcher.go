@@ -259,12 +259,16 @@ type Batcher struct {
 }
 
 // NewBatcher uploads w to device opts.Device of b, compiles the steps and
-// records their graphs. Close releases everything.
+// records their graphs. Close releases everything. It runs the whole
+// model on one device: weights of a tensor-parallel shard are refused.
 func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_ *Batcher, err error) {
 	start := time.Now()
 	c := w.Config
 	if err := c.Check(); err != nil {
 		return nil, err
+	}
+	if !w.Part.Whole() {
+		return nil, fmt.Errorf("%w: a Batcher runs the whole model on one device; these weights are %s", ErrTensorParallel, w.Part)
 	}
 	if opts, err = opts.withDefaults(c); err != nil {
 		return nil, err

@@ -111,13 +111,21 @@
 //
 // # Tensor parallelism
 //
-// Not built. Shard is the seam: Specs and Step take one and refuse more
-// than one rank with ErrTensorParallel. A tensor-parallel step would give
-// each rank heads/R heads and 4d/R MLP columns (the shapes in Specs per
-// shard, caches of d/R columns), and all-reduce the two projections'
-// outputs where StepProgram.declare marks it, before the residual add.
-// Callers (Batcher, the workload) would not change beyond passing a Shard
-// and a communicator.
+// A Step with a Shard of R ranks and the group's communicator (Step.Comm;
+// the Shard defaults to the communicator's rank and size) is one rank's
+// part of a Megatron-style tensor-parallel step (shard.go): heads/R heads
+// and 4d/R MLP columns, column-parallel c_attn and c_fc, row-parallel
+// projections, each followed by an all-reduce (sum) inside the program,
+// so inside the recorded graph, and its bias added once after it. The
+// embeddings, layer norms and LM head are replicated, so every rank
+// computes the same logits. Each rank's KV caches hold its heads only
+// (Shard.CacheBytes), caller-owned and bound per step like the whole
+// model's. Weights.Shard and LoadShard cut a rank's weights from the whole
+// model's checkpoint (Specs with the Shard gives their shapes). The logits
+// equal the whole model's within float32 reassociation
+// (TestTensorParallelMatchesWholeModel: 1e-4). A Batcher runs the whole
+// model on one device; the workload gpt2-decode runs the tensor-parallel
+// step on its communicator's ranks.
 //
 // # Concurrency
 //

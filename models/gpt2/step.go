@@ -5,6 +5,7 @@ import (
 	"math"
 
 	sg "github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/kernels"
 )
 
@@ -56,9 +57,17 @@ type Step struct {
 	MaxPositions int
 	// Head is what the step outputs.
 	Head Head
-	// Shard is the tensor-parallel part of the model the step computes;
-	// only the whole model is built (ErrTensorParallel).
+	// Shard is the tensor-parallel part of the model the step computes
+	// (shard.go): its weights are Specs(Config, Shard), its caches hold
+	// its heads only (Shard.CacheBytes), and each block all-reduces its
+	// two projections over Comm. The zero Shard is the whole model, or,
+	// with Comm set, the part of Comm's rank of Comm's size.
 	Shard Shard
+	// Comm is the tensor-parallel group's communicator: its size must be
+	// Shard.Ranks and its rank Shard.Rank, and the step compiles for its
+	// device. Needed for a Shard of more than one rank; with the whole
+	// model it is ignored (no collective runs).
+	Comm *sg.Comm
 }
 
 // StepProgram is a step declared in a program: the buffers the caller
@@ -92,8 +101,19 @@ func (s Step) withDefaults() (Step, error) {
 	if err := s.Config.Check(); err != nil {
 		return s, err
 	}
-	if err := s.Shard.check(); err != nil {
+	if s.Comm != nil && s.Shard == (Shard{}) {
+		s.Shard = Shard{Rank: s.Comm.Rank(), Ranks: s.Comm.Size()}
+	}
+	if err := s.Shard.Check(s.Config); err != nil {
 		return s, err
+	}
+	switch {
+	case s.Shard.Whole():
+		s.Comm = nil // nothing to reduce
+	case s.Comm == nil:
+		return s, fmt.Errorf("%w: %s: %w", ErrTensorParallel, s.Shard, errNoComm)
+	case s.Comm.Size() != s.Shard.Ranks || s.Comm.Rank() != s.Shard.Rank:
+		return s, fmt.Errorf("%w: %s on %s: the communicator's rank and size must be the shard's", ErrTensorParallel, s.Shard, s.Comm)
 	}
 	if s.MaxPositions == 0 {
 		s.MaxPositions = s.Config.Positions
@@ -116,6 +136,8 @@ func (s Step) withDefaults() (Step, error) {
 // WriteBuffer), tokens, positions and caches as params, and the head's
 // outputs. The program's buffer names are stable: "tokens", "positions",
 // "kv0".."kvN" or "kv", "logits", "next", "top", and the weights' names.
+// A tensor-parallel step's program holds its all-reduces: compile it for
+// Comm's device, on every rank of the group.
 func (s Step) Build(name string) (*StepProgram, error) {
 	s, err := s.withDefaults()
 	if err != nil {
@@ -128,7 +150,7 @@ func (s Step) Build(name string) (*StepProgram, error) {
 	p := sg.NewProgram(name)
 	R := int64(s.Rows)
 	sp := &StepProgram{Program: p, Step: s, Tokens: p.Param("tokens", 4*R), Positions: p.Param("positions", 4*R)}
-	cacheBytes := s.Config.CacheBytes(s.MaxPositions)
+	cacheBytes := s.Shard.CacheBytes(s.Config, s.MaxPositions)
 	if s.Caches == SharedCache {
 		sp.Caches = []sg.Buffer{p.Param("kv", cacheBytes)}
 	} else {
@@ -158,20 +180,21 @@ func (s Step) Build(name string) (*StepProgram, error) {
 // by BiasResidual, the MLP's first by BiasGelu. This function is the one
 // place that knows it.
 //
-// Tensor parallelism (not built; Shard): with R ranks each rank would hold
-// heads/R heads and 4d/R MLP columns, so qkv, q, att, fc and gelu narrow
-// by R, the KV caches hold the rank's heads only (d/R columns), and the two
+// Tensor parallelism (shard.go): with R ranks qkv, q and att are d/R wide
+// (the rank's heads; its KV caches too) and fc and gelu 4d/R, and the two
 // projections (attn.c_proj, mlp.c_proj) produce partial sums that an
-// all-reduce adds up where reduce is marked below, before BiasResidual adds
-// the bias once. Nothing else changes.
+// all-reduce (sum, in place over the proj temp, which never moves, so
+// every strategy captures it once) adds up before BiasResidual adds the
+// bias once. The rest, the residual stream x, is the same on every rank.
 func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	s, p := sp.Step, sp.Program
 	c := s.Config
 	B, d, hd := s.Rows, c.Width, c.HeadDim()
+	dl, heads, inner := s.Shard.Width(c), s.Shard.Heads(c), s.Shard.Inner(c)
 	rowsF32 := func(name string, cols int) sg.Buffer { return p.Temp(name, 4*int64(B)*int64(cols)) }
 	x, h := rowsF32("x", d), rowsF32("h", d)
-	qkv, q, att, proj := rowsF32("qkv", 3*d), rowsF32("q", d), rowsF32("att", d), rowsF32("proj", d)
-	fc, g := rowsF32("fc", 4*d), rowsF32("gelu", 4*d)
+	qkv, q, att, proj := rowsF32("qkv", 3*dl), rowsF32("q", dl), rowsF32("att", dl), rowsF32("proj", d)
+	fc, g := rowsF32("fc", inner), rowsF32("gelu", inner)
 	i32 := func(v int) sg.Arg { return sg.I32(int32(v)) }
 	w := func(name string) sg.Slice { return st[name].All() }
 	layerNorm := func(out sg.Buffer, prefix string) {
@@ -181,7 +204,12 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	gemm := func(out, a sg.Buffer, b string, n, k int) {
 		p.Gemm(out.All(), a.All(), w(b), sg.GEMM{M: B, N: n, K: k, Alpha: 1})
 	}
-	reduce := func(sg.Buffer) {} // the all-reduce of a tensor-parallel step (see above)
+	// reduce sums a projection's partial sums over the ranks.
+	reduce := func(b sg.Buffer) {
+		if s.Comm != nil {
+			p.AllReduce(s.Comm, b.All(), b.All(), gpu.Float32, gpu.Sum)
+		}
+	}
 	// rows is rows [r0, r0+n) of a buffer of B rows of cols 4-byte elements.
 	rows := func(b sg.Buffer, r0, n, cols int) sg.Slice { return b.Slice(4*int64(r0*cols), 4*int64(n*cols)) }
 	// The kernels take each cache whole and the layer as a scalar
@@ -193,32 +221,32 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	for l := range c.Layers {
 		pre := fmt.Sprintf("h.%d.", l)
 		layerNorm(h, pre+"ln_1")
-		gemm(qkv, h, pre+"attn.c_attn.weight", 3*d, d)
+		gemm(qkv, h, pre+"attn.c_attn.weight", 3*dl, d)
 		// Every row's keys and values are appended before any row attends:
 		// rows sharing a cache (a prompt) then see the positions before
 		// theirs.
 		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
 			n := min(kernels.MaxSeqsPerLaunch, B-r0)
-			args := []sg.Arg{sg.Out(rows(q, r0, n, d)), sg.In(rows(qkv, r0, n, 3*d)), sg.In(w(pre + "attn.c_attn.bias")), sg.In(rows(sp.Positions, r0, n, 1))}
-			args = append(append(args, cacheArgs(cache, r0, n, sg.InOut)...), i32(n), i32(d), i32(c.Layers), i32(l), i32(s.MaxPositions))
-			p.Launch(kernels.KVAppend, kernels.Elementwise(n*d), args...)
+			args := []sg.Arg{sg.Out(rows(q, r0, n, dl)), sg.In(rows(qkv, r0, n, 3*dl)), sg.In(w(pre + "attn.c_attn.bias")), sg.In(rows(sp.Positions, r0, n, 1))}
+			args = append(append(args, cacheArgs(cache, r0, n, sg.InOut)...), i32(n), i32(dl), i32(c.Layers), i32(l), i32(s.MaxPositions))
+			p.Launch(kernels.KVAppend, kernels.Elementwise(n*dl), args...)
 		}
 		for r0 := 0; r0 < B; r0 += kernels.MaxSeqsPerLaunch {
 			n := min(kernels.MaxSeqsPerLaunch, B-r0)
-			args := []sg.Arg{sg.Out(rows(att, r0, n, d)), sg.In(rows(q, r0, n, d)), sg.In(rows(sp.Positions, r0, n, 1))}
+			args := []sg.Arg{sg.Out(rows(att, r0, n, dl)), sg.In(rows(q, r0, n, dl)), sg.In(rows(sp.Positions, r0, n, 1))}
 			args = append(append(args, cacheArgs(cache, r0, n, sg.In)...),
-				i32(n), i32(c.Heads), i32(hd), i32(c.Layers), i32(l), i32(s.MaxPositions), sg.F32(float32(1/math.Sqrt(float64(hd)))))
-			p.Launch(kernels.DecodeAttention, kernels.DecodeAttentionConfig(n, c.Heads, hd, s.MaxPositions), args...)
+				i32(n), i32(heads), i32(hd), i32(c.Layers), i32(l), i32(s.MaxPositions), sg.F32(float32(1/math.Sqrt(float64(hd)))))
+			p.Launch(kernels.DecodeAttention, kernels.DecodeAttentionConfig(n, heads, hd, s.MaxPositions), args...)
 		}
-		gemm(proj, att, pre+"attn.c_proj.weight", d, d)
+		gemm(proj, att, pre+"attn.c_proj.weight", d, dl)
 		reduce(proj)
 		p.Launch(kernels.BiasResidual, kernels.Elementwise(B*d), sg.InOut(x.All()), sg.In(proj.All()),
 			sg.In(w(pre+"attn.c_proj.bias")), i32(B), i32(d))
 		layerNorm(h, pre+"ln_2")
-		gemm(fc, h, pre+"mlp.c_fc.weight", 4*d, d)
-		p.Launch(kernels.BiasGelu, kernels.Elementwise(B*4*d), sg.Out(g.All()), sg.In(fc.All()),
-			sg.In(w(pre+"mlp.c_fc.bias")), i32(B), i32(4*d))
-		gemm(proj, g, pre+"mlp.c_proj.weight", d, 4*d)
+		gemm(fc, h, pre+"mlp.c_fc.weight", inner, d)
+		p.Launch(kernels.BiasGelu, kernels.Elementwise(B*inner), sg.Out(g.All()), sg.In(fc.All()),
+			sg.In(w(pre+"mlp.c_fc.bias")), i32(B), i32(inner))
+		gemm(proj, g, pre+"mlp.c_proj.weight", d, inner)
 		reduce(proj)
 		p.Launch(kernels.BiasResidual, kernels.Elementwise(B*d), sg.InOut(x.All()), sg.In(proj.All()),
 			sg.In(w(pre+"mlp.c_proj.bias")), i32(B), i32(d))

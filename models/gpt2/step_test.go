@@ -26,7 +26,8 @@ func microWeights(t testing.TB) *Weights {
 }
 
 // stepRunner runs one compiled step on sim, eager, its inputs and
-// outputs in buffers of its own.
+// outputs in buffers of its own, on the device of the step's communicator
+// (0 without one).
 type stepRunner struct {
 	t   *testing.T
 	b   gpu.Backend
@@ -43,7 +44,11 @@ func newStepRunner(t *testing.T, b gpu.Backend, w *Weights, st Step) *stepRunner
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	exe, err := sg.Compile(ctx, b, sp.Program, sg.Options{Strategy: sg.StrategyEager})
+	dev := 0
+	if st.Comm != nil {
+		dev = st.Comm.Device()
+	}
+	exe, err := sg.Compile(ctx, b, sp.Program, sg.Options{Strategy: sg.StrategyEager, Device: dev})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +58,9 @@ func newStepRunner(t *testing.T, b gpu.Backend, w *Weights, st Step) *stepRunner
 			t.Fatal(err)
 		}
 	}
-	r := &stepRunner{t: t, b: b, s: simtest.Stream(t, b, 0), sp: sp, exe: exe, io: map[sg.Buffer]gpu.DevicePtr{}}
+	r := &stepRunner{t: t, b: b, s: simtest.Stream(t, b, dev), sp: sp, exe: exe, io: map[sg.Buffer]gpu.DevicePtr{}}
 	for _, buf := range []sg.Buffer{sp.Tokens, sp.Positions, sp.Logits} {
-		r.io[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size()))
+		r.io[buf] = simtest.Alloc(t, b, dev, uint64(buf.Size()))
 	}
 	return r
 }
@@ -64,6 +69,16 @@ func newStepRunner(t *testing.T, b gpu.Backend, w *Weights, st Step) *stepRunner
 // rows past len(toks)) and caches, and returns the logits of every row.
 func (r *stepRunner) run(toks, pos []int32, caches []gpu.DevicePtr) [][]float32 {
 	r.t.Helper()
+	out, err := r.try(toks, pos, caches)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// try is run returning its error: for the ranks of a tensor-parallel
+// step, which run on goroutines of their own.
+func (r *stepRunner) try(toks, pos []int32, caches []gpu.DevicePtr) ([][]float32, error) {
 	rows := r.sp.Step.Rows
 	tk, ps := make([]int32, rows), make([]int32, rows)
 	for i := range rows {
@@ -74,7 +89,7 @@ func (r *stepRunner) run(toks, pos []int32, caches []gpu.DevicePtr) [][]float32 
 	}
 	for buf, v := range map[sg.Buffer][]int32{r.sp.Tokens: tk, r.sp.Positions: ps} {
 		if err := r.b.MemcpyHtoD(r.io[buf], i32Bytes(v)); err != nil {
-			r.t.Fatal(err)
+			return nil, err
 		}
 	}
 	bind := sg.Bindings{}
@@ -85,21 +100,22 @@ func (r *stepRunner) run(toks, pos []int32, caches []gpu.DevicePtr) [][]float32 
 		bind[cb] = caches[i]
 	}
 	if _, err := r.exe.Run(context.Background(), r.s, bind); err != nil {
-		r.t.Fatal(err)
+		return nil, err
 	}
 	if err := r.b.StreamSynchronize(r.s); err != nil {
-		r.t.Fatal(err)
+		return nil, err
 	}
 	raw := make([]byte, r.sp.Logits.Size())
 	if err := r.b.MemcpyDtoH(raw, r.io[r.sp.Logits]); err != nil {
-		r.t.Fatal(err)
+		return nil, err
 	}
 	all := gpu.BytesToF32(raw)
+	vocab := r.sp.Step.Config.Vocab
 	out := make([][]float32, rows)
 	for i := range out {
-		out[i] = all[i*micro.Vocab : (i+1)*micro.Vocab]
+		out[i] = all[i*vocab : (i+1)*vocab]
 	}
-	return out
+	return out, nil
 }
 
 // near checks got against the float64 want within tol·(1 + |want|).
@@ -184,7 +200,9 @@ func TestStepRejects(t *testing.T) {
 	}{
 		{Step{Config: micro, Rows: 0}, "0 rows"},
 		{Step{Config: micro, Rows: 1, MaxPositions: 41}, "outside the model's context"},
-		{Step{Config: micro, Rows: 1, Shard: Shard{Rank: 1, Ranks: 2}}, "tensor-parallel"},
+		{Step{Config: micro, Rows: 1, Shard: Shard{Rank: 1, Ranks: 2}}, "needs its group's communicator"},
+		{Step{Config: micro, Rows: 1, Shard: Shard{Rank: 0, Ranks: 3}}, "4 heads do not split over 3 ranks"},
+		{Step{Config: micro, Rows: 1, Shard: Shard{Rank: 2, Ranks: 2}}, "rank 2 of 2"},
 		{Step{Config: Config{Layers: 1, Width: 30, Heads: 4, Vocab: 5, Positions: 4}, Rows: 1}, "not a multiple"},
 	} {
 		if _, err := c.st.Build("x"); err == nil || !contains(err.Error(), c.want) {

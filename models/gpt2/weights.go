@@ -37,6 +37,12 @@ type Spec struct {
 	Center, Spread float64
 }
 
+// Split says how a tensor-parallel shard takes its part of the weight.
+func (s Spec) Split() Split {
+	sp, _ := splitOf(s.Name)
+	return sp
+}
+
 // Elements is the product of the shape.
 func (s Spec) Elements() int64 {
 	n := int64(1)
@@ -49,29 +55,24 @@ func (s Spec) Elements() int64 {
 // Shard is the part of the model one rank of a tensor-parallel group
 // computes: its heads and MLP columns (Megatron's split: c_attn and c_fc
 // by output columns, the projections c_proj by input rows, an all-reduce
-// after each projection). The zero Shard, and {Rank: 0, Ranks: 1}, is the
-// whole model, the only one built today: Specs and Step refuse others
-// with ErrTensorParallel. It is here so that a tensor-parallel step can be
-// added without changing the callers' API (doc.go, Tensor parallelism).
+// after each projection; shard.go). The zero Shard, and {Rank: 0, Ranks:
+// 1}, is the whole model.
 type Shard struct {
 	Rank, Ranks int
 }
 
-// ErrTensorParallel is returned for a Shard of more than one rank.
-var ErrTensorParallel = errors.New("gpt2: tensor-parallel shards are not built yet")
+// ErrTensorParallel is returned for a Shard that does not split the model
+// (a rank out of range; heads or MLP columns that do not divide by the
+// ranks) and for a tensor-parallel step without a matching communicator.
+var ErrTensorParallel = errors.New("gpt2: bad tensor-parallel shard")
 
-func (s Shard) check() error {
-	if s.Ranks > 1 || s.Rank != 0 || s.Ranks < 0 {
-		return fmt.Errorf("%w (rank %d of %d)", ErrTensorParallel, s.Rank, s.Ranks)
-	}
-	return nil
-}
-
-// Specs lists the weights of c in checkpoint order. Generated values have
-// GPT-2's initial scales: standard deviation 0.02 (0.02/√(2L) for the
-// projections into the residual stream), uniform rather than normal.
+// Specs lists the weights of c in checkpoint order, with the shapes shard
+// holds (the whole model's for the zero Shard; Split says how a shard's
+// are cut from the whole). Generated values have GPT-2's initial scales:
+// standard deviation 0.02 (0.02/√(2L) for the projections into the
+// residual stream), uniform rather than normal.
 func Specs(c Config, shard Shard) ([]Spec, error) {
-	if err := shard.check(); err != nil {
+	if err := shard.Check(c); err != nil {
 		return nil, err
 	}
 	d, L := int64(c.Width), c.Layers
@@ -100,12 +101,21 @@ func Specs(c Config, shard Shard) ([]Spec, error) {
 			Spec{pre + "mlp.c_proj.weight", []int64{4 * d, d}, 0, resid},
 			Spec{pre + "mlp.c_proj.bias", []int64{d}, 0, 0.02})
 	}
-	return append(ss, ln("ln_f")...), nil
+	ss = append(ss, ln("ln_f")...)
+	if !shard.Whole() {
+		for i := range ss {
+			ss[i] = shardSpec(ss[i], shard)
+		}
+	}
+	return ss, nil
 }
 
 // Weights are a model's shape and its weights in Specs order.
 type Weights struct {
-	Config  Config
+	Config Config
+	// Part is the shard the tensors hold (Specs' shapes for it); the zero
+	// Shard for the whole model.
+	Part    Shard
 	Tensors []Tensor
 	// Source says where they came from, for logs and reports.
 	Source string
@@ -135,7 +145,12 @@ const prefix = "transformer."
 // tied embedding) and the attention masks are ignored. F32 tensors are
 // taken as they are, F16 and BF16 converted to float32 exactly; other
 // dtypes are refused. Every error about a tensor names it.
-func Load(path string) (*Weights, error) {
+func Load(path string) (*Weights, error) { return LoadShard(path, Shard{}) }
+
+// LoadShard reads a whole model's checkpoint as Load does and keeps the
+// part shard holds (Weights.Shard), slicing each tensor as it is read, so
+// that a rank never holds more than its part and one whole tensor.
+func LoadShard(path string, shard Shard) (*Weights, error) {
 	file := path
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		file = filepath.Join(path, WeightsFile)
@@ -164,9 +179,18 @@ func Load(path string) (*Weights, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Weights{Config: c, Source: fmt.Sprintf("%s (%s; %s)", file, c, from)}
+	if err := shard.Check(c); err != nil {
+		return nil, fmt.Errorf("gpt2: weights %s: %w", file, err)
+	}
+	w := &Weights{Config: c, Part: shard, Source: fmt.Sprintf("%s (%s; %s)", file, c, from)}
+	if !shard.Whole() {
+		w.Source += ", " + shard.String()
+	}
 	for _, sp := range specs {
 		t, err := readTensor(f, names, sp)
+		if err == nil && !shard.Whole() {
+			t, err = sliceTensor(t, sp, shardSpec(sp, shard), shard)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("gpt2: weights %s: %w", file, err)
 		}
