@@ -249,3 +249,23 @@ func BenchmarkAutoStepHost(bm *testing.B) {
 		}
 	})
 }
+
+// BenchmarkStepHost is Executable.Run's host work on the sim with the
+// device calls doing nothing (quietSim), the MLP at fresh addresses every
+// step: patch node by node and device. Run with -cpuprofile to see where a
+// step's host time goes; only the ratios mean anything.
+func BenchmarkStepHost(bm *testing.B) {
+	for _, st := range []stablegraph.Strategy{stablegraph.StrategyPatch, stablegraph.StrategyDevice, stablegraph.StrategyStable} {
+		bm.Run(string(st), func(bm *testing.B) {
+			b := quietSim{simtest.New(bm, 1)}
+			_, step, _ := stepper(bm, b, stablegraph.Options{Strategy: st, Costs: stablegraph.Costs{NodeUpdateUS: 0.01}})
+			for range 4 {
+				step()
+			}
+			bm.ReportAllocs()
+			for bm.Loop() {
+				step()
+			}
+		})
+	}
+}
