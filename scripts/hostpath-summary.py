@@ -112,9 +112,9 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
             verdicts.append((name, "auto host <= kept's +10% +1 us", p50(a, "host_us") <= 1.1 * p50(k, "host_us") + 1,
                              "%.2f vs %s %.2f us" % (p50(a, "host_us"), kept, p50(k, "host_us"))))
 
-for path in ("stephost.log", "gemmupdate.log"):
+for path in ("stephost.log", "autohost.log", "gemmupdate.log"):
     lines = [l.rstrip() for l in open(os.path.join(work, path))] if os.path.exists(os.path.join(work, path)) else []
-    lines = [l for l in lines if l.startswith("Benchmark")]
+    lines = [l for l in lines if l.startswith("Benchmark") or "auto kept" in l]
     if lines:
         print("\n== %s" % path)
         for l in lines:
