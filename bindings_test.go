@@ -141,7 +141,7 @@ func TestRunOnCapturingStream(t *testing.T) {
 			s := simtest.Stream(t, b, 0)
 			cs := simtest.Stream(t, b, 0)
 			p, x, y, _ := smallProgram()
-			opts := stablegraph.Options{Strategy: st, PoolSlots: 1}
+			opts := stablegraph.Options{Strategy: st, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}}
 			mem := steptest.Memory(t, b, 0, &opts)
 			exe := steptest.Compile(t, b, p, opts)
 			xp, yp := mem(64), mem(64)

@@ -56,7 +56,7 @@ func TestCloseWakesSlotWaiterAndIsBounded(t *testing.T) {
 	gate := make(chan struct{})
 	p, x, y := gatedProgram(gate)
 	xp, yp := simtest.Alloc(t, b, 0, 64), simtest.Alloc(t, b, 0, 64)
-	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 1})
+	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -134,7 +134,7 @@ func runColl(ctx context.Context, b gpu.Backend, cp *collProg, strategy stablegr
 			return err
 		}
 		defer ra.Close()
-		alloc, opts.Remappable = ra, ra
+		alloc, opts.Remap.Memory = ra, ra
 	}
 	exe, err := stablegraph.Compile(ctx, b, cp.p, opts)
 	if err != nil {
@@ -277,7 +277,7 @@ func TestCollectiveCapturedOnceInSteadyState(t *testing.T) {
 						return err
 					}
 					defer ra.Close()
-					opts.Remappable = ra
+					opts.Remap.Memory = ra
 					alloc = func() (gpu.DevicePtr, func() error, error) {
 						p, err := ra.Alloc(4 * n)
 						return p, func() error { return ra.Free(p) }, err

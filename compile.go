@@ -60,17 +60,6 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 	// Snapshot the commands too: later declarations must not reach into
 	// this executable.
 	cmds := append([]cmdDecl(nil), p.cmds...)
-	for i, d := range e.bufs {
-		if d.class == Param || d.class == Output {
-			e.bound = append(e.bound, i)
-		}
-		if d.class == Output {
-			e.outputs = append(e.outputs, i)
-		}
-		if d.class == State {
-			e.states = append(e.states, i)
-		}
-	}
 	e.closing, e.beginClose = context.WithCancel(context.Background())
 	e.closeSem = make(chan struct{}, 1)
 	e.mu.addrs = make([]gpu.DevicePtr, len(e.bufs))
@@ -102,7 +91,7 @@ func Compile(ctx context.Context, b gpu.Backend, p *Program, opts Options) (_ *E
 		return nil, err
 	}
 	spec := e.spec(cmds)
-	e.rbufs = spec.Buffers
+	e.rbufs, e.classes = spec.Buffers, replay.ClassesOf(spec.Buffers)
 	if e.strat, err = replay.New(opts.Strategy, spec); err != nil {
 		var pe *replay.ProgramError
 		if errors.As(err, &pe) {
@@ -139,10 +128,14 @@ func (e *Executable) spec(cmds []cmdDecl) replay.Spec {
 	return replay.Spec{
 		Program:     e.name,
 		Backend:     e.b,
-		Device:      e.dev,
+		Ordinal:     e.dev,
 		Commands:    e.cb,
 		Buffers:     bufs,
-		Options:     e.opts.replayOptions(),
+		Alignment:   e.opts.Alignment,
+		Costs:       e.opts.Costs,
+		Poll:        e.opts.SlotPoll,
+		Wait:        e.opts.SlotWait,
+		Options:     e.opts.StrategyOptions,
 		Collectives: coll,
 		Agree:       agree,
 		Kernels:     e.kernel,

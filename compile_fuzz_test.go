@@ -320,7 +320,7 @@ func FuzzCompile(f *testing.F) {
 					t.Errorf("close the remappable allocator: %v", err)
 				}
 			}()
-			opts.Remappable = ra
+			opts.Remap.Memory = ra
 		}
 		exe, err := stablegraph.Compile(ctx, b, fp.p, opts)
 		if err != nil {

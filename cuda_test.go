@@ -143,7 +143,7 @@ func TestCUDARunOnCapturingStream(t *testing.T) {
 	for _, st := range stablegraph.Strategies() {
 		t.Run(string(st), func(t *testing.T) {
 			p, x, y, _ := smallProgram()
-			opts := stablegraph.Options{Strategy: st, PoolSlots: 1}
+			opts := stablegraph.Options{Strategy: st, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}}
 			xp, yp := cudaAlloc(t, b, 64), cudaAlloc(t, b, 64)
 			if st == stablegraph.StrategyRemap {
 				mem := steptest.Memory(t, b, 0, &opts)

@@ -100,74 +100,21 @@
 //
 // # Strategies
 //
-// The strategies live in package replay, one file each, behind one
+// The strategies live in package replay, one unit each behind one
 // interface; an Executable holds one and never branches on which. Strategy
-// names them (Strategies lists them).
-//
-// StrategyEager launches every command each step; StrategyRecord
-// re-records and re-instantiates a graph whenever an address changes;
-// StrategyUpdate re-records and applies a whole-graph exec update;
-// StrategyPatch updates in place only the nodes whose buffers moved
-// (package internal/graph), moving traced nodes through their child graph with
-// traces from a per-command LRU cache keyed by address or built from a
-// differential-tracing template (package internal/trace). StrategyDevice records
-// once and moves the pointers on the GPU: a patcher kernel, a node of the
-// graph beside the step's first command, rewrites the pointer parameters of
-// the nodes opted in to device-side updates from updates the host writes,
-// one per moved buffer, so that a step is one launch, the update of the
-// first command's node when it moved, and the patcher's own when its
-// parameters carry the updates (it needs CUDA 12.4's device-updatable
-// graph nodes and the patcher built for the GPU; see package replay,
-// device.go).
-//
-// Two strategies never move the program's addresses at all. StrategyStable
-// gives every param and output a persistent allocation for the life of the
-// executable; StrategyPool gives each of Options.PoolSlots slots of
-// VMM-mapped memory its own copy of them, with one graph per slot. The
-// step's graph is recorded once over those addresses and wrapped in copy
-// nodes: params are copied in and outputs copied back to the caller's
-// buffers inside the graph, so a step is one launch, and when the caller's
-// buffers move only the copy nodes' caller-side pointers are updated
-// (Counters.CopyNodeUpdates; PatchedNodes stays zero). States are never
-// copied. Options.StreamCopies enqueues the copies around the launch
-// instead. Buffers are copied only as the step needs: in when the step reads
-// the caller's contents (every param it reads; an output read before it is
-// written or written only in part), out when the step writes them. A
-// program whose commands use their own addresses as data sees the
-// persistent addresses, not the caller's.
-//
-// StrategyPool waits, before reusing a slot, for a device-written timeline
-// to pass the step that last used it (polling with yields for a short
-// bounded time, then sleeping with back-off, as Options.SlotPoll says; at
-// most Options.SlotWait, then ErrSlotWait), and enqueues the timeline write
-// that releases the slot right after the slot's graph. With
-// Options.ZeroCopyOutputs it does not copy outputs out: Run's Outputs are
-// the slot's memory, leased until Outputs.Release, and a slot is not reused
-// while leased. It needs VMM and stream memory operations; Compile refuses
-// it with an error wrapping gpu.ErrNotSupported on devices without them.
-//
-// StrategyAuto chooses among patch, device, stable and pool per program and device
-// from measured costs. A cost model (Costs, by default the measured figures of
-// docs/GPU-MACHINE.md: nodes to patch against bytes and copies to make, VMM
-// support and slot memory) rules out what the device cannot run and orders
-// the rest; Compile builds them (falling back past one that runs out of
-// memory), and the first steps run each: warm-up steps, then interleaved
-// rounds until each has Options.AutoProbeSteps measured steps, timed as
-// stablegraph bench times a step (the stream held behind a gate while the
-// host enqueues it: host time by the clock, GPU time by events around the
-// device's work alone). Auto keeps the fastest by what bounds the step
-// (Options.AutoBound: latency, host + GPU time, by default), and releases
-// the others; all compute the same bits over the same states, so the
-// switches are invisible. Without probing (AutoProbeSteps < 0,
-// zero-copy outputs, collectives) the model decides. Executable.Choice says
-// what it chose and why, with the measured and modelled figures.
+// names them (Strategies lists them), each constant's doc says in a line
+// what it does, and its file in package replay (replay/eager.go,
+// replay/patch.go, ...) says it in full, with its options (one group each
+// in Options: Copies, Pool, DeviceStrategy, Remap, Auto) and what it
+// counts; docs/ARCHITECTURE.md ("Strategies") sets them side by side.
 //
 // All produce the same bits as eager. Executable.Stats counts what each
-// did, with every re-record explained by its cause (Counters.Rerecords)
-// and every refused graph update by the backend's reason
-// (Stats.Fallbacks); Executable.Memory counts the memory each holds
-// (persistent copies and slots included) and the tracer's library
-// workspace.
+// did, with every re-record explained by its cause (Counters.Rerecords =
+// MoveRerecords + UpdateFallbacks + RetryRerecords) and every refused
+// graph update by the backend's reason (Stats.Fallbacks);
+// Executable.Memory counts the memory each holds (persistent copies and
+// slots included) and the tracer's library workspace; Executable.Choice
+// says what StrategyAuto chose and why.
 //
 // # Concurrency and resources
 //

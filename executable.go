@@ -22,7 +22,7 @@ type Bindings map[Buffer]gpu.DevicePtr
 
 // Outputs say, after a step, where each output buffer's result is. It is
 // the address the caller bound, except under StrategyPool with
-// Options.ZeroCopyOutputs, where it is the memory of the pool slot that ran
+// Options.Pool.ZeroCopyOutputs, where it is the memory of the pool slot that ran
 // the step, leased to the caller: that slot is not reused until Release,
 // so the results stay valid until then and no longer.
 //
@@ -192,17 +192,17 @@ type TraceInfo struct {
 // for a step being enqueued, the others for nothing.
 type Executable struct {
 	// Immutable after Compile.
-	b       gpu.Backend
-	dev     int
-	opts    Options
-	log     *slog.Logger
-	prog    *Program // identifies the program's Buffers
-	name    string
-	bufs    []bufDecl
-	rbufs   []replay.Buffer // the buffers as the strategy knows them (class, size, flow)
-	bound   []int           // params and outputs: the buffers Bindings must name
-	states  []int
-	outputs []int
+	b     gpu.Backend
+	dev   int
+	opts  Options
+	log   *slog.Logger
+	prog  *Program // identifies the program's Buffers
+	name  string
+	bufs  []bufDecl
+	rbufs []replay.Buffer // the buffers as the strategy knows them (class, size, flow)
+	// classes split them by class: Bound are the buffers Bindings must
+	// name.
+	classes replay.Classes
 	funcs   map[string]gpu.Function
 	cb      *graph.CommandBuffer
 	// strat is the replay strategy, called only through the replay
@@ -281,7 +281,7 @@ func (e *Executable) Strategy() Strategy {
 
 // Choice says which strategy runs and why: for StrategyAuto, the measured
 // and modelled cost of every candidate and any fallback. Under
-// StrategyAuto with probing (Options.AutoProbeSteps) it changes once, when
+// StrategyAuto with probing (Options.Auto.ProbeSteps) it changes once, when
 // auto decides (Choice.Probing turns false).
 func (e *Executable) Choice() Choice { return replay.ChoiceOf(e.strat, e.opts.Strategy) }
 
@@ -425,11 +425,11 @@ func (e *Executable) Run(ctx context.Context, s gpu.Stream, b Bindings) (Outputs
 	}
 	e.mu.stats.Steps++
 	e.publishLocked(e.mu.stats.Last.UpdateFallbacks != 0)
-	outs := Outputs{prog: e.prog, ids: e.outputs, lease: res.Lease}
-	if len(e.outputs) > outputsInline {
-		outs.more = make([]gpu.DevicePtr, len(e.outputs))
+	outs := Outputs{prog: e.prog, ids: e.classes.Outputs, lease: res.Lease}
+	if len(e.classes.Outputs) > outputsInline {
+		outs.more = make([]gpu.DevicePtr, len(e.classes.Outputs))
 	}
-	for i, id := range e.outputs {
+	for i, id := range e.classes.Outputs {
 		p := e.mu.addrs[id]
 		if res.Outs != nil {
 			p = res.Outs[i]
@@ -527,7 +527,7 @@ func (e *Executable) bindLocked(b Bindings) error {
 		e.mu.boundGen[buf.id] = e.mu.gen
 		e.mu.addrs[buf.id] = p
 	}
-	for _, id := range e.bound {
+	for _, id := range e.classes.Bound {
 		if e.mu.boundGen[id] != e.mu.gen {
 			d := &e.bufs[id]
 			if d.class == Output && e.leased {
@@ -566,13 +566,13 @@ func (e *Executable) checkOverlapsLocked() error {
 		return nil
 	}
 	ids := e.mu.ids[:0]
-	for _, id := range e.bound {
+	for _, id := range e.classes.Bound {
 		if e.mu.boundGen[id] == e.mu.gen {
 			ids = append(ids, id)
 		}
 	}
 	if e.mu.rebound > 0 {
-		for _, id := range e.states {
+		for _, id := range e.classes.States {
 			if e.mu.owned[id] == 0 {
 				ids = append(ids, id)
 			}

@@ -447,7 +447,7 @@ func TestConcurrentExecutablesAndClients(t *testing.T) {
 	}
 
 	compile := func(wl *ccWorkload, st stablegraph.Strategy, dev int, mem stablegraph.ChunkFinder) (*stablegraph.Executable, error) {
-		exe, err := stablegraph.Compile(ctx, b, wl.w.Program, stablegraph.Options{Strategy: st, Device: dev, Remappable: mem})
+		exe, err := stablegraph.Compile(ctx, b, wl.w.Program, stablegraph.Options{Strategy: st, Device: dev, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: mem}}})
 		if err != nil {
 			return nil, err
 		}
@@ -604,10 +604,10 @@ func TestRunFaults(t *testing.T) {
 	// updated: y, z and ycopy (m reads the accumulator).
 	compared := []int{0, 1, 3}
 	variants := map[string]stablegraph.Options{
-		"stable-stream-copies": {Strategy: stablegraph.StrategyStable, StreamCopies: true},
-		"pool-1":               {Strategy: stablegraph.StrategyPool, PoolSlots: 1},
-		"pool-3":               {Strategy: stablegraph.StrategyPool, PoolSlots: 3},
-		"pool-stream-copies":   {Strategy: stablegraph.StrategyPool, StreamCopies: true},
+		"stable-stream-copies": {Strategy: stablegraph.StrategyStable, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}},
+		"pool-1":               {Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}},
+		"pool-3":               {Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}},
+		"pool-stream-copies":   {Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}},
 	}
 	for _, st := range stablegraph.Strategies() {
 		variants[string(st)] = stablegraph.Options{Strategy: st}

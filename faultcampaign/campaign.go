@@ -8,7 +8,7 @@
 // sim by default; any backend implementing gpu.FaultInjector and
 // gpu.HandleCounter will do): a workload.Caller whose buffers move (random
 // pattern by default; remappable buffers for remap, given to Compile as
-// Options.Remappable), a Client on a private stream cache, Compile, the
+// Options.Remap.Memory), a Client on a private stream cache, Compile, the
 // states written, then Config.Steps steps, each of Run, Client.Submitted,
 // Client.Retire of a scratch buffer at the point returned, and the outputs
 // read back and compared with an eager reference; then the executable and
@@ -403,15 +403,15 @@ func DefaultVariants() []Variant {
 	for _, s := range sg.Strategies() {
 		v := Variant{Name: string(s), Options: sg.Options{Strategy: s}}
 		if s == sg.StrategyAuto {
-			v.Steps, v.Options.AutoProbeSteps = AutoSteps, AutoProbeSteps
+			v.Steps, v.Options.Auto.ProbeSteps = AutoSteps, AutoProbeSteps
 		}
 		vs = append(vs, v)
 	}
 	return append(vs,
-		Variant{Name: "pool-1-slot", Options: sg.Options{Strategy: sg.StrategyPool, PoolSlots: 1}},
-		Variant{Name: "pool-zero-copy", Options: sg.Options{Strategy: sg.StrategyPool, ZeroCopyOutputs: true}},
-		Variant{Name: "stable-stream-copies", Options: sg.Options{Strategy: sg.StrategyStable, StreamCopies: true}},
-		Variant{Name: "pool-stream-copies", Options: sg.Options{Strategy: sg.StrategyPool, StreamCopies: true}},
+		Variant{Name: "pool-1-slot", Options: sg.Options{Strategy: sg.StrategyPool, StrategyOptions: sg.StrategyOptions{Pool: sg.PoolOptions{Slots: 1}}}},
+		Variant{Name: "pool-zero-copy", Options: sg.Options{Strategy: sg.StrategyPool, StrategyOptions: sg.StrategyOptions{Pool: sg.PoolOptions{ZeroCopyOutputs: true}}}},
+		Variant{Name: "stable-stream-copies", Options: sg.Options{Strategy: sg.StrategyStable, StrategyOptions: sg.StrategyOptions{Copies: sg.CopyOptions{OnStream: true}}}},
+		Variant{Name: "pool-stream-copies", Options: sg.Options{Strategy: sg.StrategyPool, StrategyOptions: sg.StrategyOptions{Copies: sg.CopyOptions{OnStream: true}}}},
 	)
 }
 
@@ -445,7 +445,7 @@ func Ops() []string {
 	return ops
 }
 
-// releaseKinds are the handle kinds (gpu.Counters.String names) a failed
+// releaseKinds are the handle kinds (gpu.HandleCounts.String names) a failed
 // release may keep: a failed unmap keeps its reservation too.
 var releaseKinds = map[string][]string{
 	"MemFree": {"allocations"}, "MemRelease": {"chunks"}, "MemAddressFree": {"reservations"},
@@ -454,9 +454,9 @@ var releaseKinds = map[string][]string{
 	"GraphExecDestroy": {"graph-execs"}, "CommDestroy": {"comms"},
 }
 
-// keptByRelease reports whether live (gpu.Counters.String) holds only what
+// keptByRelease reports whether live (gpu.HandleCounts.String) holds only what
 // a failed release of op may keep: one handle of each of its kinds.
-func keptByRelease(op string, live gpu.Counters) bool {
+func keptByRelease(op string, live gpu.HandleCounts) bool {
 	kinds := releaseKinds[op]
 	for _, kv := range strings.Fields(live.String()) {
 		k, v, _ := strings.Cut(kv, "=")
@@ -902,8 +902,8 @@ func (t *trial) body(ctx context.Context) {
 	compile := func() error {
 		opts := t.v.Options
 		opts.Logger = t.lg
-		if opts.Remappable == nil {
-			opts.Remappable = caller.Remappable()
+		if opts.Remap.Memory == nil {
+			opts.Remap.Memory = caller.Remappable()
 		}
 		e, err := sg.Compile(ctx, b, t.w.Program, opts)
 		exe, t.exe = e, e

@@ -112,7 +112,7 @@ func collRank(ctx context.Context, b gpu.Backend, w *workload.Workload, strat sg
 	}
 	defer func() { err = errors.Join(err, b.StreamDestroy(s)) }()
 	defer func() { _ = b.StreamSynchronize(s) }()
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: strat, Device: dev, Remappable: caller.Remappable()})
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: strat, Device: dev, StrategyOptions: sg.StrategyOptions{Remap: sg.RemapOptions{Memory: caller.Remappable()}}})
 	if err != nil {
 		return nil, err
 	}

@@ -252,5 +252,5 @@ type DeviceResetter interface {
 // always; cuda for the handles it issued). Tests assert the counts return to
 // zero.
 type HandleCounter interface {
-	LiveHandles() Counters
+	LiveHandles() HandleCounts
 }

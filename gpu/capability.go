@@ -161,11 +161,11 @@ func AddressRangerOf(b Backend) (AddressRanger, bool) {
 
 // LiveHandles returns b's live-handle counters, and false when b does not
 // count them: a test then cannot check for leaked handles.
-func LiveHandles(b Backend) (Counters, bool) {
+func LiveHandles(b Backend) (HandleCounts, bool) {
 	if hc, ok := b.(HandleCounter); ok {
 		return hc.LiveHandles(), true
 	}
-	return Counters{}, false
+	return HandleCounts{}, false
 }
 
 // HandleCounterOf returns b's live-handle counter, and false when b does

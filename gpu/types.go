@@ -290,9 +290,9 @@ func (h HostMem) Store64(off int, v uint64) {
 	atomic.StoreUint64((*uint64)(unsafe.Pointer(&h.Bytes[off])), v)
 }
 
-// Counters count live handles of each kind. A test that opened a backend
-// and closed everything it made sees all of them at zero.
-type Counters struct {
+// HandleCounts count live handles of each kind (HandleCounter). A test that
+// opened a backend and closed everything it made sees all of them at zero.
+type HandleCounts struct {
 	Streams      int
 	Events       int
 	Allocations  int // MemAlloc
@@ -307,9 +307,9 @@ type Counters struct {
 }
 
 // IsZero reports whether no handle is live.
-func (c Counters) IsZero() bool { return c == Counters{} }
+func (c HandleCounts) IsZero() bool { return c == HandleCounts{} }
 
-func (c Counters) String() string {
+func (c HandleCounts) String() string {
 	var parts []string
 	add := func(name string, n int) {
 		if n != 0 {

@@ -10,7 +10,7 @@
 // remap.go), which keeps the addresses of a recorded graph fixed and maps
 // the physical memory behind the caller's buffers into them every step:
 // the caller allocates its params and outputs here and hands the
-// Allocator to the executable as stablegraph.Options.Remappable, which is
+// Allocator to the executable as stablegraph.Options.Remap.Memory, which is
 // how the strategy finds the chunk behind a bound address (Chunk
 // implements replay.ChunkFinder). Memory from anywhere else (MemAlloc, a
 // bfc region) has no chunk the strategy can map, and remap refuses it.

@@ -43,7 +43,7 @@ func TestAllocChunkFree(t *testing.T) {
 	if st := a.Stats(); st.Buffers != 4 || st.Bytes != 1*gran+1*gran+2*gran+3*gran {
 		t.Errorf("stats %+v", st)
 	}
-	simtest.WantLive(t, b, "four buffers", gpu.Counters{Chunks: 4, Reservations: 4, Mappings: 4})
+	simtest.WantLive(t, b, "four buffers", gpu.HandleCounts{Chunks: 4, Reservations: 4, Mappings: 4})
 	chunks := map[*vmm.PhysicalAllocation]bool{}
 	for i, p := range ptrs {
 		c, off, err := a.Chunk(p)

@@ -38,11 +38,11 @@ func aliasVariants() []struct {
 		}
 		add(string(st), stablegraph.Options{Strategy: st})
 	}
-	add("stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StreamCopies: true})
-	add("pool-1", stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 1})
-	add("pool-3", stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
-	add("pool-2-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyPool, StreamCopies: true})
-	add("auto-model", stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1})
+	add("stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}})
+	add("pool-1", stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}})
+	add("pool-3", stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}})
+	add("pool-2-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}})
+	add("auto-model", stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}})
 	return v
 }
 
@@ -111,7 +111,7 @@ func checkAliasStats(t *testing.T, c steptest.AliasCase, move steptest.Movement,
 			t.Errorf("stable recorded %d graphs (%d re-records), want 1", final.Records, final.Rerecords)
 		}
 	case stablegraph.StrategyPool:
-		slots := int64(opts.PoolSlots)
+		slots := int64(opts.Pool.Slots)
 		if slots == 0 {
 			slots = 2 // the default
 		}
@@ -168,7 +168,7 @@ func TestAliasedParamsMatchEager(t *testing.T) {
 	variants = append(variants, struct {
 		name string
 		opts stablegraph.Options
-	}{"pool-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyPool, ZeroCopyOutputs: true}})
+	}{"pool-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}}})
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			gotY, gotX := run(t, b, v.opts)

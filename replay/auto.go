@@ -9,72 +9,70 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
-// Choice says which strategy an executable runs and why. The root
-// package's Choice is this type.
-type Choice struct {
-	// Requested is the strategy Options asked for.
-	Requested Name
-	// Strategy is the one that runs; it differs from Requested only for
-	// auto.
-	Strategy Name
-	// Reason says why, in words: "requested", or auto's comparison (the
-	// measured and modelled costs) and any fallback.
-	Reason string
-	// Candidates are what auto weighed, the one chosen first, then the
-	// others from cheapest (measured, then modelled) to not usable; nil
-	// for a strategy asked for by name.
-	Candidates []Candidate
-	// Probing is true while auto is still measuring its candidates
-	// (see Options.AutoProbeSteps): steps run each candidate in turn, and
-	// Strategy is the model's choice, which runs once the probes are
-	// enqueued until their times can be read. It turns false when auto
-	// decides.
-	Probing bool
-	// Agreed is true once the ranks of the step's communicators chose
-	// together (a step with collectives; collective.go): every rank ranked
-	// the same numbers, each candidate's slowest rank's times, so every
-	// rank runs the same strategy.
-	Agreed bool
+// AutoOptions configure auto (Options.Auto).
+type AutoOptions struct {
+	// ProbeSteps is how many steps auto measures each of its candidates
+	// over before it keeps one. New builds every candidate the device can
+	// run (the model excludes what it cannot, and pool slots larger than
+	// Costs.PoolMemoryFraction of free memory); the first steps run each
+	// in turn, the model's cheapest first, for its warm-up steps that
+	// record its graphs (patch 2, device 2, stable 1, pool one per slot);
+	// then rounds visit every candidate in turn, each round starting one
+	// candidate further on, a visit being one step that brings the
+	// candidate back to the caller's addresses and up to two measured
+	// steps, until each has ProbeSteps measured steps (probe.go has the
+	// plan). A measured step is timed as stablegraph bench times one: its
+	// stream waits behind a gate while the candidate enqueues it (host
+	// time, by the clock), so that events around its work time the
+	// device's work alone (GPU time). Once the device has passed the last
+	// probe step (polled, never waited for; the model's choice runs
+	// meanwhile), auto keeps the candidate with the lowest median step time
+	// under Bound, then under the other bound, then host time (times within
+	// 1% or 0.5 µs are equal; the model breaks ties), and closes the
+	// others, releasing their memory. The probe steps count in no counter
+	// but ProbeSteps; the graphs the kept candidate recorded while probing
+	// count in Records. Default 6 (with the four candidates of a device
+	// that can run them all, 43 probe steps), at most MaxAutoProbeSteps;
+	// negative: no probing, the model alone decides at New. Probing is
+	// also skipped with zero-copy outputs (Choice.Reason says so). For a
+	// step holding collectives the ranks decide together: the first step
+	// agrees on the candidates every rank built, and the step after the
+	// probes on each candidate's slowest-rank times, read one step later,
+	// so that every rank keeps the same strategy (Choice.Agreed;
+	// collective.go). Every rank must compile the program with the same
+	// options.
+	ProbeSteps int
+	// Bound is what bounds a step, by which auto ranks the candidates it
+	// measured: BoundLatency (host + GPU time, each step awaited before
+	// the next, as a decode loop runs them) or BoundThroughput (the larger
+	// of the two, steps run back to back, as a training loop runs them).
+	// GPU time alone never ranks: a candidate whose host time exceeds its
+	// GPU time is bound by its host time (bound.go). Default
+	// BoundLatency; Choice.Reason says which applied.
+	Bound Bound
 }
 
-// Candidate is one strategy auto weighed. The root package's Candidate is
-// this type.
-type Candidate struct {
-	Strategy Name
-	// StepUS is the modelled cost the strategy adds to a step in which
-	// every param and output moves, in microseconds (Costs).
-	StepUS float64
-	// Usable is false when the device cannot run the strategy, or it
-	// failed to build; Note then says why.
-	Usable bool
-	// Note gives the terms of StepUS, or why the strategy is not usable,
-	// and, once probed, what the probe saw (a failed step, say).
-	Note string
-	// Probed is the number of steps auto measured the strategy over, 0
-	// when it was not measured (probing disabled or skipped, not yet
-	// decided, or no step measured).
-	Probed int
-	// GPUUS and HostUS are the medians over the probed steps of the GPU
-	// time (events around the strategy's work on the step's stream) and
-	// the host time (the clock around the strategy enqueueing the step),
-	// in microseconds.
-	GPUUS, HostUS float64
-}
+// MaxAutoProbeSteps bounds AutoOptions.ProbeSteps.
+const MaxAutoProbeSteps = 1000
 
-func (c Candidate) String() string {
-	if !c.Usable {
-		return fmt.Sprintf("%s: not usable: %s", c.Strategy, c.Note)
+// defaultAutoProbeSteps is AutoOptions.ProbeSteps' default.
+const defaultAutoProbeSteps = 6
+
+func (o AutoOptions) withDefaults() (AutoOptions, error) {
+	switch {
+	case o.ProbeSteps == 0:
+		o.ProbeSteps = defaultAutoProbeSteps
+	case o.ProbeSteps > MaxAutoProbeSteps:
+		return o, fmt.Errorf("%d auto probe steps (at most %d)", o.ProbeSteps, MaxAutoProbeSteps)
 	}
-	if c.Probed > 0 {
-		return fmt.Sprintf("%s: measured %.1f us GPU, %.1f us host per step (median of %d); modelled %.1f us (%s)",
-			c.Strategy, c.GPUUS, c.HostUS, c.Probed, c.StepUS, c.Note)
-	}
-	return fmt.Sprintf("%s: %.1f us/step (%s)", c.Strategy, c.StepUS, c.Note)
+	var err error
+	o.Bound, err = ParseBound(string(o.Bound))
+	return o, err
 }
 
 // auto chooses among the strategies that price themselves (the registry
 // entries with a model: patch, device, stable, pool) for the program and device,
-// from measured costs. The cost model (Options.Costs) rules out what the
+// from measured costs. The cost model (Spec.Costs) rules out what the
 // device cannot run and orders the rest; newAuto builds them through the
 // registry, cheapest first (falling back past one that runs out of memory
 // or lacks a capability), and the first steps run each in turn, timing
@@ -82,10 +80,32 @@ func (c Candidate) String() string {
 // compute the same bits over the same states, so the switches are
 // invisible. On a step with collectives the ranks agree on the candidates
 // and on the choice (collective.go). Without probing
-// (Options.AutoProbeSteps < 0, zero-copy outputs, collectives without an
+// (AutoOptions.ProbeSteps < 0, zero-copy outputs, collectives without an
 // Agreement) the model decides, and only its choice is built.
 // Its Choice says what it chose and why, with the measured and modelled
-// figures.
+// figures. Its options are AutoOptions (Options.Auto).
+//
+// # How it ranks
+//
+// A step awaited before the next is bound by its latency, about its host
+// time then its GPU time; steps back to back by the larger of the two.
+// Auto ranks the candidates it measured by the bound AutoOptions.Bound
+// names (Bound, bound.go: latency by default), then by the other, then by
+// host time, never by GPU time alone: a candidate whose host time exceeds
+// its GPU time is bound by its host time (a patch moving a long chain's
+// every node has slightly less GPU time than stable and several times its
+// host time, and loses). testdata/probe_picks.txt holds the cases. On a
+// step with collectives the ranks decide together, each candidate ranked
+// by the slowest rank's times (collective.go), so that every rank runs the
+// same strategy.
+//
+// # What it counts
+//
+// ProbeSteps, the steps it ran to measure a candidate, and nothing else of
+// those steps: its Counters are those of the strategy that runs (the one
+// kept, from the step it was kept, and the model's choice while the
+// decision was pending), and so are its Fallbacks, so that the counting
+// rule holds for auto as for the others.
 
 // candidates models every strategy of the registry that has a model,
 // cheapest first (ties keep the registry's order: the ones holding less
@@ -185,9 +205,9 @@ func newAuto(spec Spec) (Strategy, error) {
 // measures.
 func probeSkipped(spec Spec) string {
 	switch {
-	case spec.Options.AutoProbeSteps < 0:
-		return "probing disabled (Options.AutoProbeSteps < 0)"
-	case spec.Options.ZeroCopyOutputs:
+	case spec.Options.Auto.ProbeSteps < 0:
+		return "probing disabled (Options.Auto.ProbeSteps < 0)"
+	case spec.Options.Pool.ZeroCopyOutputs:
 		// Only pool leases its outputs: the candidates would not agree on
 		// whether the caller must bind them.
 		return "zero-copy outputs (only pool leases its outputs)"

@@ -51,7 +51,7 @@ func autoOptions(t *testing.T, col string) stablegraph.Options {
 		}
 		switch k {
 		case "zero-copy":
-			o.ZeroCopyOutputs = true
+			o.Pool.ZeroCopyOutputs = true
 		case "pool-memory-fraction":
 			o.Costs.PoolMemoryFraction = f()
 		case "copy-latency-us":
@@ -90,7 +90,7 @@ func TestAutoChoice(t *testing.T) {
 		}{row[0], fanOut(k), autoOptions(t, row[2]), stablegraph.Strategy(row[3]), row[4]}
 		t.Run(c.name, func(t *testing.T) {
 			c.opts.Strategy = stablegraph.StrategyAuto
-			c.opts.AutoProbeSteps = -1 // the model alone
+			c.opts.Auto.ProbeSteps = -1 // the model alone
 			exe, err := stablegraph.Compile(ctx, b, c.p, c.opts)
 			if err != nil {
 				t.Fatal(err)
@@ -137,7 +137,7 @@ func TestAutoFallsBack(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
 	// The patcher priced out, so that the model's order is pool, stable.
-	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true, PoolSlots: 3, Costs: stablegraph.Costs{PatcherUS: 100, PatcherInlineUS: 100}}
+	opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto, Costs: stablegraph.Costs{PatcherUS: 100, PatcherInlineUS: 100}, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true, Slots: 3}}}
 	b.InjectFault("MemCreate", 1, gpu.ErrOutOfMemory)
 	exe, err := stablegraph.Compile(ctx, b, fanOut(60), opts)
 	b.ClearFaults()
@@ -168,10 +168,14 @@ func TestPersistentOptions(t *testing.T) {
 	b := simtest.New(t, 1)
 	p := fanOut(1)
 	for _, o := range []stablegraph.Options{
-		{PoolSlots: -1}, {PoolSlots: stablegraph.MaxPoolSlots + 1}, {SlotWait: -time.Second},
+		{StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: -1}}},
+		{StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: stablegraph.MaxPoolSlots + 1}}},
+		{SlotWait: -time.Second},
 		{Costs: stablegraph.Costs{NodeUpdateUS: -1}}, {Costs: stablegraph.Costs{PoolMemoryFraction: 2}},
 		{Costs: stablegraph.Costs{PatcherUS: -1}}, {Costs: stablegraph.Costs{PatcherNodeUS: -1}},
-		{SlotPoll: vmm.WaitPolicy{MinSleep: -time.Microsecond}}, {AutoProbeSteps: stablegraph.MaxAutoProbeSteps + 1},
+		{SlotPoll: vmm.WaitPolicy{MinSleep: -time.Microsecond}},
+		{StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: stablegraph.MaxAutoProbeSteps + 1}}},
+		{StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{Bound: "fastest"}}},
 	} {
 		if exe, err := stablegraph.Compile(context.Background(), b, p, o); err == nil {
 			exe.Close()

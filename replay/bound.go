@@ -55,7 +55,7 @@ func (b Bound) cost(gpuUS, hostUS float64) float64 {
 // says describes b for a Choice's reason.
 func (b Bound) says() string {
 	if b == BoundThroughput {
-		return "throughput: the larger of host and GPU time, steps run back to back (Options.AutoBound)"
+		return "throughput: the larger of host and GPU time, steps run back to back (Options.Auto.Bound)"
 	}
-	return "latency: host + GPU time, each step awaited before the next (Options.AutoBound; the default)"
+	return "latency: host + GPU time, each step awaited before the next (Options.Auto.Bound; the default)"
 }

@@ -49,9 +49,9 @@ import (
 // for any collective a rank leaves.
 //
 // What the ranks must share for this to hold: the same program and the
-// same options (AutoProbeSteps, the cost model), so that the model orders
+// same options (AutoOptions.ProbeSteps, the cost model), so that the model orders
 // the candidates the same way on every rank. With probing off
-// (AutoProbeSteps < 0) or zero-copy outputs, auto decides by the model
+// (AutoOptions.ProbeSteps < 0) or zero-copy outputs, auto decides by the model
 // alone, as on one rank.
 
 // Agreement combines numbers over the ranks of a step's communicators:

@@ -27,6 +27,17 @@ import (
 // rebinds a state), so when the caller's buffers move the only nodes out of
 // date are the copies, and patching them is the whole update.
 
+// CopyOptions configure the copies of stable and pool between the caller's
+// params and outputs and their own (Options.Copies).
+type CopyOptions struct {
+	// OnStream makes stable and pool copy with stream copies around the
+	// graph launch instead of copy nodes inside the graph: no node is
+	// updated when the caller's buffers move, at the price of one more
+	// launch per copy. Default false (copies in the graph, one launch per
+	// step).
+	OnStream bool
+}
+
 // copySpec is one copy of a step, between extended indices.
 type copySpec struct {
 	name     string
@@ -61,7 +72,7 @@ type copyPlan struct {
 // output written in full before the step reads it: there are no caller
 // contents to copy in.
 func newCopyPlan(spec *Spec, leaseOutputs, inGraph bool) (*copyPlan, error) {
-	pl := &copyPlan{nbufs: len(spec.Buffers), bufs: spec.Buffers, align: max(spec.Options.Alignment, 1), inGraph: inGraph}
+	pl := &copyPlan{nbufs: len(spec.Buffers), bufs: spec.Buffers, align: max(spec.Alignment, 1), inGraph: inGraph}
 	for id := range spec.Buffers {
 		d := &spec.Buffers[id]
 		if !d.Class.Bound() {
@@ -385,12 +396,8 @@ func (pl *copyPlan) record(st *base, sg *slotGraph, cause recordCause, refusal e
 	if err != nil {
 		return err
 	}
-	if sg.recorded {
-		st.rerecorded(cause, refusal)
-		st.log.Debug("re-recorded a persistent-address graph")
-	}
+	st.countRecord(sg.recorded, cause, refusal)
 	sg.recorded = true
-	st.c.Records++
 	err = pl.dropExec(st, sg)
 	sg.x = x
 	return err

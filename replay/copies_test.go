@@ -25,27 +25,27 @@ func persistentVariants() []struct {
 		opts stablegraph.Options
 	}{
 		{"stable", stablegraph.Options{Strategy: stablegraph.StrategyStable}},
-		{"stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StreamCopies: true}},
+		{"stable-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyStable, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}}},
 		{"auto", stablegraph.Options{Strategy: stablegraph.StrategyAuto}},
-		{"auto-probe-1", stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1}},
-		{"auto-model", stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1}},
-		{"auto-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true}},
+		{"auto-probe-1", stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: 1}}}},
+		{"auto-model", stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}}},
+		{"auto-zero-copy", stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}}},
 	}
 	for n := 1; n <= 3; n++ {
 		v = append(v,
 			struct {
 				name string
 				opts stablegraph.Options
-			}{fmt.Sprintf("pool-%d", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n}},
+			}{fmt.Sprintf("pool-%d", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n}}}},
 			struct {
 				name string
 				opts stablegraph.Options
-			}{fmt.Sprintf("pool-%d-zero-copy", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, ZeroCopyOutputs: true}})
+			}{fmt.Sprintf("pool-%d-zero-copy", n), stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n, ZeroCopyOutputs: true}}}})
 	}
 	v = append(v, struct {
 		name string
 		opts stablegraph.Options
-	}{"pool-2-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyPool, StreamCopies: true}})
+	}{"pool-2-stream-copies", stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}}})
 	return v
 }
 
@@ -88,7 +88,7 @@ func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
 							steptest.SameResults(t, got, want)
 							checkSteadyState(t, got, v.opts)
 							for i, st := range got.Steps {
-								if v.opts.ZeroCopyOutputs && (st.Stats.Strategy == stablegraph.StrategyPool) != st.Leased {
+								if v.opts.Pool.ZeroCopyOutputs && (st.Stats.Strategy == stablegraph.StrategyPool) != st.Leased {
 									t.Fatalf("step %d: leased=%v under %s with zero-copy outputs", i, st.Leased, st.Stats.Strategy)
 								}
 							}
@@ -110,7 +110,7 @@ func checkSteadyState(t *testing.T, r steptest.WorkloadRun, opts stablegraph.Opt
 	final := stats[len(stats)-1]
 	warm := 1
 	if final.Strategy == stablegraph.StrategyPool {
-		warm = opts.PoolSlots
+		warm = opts.Pool.Slots
 		if warm == 0 {
 			warm = 2 // the default
 		}
@@ -178,7 +178,7 @@ func checkSteadyState(t *testing.T, r steptest.WorkloadRun, opts stablegraph.Opt
 		if (final.Strategy == stablegraph.StrategyPool) != (d.TimelineWrites == n) {
 			t.Errorf("%s: %d timeline writes over %d steps", final.Strategy, d.TimelineWrites, n)
 		}
-		if opts.StreamCopies {
+		if opts.Copies.OnStream {
 			if d.CopyNodeUpdates != 0 || d.Launches == 0 {
 				t.Errorf("stream copies: %d copy node updates, %d copies launched", d.CopyNodeUpdates, d.Launches)
 			}
@@ -268,7 +268,7 @@ func TestMemoryAccounting(t *testing.T) {
 		{stablegraph.Options{Strategy: stablegraph.StrategyPatch}, 0, 0},
 		// x, x2, y, z, m, ycopy, each rounded to 256.
 		{stablegraph.Options{Strategy: stablegraph.StrategyStable}, 6 * 256, 0},
-		{stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, 0, 3 * (2 << 20)},
+		{stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}}, 0, 3 * (2 << 20)},
 	} {
 		exe, err := stablegraph.Compile(ctx, b, w.P, c.opts)
 		if err != nil {
@@ -308,7 +308,7 @@ func TestStableCloseReportsFailedFree(t *testing.T) {
 		t.Fatalf("Close with a failing free = %v", err)
 	}
 	b.ClearFaults()
-	if live := b.LiveHandles(); live != (gpu.Counters{Allocations: 1}) {
+	if live := b.LiveHandles(); live != (gpu.HandleCounts{Allocations: 1}) {
 		t.Fatalf("live after one failed free: %s; want exactly that allocation", live)
 	}
 }

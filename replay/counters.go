@@ -28,12 +28,13 @@ type Counters struct {
 	Rerecords int64
 	// MoveRerecords counts re-records because an address the graph holds
 	// moved: every move under record; a state rebound (BindState) under
-	// stable and pool, whose graphs otherwise hold addresses that never
-	// move.
+	// device, stable, pool and remap, whose graphs otherwise hold
+	// addresses that never move, or move on the device.
 	MoveRerecords int64
 	// UpdateFallbacks counts updates or patches the driver refused,
-	// replaced by a re-record (update, patch; stable's and pool's copy
-	// nodes). Stats.Fallbacks says why, by reason.
+	// replaced by a re-record (update, patch; device's host-side updates;
+	// stable's and pool's copy nodes). Stats.Fallbacks says why, by
+	// reason: its counts sum to this.
 	UpdateFallbacks int64
 	// RetryRerecords counts re-records of a graph that a failed step left
 	// unusable (an update or patch that failed with an error other than a
@@ -74,7 +75,7 @@ type Counters struct {
 	// device still using it, or its outputs still leased) and had to wait.
 	SlotWaits int64
 	// SlotWaitSleeps counts the waits for the device to finish with a slot
-	// that outlasted the yield phase of Options.SlotPoll and slept.
+	// that outlasted the yield phase of the executable's SlotPoll (Spec.Poll) and slept.
 	SlotWaitSleeps int64
 	// Remaps counts the buffers whose range remap unmapped and mapped to
 	// the caller's memory anew, one per bound buffer that moved.
@@ -194,6 +195,25 @@ func (f *Fallbacks) merge(o Fallbacks) {
 	if o.seq > f.seq {
 		f.Last, f.seq = o.Last, o.seq
 	}
+}
+
+// since returns the refusals f holds beyond o, an earlier copy of the same
+// strategy's Fallbacks: its counts by reason less o's, and Last when it
+// came after o's.
+func (f Fallbacks) since(o Fallbacks) Fallbacks {
+	var d Fallbacks
+	for k, n := range f.ByReason {
+		if n -= o.ByReason[k]; n != 0 {
+			if d.ByReason == nil {
+				d.ByReason = map[string]int64{}
+			}
+			d.ByReason[k] = n
+		}
+	}
+	if f.seq > o.seq {
+		d.Last, d.seq = f.Last, f.seq
+	}
+	return d
 }
 
 // refusalReason is the short reason of a refused update: its

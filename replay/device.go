@@ -16,6 +16,17 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
+// DeviceOptions configure device (Options.DeviceStrategy).
+type DeviceOptions struct {
+	// Tables makes device pass every step's pointer moves through its
+	// ring of tables in mapped host memory, which the patcher reads over
+	// the bus, also when at most kernels.PatchInlineCap buffers move: by
+	// default those go in the patcher node's own parameters, with one
+	// exec update of that node per step that moves anything, which costs
+	// the GPU half as much (see device, below). Default false.
+	Tables bool
+}
+
 // device moves the step's pointers on the device: the graph is recorded
 // once, every kernel node with a pointer into a buffer the caller binds
 // every step (params, outputs) is opted in to device-side updates
@@ -38,7 +49,8 @@ import (
 // figures). What is left is the patcher node itself: any extra node costs
 // a launch-bound step GPU time even with nothing to do, wherever it sits,
 // so when nothing is left to move on the device, the graph gets no
-// patcher.
+// patcher. Each graph's patcher is thus in one of three modes
+// (patcherMode): inline or tables, as below, or none.
 //
 // Where the updates go: when at most kernels.PatchInlineCap buffers can
 // move, into the inline patcher's own kernel parameters, set with one exec
@@ -46,7 +58,7 @@ import (
 // device-updatable, so the graph needs no upload); the patcher then reads
 // them with no round trip over the bus, which halves its GPU time
 // (bench/probes/patcher) for one exec update of host time. Otherwise, or
-// with Options.DeviceTables, into the next table of a ring in mapped pinned
+// with DeviceOptions.Tables, into the next table of a ring in mapped pinned
 // host memory, which the patcher reads over the bus: a step is then one
 // graph launch and no other driver call but the first command's update.
 //
@@ -89,20 +101,31 @@ import (
 // the timeline plays for pool, written by the patcher itself instead of a
 // stream write per step). Acquire makes the executable wait, without its
 // lock, while the host is deviceTables launches ahead of the device,
-// polling as Options.SlotPoll says. The mirror also counts the pointer
+// polling as Spec.Poll says. The mirror also counts the pointer
 // updates the device runtime refused; a step that finds the count grown
 // fails (the steps before it ran on stale pointers) and the graph is
 // recorded afresh.
 //
 // # When it records again
 //
-// At its first step; when a copy kernel's buffers move off 4-byte
-// alignment or a flattened library call's operands move to another
-// alignment class (graph.PatchDevice refuses both: the library may choose
-// other kernels there); and after a failure. A graph with device-updatable
-// nodes cannot take a whole-graph update, so recording again means a new
-// graph: the old one's patcher memory is freed once the stream has
-// finished with it.
+// At its first step; when a state is rebound (its pointers are in no
+// slot: a re-record for a move); when a host-side update is refused (a
+// copy kernel's buffers moved off 4-byte alignment or a flattened library
+// call's operands to another alignment class, which graph.PatchDevice
+// refuses since the library may choose other kernels there, or an update
+// the driver refused: a re-record for a refusal); and after a failure (for
+// a retry). A graph with device-updatable nodes cannot take a whole-graph
+// update, so recording again means a new graph: the old one's patcher
+// memory is freed once the stream has finished with it.
+//
+// # Options and counters
+//
+// Its options are DeviceOptions (Options.DeviceStrategy); Spec.Poll says
+// how it waits for a table. It counts DeviceUpdates (the pointers the
+// patcher rewrote), PatchedNodes (the nodes moved from the host: the lead
+// command's, copies it could not make kernels, traced commands on the host
+// path), GraphUploads (one per recording), its re-records by cause, and
+// GraphLaunches.
 //
 // # Requirements
 //
@@ -117,10 +140,9 @@ type device struct {
 	module  gpu.Module
 	patcher gpu.Function
 	inline  gpu.Function // the inline patcher; 0: the cubins predate it
-	tables  bool         // Options.DeviceTables
+	tables  bool         // DeviceOptions.Tables
 	opts    graph.DeviceOptions
-	bound   []bool // per buffer: bound by the caller every step
-	states  []int  // the states: recorded at their addresses, never moved on the device
+	states  []int // the states: recorded at their addresses, never moved on the device
 	policy  vmm.WaitPolicy
 
 	x   *graph.Exec // nil before the first step and after a failure
@@ -155,12 +177,12 @@ const (
 )
 
 func newDevice(spec Spec) (_ Strategy, err error) {
-	b, dev := spec.Backend, spec.Device
+	b, dev := spec.Backend, spec.Ordinal
 	du, err := gpu.DeviceUpdatesOf(b, dev)
 	if err != nil {
 		return nil, fmt.Errorf("device: pointers moved on the device need device-updatable graph nodes: %w", err)
 	}
-	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Options.SlotPoll, tables: spec.Options.DeviceTables}
+	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Poll, tables: spec.Options.DeviceStrategy.Tables}
 	m, err := b.ModuleLoad(dev, kernels.PatcherModule())
 	if err != nil {
 		return nil, fmt.Errorf("device: load the patcher: %w", err)
@@ -182,20 +204,16 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	case !errors.Is(err, gpu.ErrNotFound):
 		return nil, fmt.Errorf("device: the inline patcher kernel: %w", err)
 	}
+	// Only what moves every step opts in: a node opted in to device-side
+	// updates costs the GPU time even when nothing moves (a cuBLAS kernel
+	// node more than a small one), and states move only when rebound,
+	// which records afresh (Run).
 	st.opts.Movable = make([]bool, len(spec.Buffers))
 	st.opts.HostLead = hostLead
-	st.bound = make([]bool, len(spec.Buffers))
-	for i, buf := range spec.Buffers {
-		st.bound[i] = buf.Class.Bound()
-		// Only what moves every step opts in: a node opted in to
-		// device-side updates costs the GPU time even when nothing moves
-		// (a cuBLAS kernel node more than a small one), and states
-		// move only when rebound, which records afresh (Run).
-		st.opts.Movable[i] = st.bound[i]
-		if buf.Class == State {
-			st.states = append(st.states, i)
-		}
+	for _, i := range spec.classes.Bound {
+		st.opts.Movable[i] = true
 	}
+	st.states = spec.classes.States
 	if spec.Kernels != nil {
 		// Without them, copies and memsets that move take the host path.
 		if f, err := spec.Kernels(kernels.Copy); err == nil {
@@ -223,7 +241,7 @@ func (st *device) AliasSafe() bool { return true }
 // patcher of the launch deviceTables before it.
 func (st *device) Acquire() func(context.Context) error {
 	r := st.rig
-	if r == nil || r.inline || r.none || r.launches < deviceTables {
+	if r == nil || r.mode != patcherTables || r.launches < deviceTables {
 		return nil
 	}
 	need := r.launches - deviceTables + 1
@@ -243,39 +261,7 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	if err := st.checkPatcher(); err != nil {
 		return Result{}, err
 	}
-	switch {
-	case st.x == nil:
-		if err := st.record(s, addrs); err != nil {
-			return Result{}, err
-		}
-	case st.stateMoved(addrs):
-		// A state rebound: its pointers are in no slot.
-		st.c.MoveRerecords++
-		if err := st.dropExec(); err != nil {
-			return Result{}, err
-		}
-		if err := st.record(s, addrs); err != nil {
-			return Result{}, err
-		}
-	case st.cb.Moved(st.x.Addrs(), addrs):
-		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
-		if err != nil {
-			// Some nodes may be moved and others not.
-			derr := st.dropExec()
-			if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
-				return Result{}, errors.Join(err, derr)
-			}
-			st.c.UpdateFallbacks++
-			st.log.Debug("device: cannot move on the device; recording again", "reason", err)
-			if err := st.record(s, addrs); err != nil {
-				return Result{}, err
-			}
-			break
-		}
-		// What moved from the host is no opted-in node: no upload.
-		st.c.PatchedNodes += int64(n)
-	}
-	writes, err := st.writeTable(addrs)
+	writes, err := st.move(s, addrs)
 	if err != nil {
 		return Result{}, err
 	}
@@ -283,7 +269,7 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		// Nothing ran. The table must not move anything at the next
 		// launch, which takes this one's number and writes its own (an
 		// inline table is rewritten by the next step: held is unchanged).
-		if !st.rig.inline && !st.rig.none {
+		if st.rig.mode == patcherTables {
 			w := patchtable.NewWriter(st.rig.table(st.rig.launches))
 			w.Seal(math.MaxUint64)
 		}
@@ -298,6 +284,58 @@ func (st *device) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 		st.c.DeviceUpdates += int64(writes)
 	}
 	return Result{}, nil
+}
+
+// move brings the graph to addrs, recording it when it must, and writes
+// the next launch's table; it returns how many pointers the launch moves
+// on the device. An update the backend refuses is replaced by a record;
+// after any other failure the graph is dropped and the next step records
+// it afresh.
+func (st *device) move(s gpu.Stream, addrs []gpu.DevicePtr) (int, error) {
+	switch {
+	case st.x == nil:
+		// The first step, or a failed step dropped the graph.
+		if err := st.record(s, addrs, causeRetry, nil); err != nil {
+			return 0, err
+		}
+	case st.stateMoved(addrs):
+		// A state rebound: its pointers are in no slot.
+		if err := st.dropExec(); err != nil {
+			return 0, err
+		}
+		if err := st.record(s, addrs, causeMoved, nil); err != nil {
+			return 0, err
+		}
+	default:
+		writes, err := st.update(addrs)
+		if err == nil {
+			return writes, nil
+		}
+		// Some nodes may be moved and others not.
+		derr := st.dropExec()
+		if !errors.Is(err, gpu.ErrGraphUpdate) || derr != nil {
+			return 0, errors.Join(err, derr)
+		}
+		st.refused("device: host-side update", err)
+		if err := st.record(s, addrs, causeRefused, err); err != nil {
+			return 0, err
+		}
+	}
+	return st.writeTable(addrs)
+}
+
+// update moves from the host what does not move on the device
+// (graph.PatchDevice), then writes the next launch's table.
+func (st *device) update(addrs []gpu.DevicePtr) (int, error) {
+	if st.cb.Moved(st.x.Addrs(), addrs) {
+		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
+		if err != nil {
+			return 0, err
+		}
+		// What moved from the host is no opted-in node: no upload.
+		st.c.PatchedNodes += int64(n)
+	}
+	return st.writeTable(addrs)
 }
 
 // stateMoved reports whether a state is not where the graph was recorded.
@@ -315,7 +353,7 @@ func (st *device) stateMoved(addrs []gpu.DevicePtr) bool {
 // pointers it moves.
 func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 	r := st.rig
-	if r.none {
+	if r.mode == patcherNone {
 		return 0, nil
 	}
 	moved := false
@@ -325,7 +363,7 @@ func (st *device) writeTable(addrs []gpu.DevicePtr) (int, error) {
 			break
 		}
 	}
-	if r.inline {
+	if r.mode == patcherInline {
 		return st.writeInline(addrs, moved)
 	}
 	k := r.launches
@@ -421,10 +459,11 @@ func (st *device) checkPatcher() error {
 }
 
 // record records, instantiates and uploads the step at addrs with the
-// patcher before the first node it moves, and then frees what earlier graphs left, once
-// the stream has finished with it. On error the current graph, if any, is
+// patcher before the first node it moves, and then frees what earlier
+// graphs left, once the stream has finished with it; a record after the
+// first is a re-record for cause. On error the current graph, if any, is
 // kept.
-func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
+func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause, refusal error) (err error) {
 	b := st.b
 	dr, err := st.cb.RecordDevice(b, st.du, addrs, st.opts)
 	if err != nil {
@@ -450,35 +489,35 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 	// take several each (grid-stride) rather than idle every step.
 	threads := 0
 	for _, r := range dr.Ranges {
-		if st.bound[r.Buf] {
+		if st.opts.Movable[r.Buf] {
 			threads += r.N
 		}
 	}
 	p := gpu.KernelParams{Func: st.patcher, Config: kernels.PatcherConfig(threads), Args: rig.mem.Args()}
-	if st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap {
+	switch {
+	case len(dr.Slots) == 0:
+		// No patcher, which would cost the step a node's time for
+		// nothing.
+		rig.mode = patcherNone
+	case st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap:
 		// Every step's updates fit the patcher's own parameters.
-		rig.inline = true
+		rig.mode = patcherInline
 		rig.param = make([]byte, patchtable.InlineSize)
 		rig.args = rig.mem.InlineArgs(rig.param)
 		p = gpu.KernelParams{Func: st.inline, Config: p.Config, Args: rig.args}
-	}
-	switch {
-	case len(dr.Slots) == 0:
-		// Nothing moves on the device (the first command was the only
-		// one to point into bound buffers, or the rest are on the host
-		// path): no patcher, which would cost the step a node's time
-		// for nothing.
-		rig.none = true
 	default:
+		rig.mode = patcherTables
+	}
+	if rig.mode != patcherNone {
 		if rig.node, err = st.du.GraphAddKernelNodeBefore(dr.Graph(), p, dr.Before); err != nil {
-			return fmt.Errorf("device: add the patcher: %w", err)
+			return fmt.Errorf("device: add the %s patcher: %w", rig.mode, err)
 		}
 	}
 	x, err := dr.Instantiate(b) // the recording is spent, on error too
 	if err != nil {
 		return fmt.Errorf("device: %w", err)
 	}
-	if rig.inline && !rig.none {
+	if rig.mode == patcherInline {
 		// The inline patcher's parameters change every step that moves
 		// something: prepared once, only its table rewritten.
 		if rig.set, err = gpu.PrepareKernelNodes(b, x.X, []gpu.GraphNode{rig.node}, []gpu.KernelParams{p}); err != nil {
@@ -490,11 +529,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr) (err error) {
 		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
 	}
 	st.c.GraphUploads++
-	if st.c.Records > 0 {
-		st.c.Rerecords++
-		st.log.Debug("device: recorded the step graph again")
-	}
-	st.c.Records++
+	st.countRecord(st.c.Records > 0, cause, refusal)
 	derr := st.dropExec()
 	st.x, st.rig = x, rig
 	copy(st.rec, addrs)
@@ -560,10 +595,9 @@ type patchRig struct {
 	launches uint64 // launches of its graph enqueued
 	failed   uint32 // the mirror's failed count last seen
 
+	mode patcherMode
 	// The inline patcher: its node, table (in its arguments, rewritten
 	// in place each step) and whether that table moves anything.
-	inline   bool
-	none     bool // no patcher: nothing to move on the device
 	node     gpu.GraphNode
 	param    []byte
 	args     []gpu.Arg
@@ -579,6 +613,34 @@ type patchRig struct {
 	host   gpu.HostMem
 	hostOf gpu.StreamMemOps // what allocated host
 	closed bool
+}
+
+// patcherMode is how a graph's patcher gets each step's pointer moves.
+type patcherMode uint8
+
+const (
+	// patcherTables: from the next table of the ring in mapped host
+	// memory, read over the bus (more than kernels.PatchInlineCap buffers
+	// with pointers on the device, DeviceOptions.Tables, or cubins that
+	// predate the inline patcher).
+	patcherTables patcherMode = iota
+	// patcherInline: from the patcher node's own parameters, set with one
+	// exec update of that node per step that moves anything.
+	patcherInline
+	// patcherNone: the graph has no patcher, since nothing moves on the
+	// device (the lead command was the only one to point into bound
+	// buffers, or the rest are on the host path).
+	patcherNone
+)
+
+func (m patcherMode) String() string {
+	switch m {
+	case patcherInline:
+		return "inline"
+	case patcherNone:
+		return "none"
+	}
+	return "tables"
 }
 
 // newPatchRig allocates and fills a patcher's memory for slots (one
@@ -683,12 +745,12 @@ func (r *patchRig) free(b gpu.Backend) error {
 // when auto builds it.
 func modelDevice(spec Spec) Candidate {
 	cand := Candidate{Strategy: Device}
-	if _, err := gpu.DeviceUpdatesOf(spec.Backend, spec.Device); err != nil {
+	if _, err := gpu.DeviceUpdatesOf(spec.Backend, spec.Ordinal); err != nil {
 		cand.Note = err.Error()
 		return cand
 	}
-	c := spec.Options.Costs
-	bound := spec.bound()
+	c := spec.Costs
+	bound := spec.classes.Bound
 	lead := spec.Commands.MovesIn(bound, 0, hostLead)
 	m := spec.Commands.MovesIn(bound, hostLead, spec.Commands.Len())
 	kern := 0
@@ -699,7 +761,7 @@ func modelDevice(spec Spec) Candidate {
 	// What moves every step fits the inline patcher's parameters, set
 	// with one exec update per step, or it goes through the ring.
 	patcher, update, what := c.PatcherUS, 0.0, "the patcher node"
-	if len(bound) <= kernels.PatchInlineCap && !spec.Options.DeviceTables {
+	if len(bound) <= kernels.PatchInlineCap && !spec.Options.DeviceStrategy.Tables {
 		patcher, update, what = c.PatcherInlineUS, c.NodeUpdateUS, "the inline patcher node and its update"
 	}
 	cand.Note = what

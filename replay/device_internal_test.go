@@ -57,8 +57,8 @@ func chainSpec(t testing.TB, b *sim.Backend, k, n int) Spec {
 		t.Fatal(err)
 	}
 	size := int64(4 * n)
-	return Spec{Program: "chain", Backend: b, Device: 0, Commands: cb, Kernels: lookup,
-		Options: Options{Alignment: 256, Costs: DefaultCosts()},
+	return Spec{Program: "chain", Backend: b, Ordinal: 0, Commands: cb, Kernels: lookup,
+		Alignment: 256, Costs: DefaultCosts(),
 		Buffers: []Buffer{
 			{Name: "x", Class: Param, Size: size, Flow: Flow{ReadFirst: true}},
 			{Name: "y", Class: Output, Size: size, Flow: Flow{Written: true, Full: true}},
@@ -128,7 +128,7 @@ func calls(b *sim.Backend) map[string]int {
 func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gpu.DevicePtr, tables bool) *device {
 	t.Helper()
 	spec := chainSpec(t, b, k, 64)
-	spec.Options.DeviceTables = tables
+	spec.Options.DeviceStrategy.Tables = tables
 	st, err := New(Device, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -169,8 +169,8 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	}
 	first := []gpu.DevicePtr{simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256), simtest.Alloc(t, b, 0, 256)}
 	st := deviceOnChain(t, b, k, s, first, tables)
-	if st.rig.inline == tables {
-		t.Fatalf("inline patcher %v with DeviceTables %v", st.rig.inline, tables)
+	if want := map[bool]patcherMode{false: patcherInline, true: patcherTables}[tables]; st.rig.mode != want {
+		t.Fatalf("patcher %s with DeviceOptions.Tables %v, want %s", st.rig.mode, tables, want)
 	}
 	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl
@@ -318,8 +318,9 @@ func patcherFailure(t *testing.T, tables bool) {
 	if got := simtest.Download(t, b, again[1], n); !slices.Equal(got, want) {
 		t.Errorf("after recording afresh: y = %v, want %v", got[:4], want[:4])
 	}
-	if c := st.Counters(); c.Rerecords != 1 {
-		t.Errorf("counters %+v", c)
+	// The failed step dropped the graph: recorded again for a retry.
+	if c := st.Counters(); c.Rerecords != 1 || c.RetryRerecords != 1 {
+		t.Errorf("counters %+v, want one re-record, for a retry", c)
 	}
 }
 

@@ -268,7 +268,7 @@ func simOps() []string {
 // executable's own step event, one exec update of the step's first node
 // (hostLead: all three start with a command that reads x) and, when the
 // moves go in the inline patcher's parameters (at most 16 buffers move, as
-// in all three, unless DeviceTables), one of the patcher node; no other
+// in all three, unless DeviceOptions.Tables), one of the patcher node; no other
 // driver call.
 func TestDeviceOneLaunchPerStep(t *testing.T) {
 	for _, tc := range []struct {
@@ -287,7 +287,7 @@ func TestDeviceOneLaunchPerStep(t *testing.T) {
 			name := tc.name
 			b := simtest.New(t, 1)
 			w := steptest.MustWorkload(t, name, workload.Config{K: 50, N: 64, Layers: 2, Width: 16, Batch: 4})
-			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: tc.tables}, workload.Random)
+			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: tc.tables}}}, workload.Random)
 			defer done()
 			s := simtest.Stream(t, b, 0)
 			ctx := context.Background()
@@ -381,8 +381,8 @@ func TestDeviceNotSupported(t *testing.T) {
 			}
 			w := steptest.NewMLP(2, 8, 2, 10, 3)
 			steptest.WantCompileRefused(t, b, raw, w.P, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, gpu.ErrNotSupported, says)
-			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1,
-				Costs: stablegraph.Costs{PatcherUS: 1e-9}}) // the cheapest, were it usable
+			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto,
+				Costs: stablegraph.Costs{PatcherUS: 1e-9}, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}}) // the cheapest, were it usable
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -434,7 +434,7 @@ func TestDeviceRingWait(t *testing.T) {
 	const n, ring = 64, 16
 	p, binds, y := ringProgram(t, b, ring+2, n)
 	// The ring is what a step waits on: the inline patcher has none.
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: true})
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: true}}})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -489,7 +489,7 @@ func TestDeviceRingWaitTimeout(t *testing.T) {
 	b := simtest.New(t, 1)
 	const n, ring = 16, 16
 	p, binds, y := ringProgram(t, b, ring+3, n)
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, DeviceTables: true, SlotWait: 20 * time.Millisecond})
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, SlotWait: 20 * time.Millisecond, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: true}}})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -563,7 +563,7 @@ func TestDeviceModel(t *testing.T) {
 		{"chain-moving", steptest.MustWorkload(t, "chain-moving", workload.Config{K: 200, N: 64}), stablegraph.StrategyDevice},
 		{"chain", steptest.MustWorkload(t, "chain", workload.Config{K: 200, N: 64}), stablegraph.StrategyPatch},
 	} {
-		exe, err := stablegraph.Compile(ctx, b, c.w.Program, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: -1})
+		exe, err := stablegraph.Compile(ctx, b, c.w.Program, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,12 +38,14 @@
 //   - FallbackReporter: why its graph updates were refused, by reason
 //     (every strategy embedding base has it).
 //
-// Every re-record a strategy makes is counted with its cause
-// (Counters.Rerecords = MoveRerecords + UpdateFallbacks + RetryRerecords):
-// record through recorded.record and copies.go's record, which take the
-// cause. A refused update (errors.Is(err, gpu.ErrGraphUpdate); the
-// *gpu.UpdateError's Result says why) is logged in full at debug level
-// (base.refused) and counted by reason when its re-record succeeds.
+// Every graph a strategy records is counted by one helper that takes its
+// cause, base.countRecord (base.go), so that Counters.Rerecords =
+// MoveRerecords + UpdateFallbacks + RetryRerecords always holds. A refused
+// update (errors.Is(err, gpu.ErrGraphUpdate); the *gpu.UpdateError's
+// Result says why) is logged in full at debug level (base.refused) and
+// counted by reason in Fallbacks when its re-record succeeds, so that
+// Fallbacks sums to UpdateFallbacks. TestEveryRecordCounted holds every
+// registered strategy to both, states rebound, updates refused and failed.
 //
 // # Aliasing
 //
@@ -74,99 +76,77 @@
 // with ErrInvalidBinding naming two of the buffers, so that nothing
 // computes other bits silently.
 //
-// # The spec
+// # The contract
 //
-// A Spec is everything a strategy is built from: the backend and device;
-// the compiled commands (a graph.CommandBuffer, which launches the step,
-// records and instantiates it over any address vector, updates and
-// patches an instantiated graph, and can be extended with commands before
-// and after the step over extra buffers); every buffer's name, class, size
-// and flow (what the step reads before writing, what it writes, whether in
-// full); the options that concern strategies; whether the step holds
-// collectives; the executable's kernels by name; and a logger. A strategy keeps what it needs and never
-// reaches back into the executable. Buffers are indexed as the address
-// vectors Run receives: params and outputs may move every step, states
-// when rebound, temps and constants never.
+// The vocabulary every strategy shares lives in the contract files, and
+// nowhere else: strategy.go (Strategy, Name and the strategies' names,
+// Result, Lease, the optional capabilities and their fallbacks, Status),
+// spec.go (Spec, Buffer, Class, Flow, Classes, the options groups'
+// container Options, ChunkFinder), choice.go (Choice, Candidate),
+// counters.go (Counters, Memory, Fallbacks), costs.go (Costs), errors.go.
+// base.go holds what every strategy embeds: its Spec's backend, commands
+// and logger, its counters, and the one helper that counts a recording
+// with its cause. registry.go maps names to constructors.
+//
+// A Spec is everything a strategy is built from: the backend and the
+// device's ordinal; the compiled commands (a graph.CommandBuffer, which
+// launches the step, records and instantiates it over any address vector,
+// updates and patches an instantiated graph, and can be extended with
+// commands before and after the step over extra buffers); every buffer's
+// name, class, size and flow (what the step reads before writing, what it
+// writes, whether in full), split by class once (Classes); the
+// executable's alignment, costs and how it polls and bounds its waits for
+// the device; the strategies' options; whether the step holds collectives, and
+// how the ranks agree on auto's choice then (Agreement, collective.go);
+// the executable's kernels by name; and a logger. A strategy keeps what it
+// needs and never reaches back into the executable. Buffers are indexed as
+// the address vectors Run receives: params and outputs may move every
+// step, states when rebound, temps and constants never.
 //
 // # The strategies
 //
-// One file each: eager.go launches every command every step (the
-// reference); record.go re-records on every move; update.go applies a
-// whole-graph exec update; patch.go updates in place the nodes whose
-// buffers moved (recorded.go holds what those three share); device.go
-// records once and moves the pointers on the device, from the patcher
-// node at the graph's root (graph.RecordDevice says what moves where);
-// stable.go and
-// pool.go run over persistent copies of the params and outputs, the copies
-// planned in copies.go (pool.go says how a slot is picked and released);
-// remap.go records once over virtual ranges of its own and maps the
-// physical memory behind the caller's moved buffers into them every step
-// (the caller's memory comes from package remappable, found through
-// Options.Remappable); auto.go chooses among the strategies that price
-// themselves (Costs, costs.go) and probe.go measures them on the first
-// steps.
+// A strategy is one unit: its file, named after it, holds its description
+// (its type's doc: the one account of what it does, which the other
+// documents point to), its options (a group of Options, with its
+// defaults), what it counts, and its code.
 //
-// # The host side of a moving step
+//   - eager.go: every command launched every step, the reference.
+//   - record.go, update.go, patch.go: a graph over the caller's addresses,
+//     recorded again, updated whole, or patched node by node when they
+//     move (callergraph.go holds what the three share).
+//   - device.go: recorded once; the pointers move on the device, from a
+//     patcher node before the first node it moves.
+//   - stable.go, pool.go: persistent copies of the params and outputs
+//     (copies.go holds what the two share, and their CopyOptions).
+//   - remap.go: the caller's memory mapped into fixed ranges.
+//   - auto.go, probe.go, bound.go, collective.go: the priced strategies
+//     measured on the first steps, the fastest kept (agreed over the ranks
+//     on a step with collectives).
 //
-// A decode loop waits for each step before the next, so what a step costs
-// the host is latency the user sees. The strategies that move nodes from
-// the host (patch, and device for its lead command and its inline
-// patcher) pay the driver's own price and next to nothing of their own:
-// the nodes they move are prepared once as a gpu.KernelNodeSet (the
-// parameters checked and packed in the driver's form at the first move), a
-// step rewrites in place only the pointer words of the nodes that moved,
-// and one Apply hands them to the driver, one call per node, the context
-// made current once (internal/graph/hostset.go). Nothing is allocated per step, on
-// sim or CUDA (TestStubStepAllocatesNothing in package gpu/cuda runs whole
-// executables over a stubbed driver). When many nodes of a small graph
-// move, one whole-graph update from the host template (the graph the exec
-// was made from, its nodes set in place, internal/graph/whole.go) costs less than
-// an update per node; patch prices both with Costs every step and takes
-// the cheaper (patch.go). stablegraph bench-driver measures the driver's
-// prices (node updates by parameter block size, idle and in flight, steps
-// of m updates, whole-graph updates per node), and bench sets every
-// strategy's host time per moved node beside them, measured in the same
-// run.
-//
-// # How auto ranks
-//
-// A step awaited before the next is bound by its latency, about its host
-// time then its GPU time; steps back to back by the larger of the two. Auto
-// ranks the candidates it measured by the bound Options.AutoBound names
-// (Bound, bound.go: latency by default), then by the other, then by host
-// time, never by GPU time alone: a candidate whose host time exceeds its
-// GPU time is bound by its host time (a patch moving a long chain's every
-// node has slightly less GPU time than stable and several times its host
-// time, and loses). It measures them as stablegraph bench measures a step
-// (probe.go): the stream held behind a gate while the candidate enqueues
-// it, so that the host time is the clock's and the GPU time the device's
-// work alone, whether the caller awaits each step or not, in rounds that
-// interleave the candidates, so that a slow phase of the host falls on all
-// of them. Its probe steps count in no counter but ProbeSteps, so that the
-// counters are those of the strategy that runs, with the graphs the one
-// kept recorded while probing, which it runs
-// (testdata/probe_picks.txt holds the ranking's cases). On a step with
-// collectives the ranks decide together, each candidate ranked by the
-// slowest rank's times (collective.go), so that every rank runs the same
-// strategy.
+// alias.go finds overlapping bindings (above).
 //
 // # Adding a strategy
 //
-//  1. A new file, named after the strategy, with its type, a constructor
-//     func(Spec) (Strategy, error) that releases what it made on error, Run,
-//     Counters (embed base), Close, and the optional capabilities it needs.
+//  1. A new file, named after the strategy, with its type and its doc, a
+//     constructor func(Spec) (Strategy, error) that releases what it made
+//     on error, Run, Counters (embed base, and count every recording with
+//     base.countRecord), Close, and the optional capabilities it needs.
 //     Run must leave the strategy usable after an error, and must give
 //     eager's bits for every address pattern (fresh addresses every step
-//     included).
-//  2. A Name constant and one line in the registry (registry.go); with a
-//     model func(Spec) Candidate there, auto weighs it too.
+//     included). Options of its own are a group defined in the same file
+//     (with a withDefaults method when it has defaults) and a field of
+//     Options (spec.go), which the root's Options embeds.
+//  2. A Name constant (strategy.go) and one line in the registry
+//     (registry.go); with a model func(Spec) Candidate there, auto weighs
+//     it too.
 //  3. Its tests: a file named after it. TestStrategiesMatchEager
 //     (registry_test.go) runs every registered strategy against eager
-//     under fixed, ping-pong and random (fresh) addresses already; add to
-//     its checkStats what the new one should count.
+//     under fixed, ping-pong and random (fresh) addresses already, and
+//     TestEveryRecordCounted holds it to the counting rule; add to
+//     checkStats what the new one should count.
 //
-// A strategy that needs something the Spec lacks adds a field to Spec (or
-// Options), filled in one place, the root's Executable.spec.
+// A strategy that needs something the Spec lacks adds a field to Spec,
+// filled in one place, the root's Executable.spec.
 //
 // # Concurrency
 //

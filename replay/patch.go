@@ -12,15 +12,38 @@ import (
 // patch rewrites in place only the nodes whose buffers moved, with
 // per-node exec parameter updates; traced nodes move through their child
 // graph. Which nodes to update is the command buffer's patch table: for
-// each buffer, the commands that reference it, each node's pointer words
-// rewritten in parameters prepared once (see graph.CommandBuffer.Patch,
-// and package internal/trace for traced commands). When many nodes of a small graph
-// move, one whole-graph update from the host template costs less than an
-// update per node, and patch takes it (graph.CommandBuffer.PatchWhole):
-// each step it prices both with Options.Costs (wholeCheaper). When the
-// driver refuses an update, patch records the graph afresh.
+// each buffer, the commands that reference it (graph.CommandBuffer.Patch,
+// and package internal/trace for traced commands). When the driver refuses
+// an update, patch records the graph afresh. It has no options of its own
+// (Spec.Costs prices its updates).
+//
+// # The host side of a moving step
+//
+// A decode loop waits for each step before the next, so what a step costs
+// the host is latency the user sees. Patch pays the driver's own price and
+// next to nothing of its own: the nodes it moves are prepared once as a
+// gpu.KernelNodeSet (the parameters checked and packed in the driver's
+// form at the first move), a step rewrites in place only the pointer words
+// of the nodes that moved, and one Apply hands them to the driver, one call
+// per node, the context made current once (internal/graph/hostset.go).
+// Nothing is allocated per step, on sim or CUDA (TestStubStepAllocatesNothing
+// in package gpu/cuda runs whole executables over a stubbed driver). When
+// many nodes of a small graph move, one whole-graph update from the host
+// template (the graph the exec was made from, its nodes set in place,
+// internal/graph/whole.go) costs less than an update per node: each step
+// patch prices both with Spec.Costs and takes the cheaper (move,
+// wholeCheaper). stablegraph bench-driver measures the driver's prices,
+// and bench sets every strategy's host time per moved node beside them.
+//
+// # What it counts
+//
+// PatchedNodes (the nodes moved, traced nodes included), GraphUpdates (the
+// steps moved by one whole-graph update from the template), a refused
+// update as a re-record (UpdateFallbacks, and Stats.Fallbacks says why), a step
+// after a failed one as a re-record for a retry (RetryRerecords);
+// GraphLaunches.
 type patch struct {
-	recorded
+	callerGraph
 	costs Costs
 	// whole: the backend can set a graph's nodes in place, so whole-graph
 	// updates from the template are tried when they are cheaper.
@@ -29,7 +52,7 @@ type patch struct {
 
 func newPatch(spec Spec) (Strategy, error) {
 	_, err := gpu.GraphNodeSetterOf(spec.Backend)
-	return &patch{recorded: recorded{base: newBase(spec), patchable: true}, costs: spec.Options.Costs, whole: err == nil}, nil
+	return &patch{callerGraph: callerGraph{base: newBase(spec), patchable: true}, costs: spec.Costs, whole: err == nil}, nil
 }
 
 func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
@@ -96,8 +119,8 @@ func (st *patch) WarmUp() int { return 2 }
 // included: graph.Moves), a traced command that does not flatten costing
 // more.
 func modelPatch(spec Spec) Candidate {
-	c := spec.Options.Costs
-	m := spec.Commands.Moves(spec.bound())
+	c := spec.Costs
+	m := spec.Commands.Moves(spec.classes.Bound)
 	cand := Candidate{
 		Strategy: Patch, Usable: true,
 		StepUS: float64(m.Nodes)*c.NodeUpdateUS + float64(m.Traced)*c.TracedUpdateUS,

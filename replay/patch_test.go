@@ -270,7 +270,7 @@ func TestRerecordsExplained(t *testing.T) {
 			s := simtest.Stream(t, b, 0)
 			w := steptest.NewMLP(2, 16, 2, 50, 3)
 			ad := steptest.NewMLPAddresser(t, b, w, steptest.Fixed)
-			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: strategy, PoolSlots: 1})
+			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: strategy, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}})
 			w.InitStates(t, exe)
 			for i := range 3 {
 				if i == 2 {

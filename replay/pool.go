@@ -10,7 +10,37 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// pool keeps Options.PoolSlots slots, each one VMM allocation holding a
+// PoolOptions configure pool (Options.Pool).
+type PoolOptions struct {
+	// Slots is the number of slots (1 to MaxPoolSlots). Two let the host
+	// prepare a step while the device runs the one before. Default 2.
+	Slots int
+	// ZeroCopyOutputs makes pool (also when auto chooses it) hand out its
+	// outputs in the slot that ran instead of copying them into the
+	// caller's buffers: Run's Outputs hold the slot's addresses and a
+	// lease, and the slot is not reused until Outputs.Release. Output
+	// bindings are then optional and ignored. Other strategies write the
+	// caller's output buffers as usual. Default false.
+	ZeroCopyOutputs bool
+}
+
+// MaxPoolSlots bounds PoolOptions.Slots.
+const MaxPoolSlots = 64
+
+// defaultPoolSlots is PoolOptions.Slots' default.
+const defaultPoolSlots = 2
+
+func (o PoolOptions) withDefaults() (PoolOptions, error) {
+	switch {
+	case o.Slots == 0:
+		o.Slots = defaultPoolSlots
+	case o.Slots < 0 || o.Slots > MaxPoolSlots:
+		return o, fmt.Errorf("%d pool slots (1 to %d)", o.Slots, MaxPoolSlots)
+	}
+	return o, nil
+}
+
+// pool keeps PoolOptions.Slots slots, each one VMM allocation holding a
 // copy of every param and output, mapped by New and kept mapped until
 // Close, each with its own graph recorded at its first use and replayed
 // forever after (see copies.go for the copies). States, constants and
@@ -30,7 +60,7 @@ import (
 //  1. Acquire (under the executable's lock) picks the least recently used
 //     slot not leased; when it is not ready, the executable drops its lock
 //     and waits, on the timeline (yielding briefly, then backing off, up
-//     to the executable's slot wait; see Options.SlotPoll) or for a lease
+//     to the executable's slot wait; see Spec.Poll) or for a lease
 //     to be released, then tries again;
 //  2. Run brings the slot's graph to the caller's addresses (only copy
 //     nodes change), launches it, and enqueues the timeline write that
@@ -42,12 +72,21 @@ import (
 //
 // # Leases
 //
-// With Options.ZeroCopyOutputs a successful step leases its slot to the
+// With PoolOptions.ZeroCopyOutputs a successful step leases its slot to the
 // caller until the lease is released. Acquire never picks a leased slot;
 // when all are leased, the executable waits up to its slot wait for a
 // release and then fails with ErrSlotWait. Release may be called from any
 // goroutine, without the executable's lock: the lease state has its own
 // mutex (lock order: the executable's, then leases).
+//
+// # Options and counters
+//
+// Its options are PoolOptions (Options.Pool) and the copies' (CopyOptions,
+// Options.Copies); it polls the timeline as Spec.Poll says. It counts what
+// stable counts, and TimelineWrites (one per step) and SlotWaitSleeps (the
+// waits for a slot that outlasted the yields); the executable counts
+// SlotWaits. Each slot's graph is recorded at its first use (Records; no
+// re-record).
 type pool struct {
 	base
 	plan     *copyPlan
@@ -86,14 +125,14 @@ type poolSlot struct {
 // wrapping gpu.ErrNotSupported before anything is created; a failure at
 // slot k releases slots 0..k-1.
 func newPool(spec Spec) (_ Strategy, err error) {
-	b, dev, opts := spec.Backend, spec.Device, spec.Options
+	b, dev, opts := spec.Backend, spec.Ordinal, spec.Options.Pool
 	if _, _, err := gpu.VirtualMemoryOf(b, dev); err != nil {
 		return nil, fmt.Errorf("pool: slots need virtual memory management: %w", err)
 	}
 	if _, err := gpu.StreamMemOpsOf(b, dev); err != nil {
 		return nil, fmt.Errorf("pool: the slot timeline needs stream memory operations: %w", err)
 	}
-	plan, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !opts.StreamCopies)
+	plan, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !spec.Options.Copies.OnStream)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +143,7 @@ func newPool(spec Spec) (_ Strategy, err error) {
 	size = max(size+plan.aliasSlack(), 1)
 	p := &pool{base: newBase(spec), plan: plan, zeroCopy: opts.ZeroCopyOutputs}
 	p.leases.changed = make(chan struct{})
-	for _, id := range spec.outputs() {
+	for _, id := range spec.classes.Outputs {
 		for k, pid := range plan.persistent {
 			if pid == id {
 				p.outIdx = append(p.outIdx, k)
@@ -116,7 +155,7 @@ func newPool(spec Spec) (_ Strategy, err error) {
 			err = errors.Join(err, p.Close())
 		}
 	}()
-	n := opts.PoolSlots
+	n := opts.Slots
 	for k := range n {
 		a, err := vmm.Allocate(b, dev, size, nil)
 		if err != nil {
@@ -135,7 +174,7 @@ func newPool(spec Spec) (_ Strategy, err error) {
 	if p.tl, err = vmm.NewTimeline(b, dev); err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
-	if err := p.tl.SetWaitPolicy(opts.SlotPoll); err != nil {
+	if err := p.tl.SetWaitPolicy(spec.Poll); err != nil {
 		return nil, fmt.Errorf("pool: %w", err)
 	}
 	return p, nil
@@ -320,35 +359,35 @@ func (l *lease) Released() bool {
 // Costs.PoolMemoryFraction of the free memory.
 func modelPool(spec Spec) Candidate {
 	cand := Candidate{Strategy: Pool}
-	opts := spec.Options
-	_, gran, err := gpu.VirtualMemoryOf(spec.Backend, spec.Device)
+	opts, costs := spec.Options.Pool, spec.Costs
+	_, gran, err := gpu.VirtualMemoryOf(spec.Backend, spec.Ordinal)
 	if err != nil {
 		cand.Note = err.Error()
 		return cand
 	}
-	if _, err := gpu.StreamMemOpsOf(spec.Backend, spec.Device); err != nil {
+	if _, err := gpu.StreamMemOpsOf(spec.Backend, spec.Ordinal); err != nil {
 		cand.Note = err.Error()
 		return cand
 	}
-	pl, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !opts.StreamCopies)
+	pl, err := newCopyPlan(&spec, opts.ZeroCopyOutputs, !spec.Options.Copies.OnStream)
 	if err != nil {
 		cand.Note = err.Error()
 		return cand
 	}
 	_, size := pl.layout()
-	slots := uint64(opts.PoolSlots) * gpu.RoundUp(max(size+pl.aliasSlack(), 1), gran)
-	free, _, err := spec.Backend.MemGetInfo(spec.Device)
+	slots := uint64(opts.Slots) * gpu.RoundUp(max(size+pl.aliasSlack(), 1), gran)
+	free, _, err := spec.Backend.MemGetInfo(spec.Ordinal)
 	if err != nil {
 		cand.Note = fmt.Sprintf("free device memory unknown: %v", err)
 		return cand
 	}
-	if budget := opts.Costs.PoolMemoryFraction * float64(free); float64(slots) > budget {
+	if budget := costs.PoolMemoryFraction * float64(free); float64(slots) > budget {
 		cand.Note = fmt.Sprintf("%d slots would take %d bytes, more than %.0f%% of the %d bytes free",
-			opts.PoolSlots, slots, 100*opts.Costs.PoolMemoryFraction, free)
+			opts.Slots, slots, 100*costs.PoolMemoryFraction, free)
 		return cand
 	}
-	us, note := pl.model(opts.Costs)
-	cand.Usable, cand.StepUS = true, us+opts.Costs.TimelineWriteUS
+	us, note := pl.model(costs)
+	cand.Usable, cand.StepUS = true, us+costs.TimelineWriteUS
 	cand.Note = fmt.Sprintf("%s, a timeline write, %d bytes of slots", note, slots)
 	if opts.ZeroCopyOutputs {
 		cand.Note += ", outputs leased"

@@ -18,10 +18,7 @@ func copySpec1(t testing.TB, size int64, opts Options) Spec {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if opts.Alignment == 0 {
-		opts.Alignment = 256
-	}
-	return Spec{Program: "copy", Backend: b, Device: 0, Commands: cb, Options: opts,
+	return Spec{Program: "copy", Backend: b, Ordinal: 0, Commands: cb, Options: opts, Alignment: 256,
 		Buffers: []Buffer{
 			{Name: "x", Class: Param, Size: size, Flow: Flow{ReadFirst: true}},
 			{Name: "y", Class: Output, Size: size, Flow: Flow{Written: true, Full: true}},
@@ -36,7 +33,7 @@ func copySpec1(t testing.TB, size int64, opts Options) Spec {
 func BenchmarkSlotAcquireRelease(b *testing.B) {
 	for n := 1; n <= 3; n++ {
 		b.Run(fmt.Sprintf("slots=%d", n), func(b *testing.B) {
-			st, err := New(Pool, copySpec1(b, 256, Options{PoolSlots: n, ZeroCopyOutputs: true}))
+			st, err := New(Pool, copySpec1(b, 256, Options{Pool: PoolOptions{Slots: n, ZeroCopyOutputs: true}}))
 			if err != nil {
 				b.Fatal(err)
 			}

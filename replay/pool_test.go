@@ -149,7 +149,7 @@ func TestPoolZeroCopyOutputsFromTheSlotThatRan(t *testing.T) {
 			xs := pp.inputs(t, b, steps)
 			want := pp.eagerOutputs(t, b, xs)
 			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{
-				Strategy: stablegraph.StrategyPool, PoolSlots: n, ZeroCopyOutputs: true, SlotWait: 30 * time.Millisecond})
+				Strategy: stablegraph.StrategyPool, SlotWait: 30 * time.Millisecond, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n, ZeroCopyOutputs: true}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -247,7 +247,7 @@ func TestPoolCopiedOutputsFromTheSlotThatRan(t *testing.T) {
 			const steps = 7
 			xs := pp.inputs(t, b, steps)
 			want := pp.eagerOutputs(t, b, xs)
-			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n})
+			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,7 +297,7 @@ func TestPoolStalledTimeline(t *testing.T) {
 			// steps the stalled timeline will never finish.
 			stalled := func(slotWait time.Duration) *stablegraph.Executable {
 				exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{
-					Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotWait: slotWait})
+					Strategy: stablegraph.StrategyPool, SlotWait: slotWait, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n}}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -404,7 +404,7 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 			b := simtest.New(t, 1)
 			base := b.LiveHandles()
 			b.InjectFault("MemCreate", k, gpu.ErrOutOfMemory)
-			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n})
+			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n}}})
 			b.ClearFaults()
 			if err == nil {
 				exe.Close()
@@ -430,9 +430,9 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 			}
 		}()
 		// Three slots do not fit.
-		steptest.WantCompileRefused(t, b, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3}, gpu.ErrOutOfMemory, "")
+		steptest.WantCompileRefused(t, b, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}}, gpu.ErrOutOfMemory, "")
 		// Two fit.
-		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 2})
+		exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 2}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,7 +448,7 @@ func TestPoolOutOfMemoryAtSlot(t *testing.T) {
 func TestPoolCompileFaults(t *testing.T) {
 	b := simtest.New(t, 1)
 	pp := newPoolProgram()
-	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3},
+	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}},
 		[]string{"DeviceProps", "MemCreate", "MemAddressReserve", "MemMap", "MemSetAccess", "HostAlloc", "MemAlloc"}, false)
 }
 
@@ -466,8 +466,8 @@ func TestPoolNeedsVMM(t *testing.T) {
 			steptest.WantCompileRefused(t, hide, sb, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool}, gpu.ErrNotSupported, "")
 			// Zero-copy outputs and cheap node updates would make pool
 			// the cheapest; auto must still not choose it.
-			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true,
-				Costs: stablegraph.Costs{NodeUpdateUS: 100, TracedUpdateUS: 100}})
+			exe, err := stablegraph.Compile(ctx, hide, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyAuto,
+				Costs: stablegraph.Costs{NodeUpdateUS: 100, TracedUpdateUS: 100}, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -500,7 +500,7 @@ func TestPoolSignalFailure(t *testing.T) {
 	const steps = 5
 	xs := pp.inputs(t, b, steps)
 	want := pp.eagerOutputs(t, b, xs)
-	exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 1, SlotWait: time.Second})
+	exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, SlotWait: time.Second, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 1}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -544,7 +544,7 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 	// A param the step writes: eager writes the caller's buffer.
 	p.Launch(kernels.Axpy, kernels.Elementwise(n), stablegraph.InOut(xw.All()), stablegraph.In(x.All()), stablegraph.F32(1), stablegraph.I32(n))
 	b := simtest.New(t, 1)
-	_, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPool, ZeroCopyOutputs: true})
+	_, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}})
 	if !errors.Is(err, stablegraph.ErrInvalidProgram) {
 		t.Fatalf("zero-copy pool of an output read first = %v", err)
 	}
@@ -586,9 +586,10 @@ func TestZeroCopyNeedsWrittenOutputs(t *testing.T) {
 	want := run(stablegraph.Options{Strategy: stablegraph.StrategyEager})
 	for _, opts := range []stablegraph.Options{
 		{Strategy: stablegraph.StrategyStable},
-		{Strategy: stablegraph.StrategyStable, StreamCopies: true},
-		{Strategy: stablegraph.StrategyPool, PoolSlots: 3},
-		{Strategy: stablegraph.StrategyAuto, ZeroCopyOutputs: true}, // pool cannot lease: auto does not choose it
+		{Strategy: stablegraph.StrategyStable, StrategyOptions: stablegraph.StrategyOptions{Copies: stablegraph.CopyOptions{OnStream: true}}},
+		{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}},
+		// pool cannot lease: auto does not choose it
+		{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}},
 	} {
 		got := run(opts)
 		for i := range want {
@@ -633,7 +634,7 @@ func BenchmarkPoolStep(b *testing.B) {
 				be := simtest.New(b, 1)
 				s := simtest.Stream(b, be, 0)
 				pp := newPoolProgram()
-				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, ZeroCopyOutputs: zc})
+				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n, ZeroCopyOutputs: zc}}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -684,7 +685,7 @@ func BenchmarkPoolBackToBack(b *testing.B) {
 				be := simtest.New(b, 1)
 				s := simtest.Stream(b, be, 0)
 				pp := newPoolProgram()
-				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: n, SlotPoll: c.poll})
+				exe, err := stablegraph.Compile(ctx, be, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, SlotPoll: c.poll, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: n}}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -734,7 +735,7 @@ func TestPoolCloseReportsFailedRelease(t *testing.T) {
 			s := simtest.Stream(t, b, 0)
 			pp := newPoolProgram()
 			xs := pp.inputs(t, b, 3)
-			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, PoolSlots: 3})
+			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyPool, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -26,7 +26,7 @@ import (
 // then. A visit is one step that brings the candidate back to the caller's
 // addresses (the buffers moved while the others ran; not measured), then up
 // to probeBlock measured steps, which see the caller's own step-to-step
-// movement; the rounds go on until each candidate has Options.AutoProbeSteps
+// movement; the rounds go on until each candidate has AutoOptions.ProbeSteps
 // measured steps. Every candidate computes the same bits and shares the
 // executable's states, temps and constants (stable and pool copy only params
 // and outputs), so switching between steps changes nothing the caller can
@@ -260,7 +260,7 @@ type autoProbe struct {
 	fellBack string // "; fell back because ..." of Compile, or ""
 	// aliasSafe: every candidate handles overlapping bindings.
 	aliasSafe bool
-	// bound is what ranks the measured candidates (Options.AutoBound).
+	// bound is what ranks the measured candidates (AutoOptions.Bound).
 	bound Bound
 
 	// coll is the collective decision's state (collective.go); nil when
@@ -284,6 +284,10 @@ type autoProbe struct {
 	// less is what Counters subtracts from final's counters once it is
 	// kept: base less acc, and less held once final ran.
 	less Counters
+	// The same for the refusals (Fallbacks): accFalls holds the model's
+	// choice's while the decision was pending (modelFalls: its refusals
+	// already taken), baseFalls final's when it was kept.
+	accFalls, modelFalls, baseFalls Fallbacks
 
 	info struct {
 		sync.Mutex
@@ -311,8 +315,8 @@ func (a *autoProbe) setLastRan(n Name) {
 // built (two or more candidates, in the model's order). On error it has
 // released what it made; the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
-	a := &autoProbe{b: spec.Backend, dev: spec.Device, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
-		bound: spec.Options.AutoBound}
+	a := &autoProbe{b: spec.Backend, dev: spec.Ordinal, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
+		bound: spec.Options.Auto.Bound}
 	if agreesOn(spec) {
 		a.coll = newAgreeing(spec.Agree)
 	}
@@ -321,10 +325,10 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 			err = errors.Join(err, a.destroyEvents())
 		}
 	}()
-	if a.gate, err = newProbeGate(a.b, spec.Device); err != nil {
+	if a.gate, err = newProbeGate(a.b, spec.Ordinal); err != nil {
 		return nil, err
 	}
-	steps := spec.Options.AutoProbeSteps
+	steps := spec.Options.Auto.ProbeSteps
 	warm := make([]int, len(built))
 	for i, pr := range built {
 		pr.warm = WarmUpOf(pr.st)
@@ -332,17 +336,17 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 		pr.samples = make([]probeSample, steps)
 		for i := range pr.samples {
 			for _, ev := range []*gpu.Event{&pr.samples[i].start, &pr.samples[i].end} {
-				if *ev, err = a.b.EventCreate(spec.Device, gpu.EventDefault); err != nil {
+				if *ev, err = a.b.EventCreate(spec.Ordinal, gpu.EventDefault); err != nil {
 					return nil, fmt.Errorf("probe events: %w", err)
 				}
 			}
 		}
 	}
 	a.plan = probePlan(warm, steps)
-	if a.mark, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.mark, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe marker event: %w", err)
 	}
-	if a.fence, err = a.b.EventCreate(spec.Device, gpu.EventDisableTiming); err != nil {
+	if a.fence, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe fence event: %w", err)
 	}
 	a.info.choice = ch
@@ -372,7 +376,7 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 // from the first step.
 func decided(spec Spec, ch Choice, pr *probe, fellBack, skip string) *autoProbe {
 	a := &autoProbe{b: spec.Backend, log: spec.Logger, probes: []*probe{pr}, model: pr, final: pr, fellBack: fellBack,
-		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.AutoBound}
+		aliasSafe: allAliasSafe([]*probe{pr}), bound: spec.Options.Auto.Bound}
 	ch.Strategy = pr.strategy
 	ch.Candidates = modelOrder(ch.Candidates, pr.cand)
 	ch.Reason = fmt.Sprintf("cheapest modelled step: %s", othersAfter(ch.Candidates)) + fellBack + "; not probed: " + skip
@@ -424,11 +428,12 @@ func allAliasSafe(ps []*probe) bool {
 	return true
 }
 
-// Fallbacks merges the candidates' refused updates, those closed included.
+// Fallbacks are the refused updates of the steps auto ran, but for its
+// probe steps, as Counters counts them: they sum to UpdateFallbacks.
 func (a *autoProbe) Fallbacks() Fallbacks {
-	var f Fallbacks
-	for _, pr := range a.probes {
-		f.merge(FallbacksOf(pr.st))
+	f := a.accFalls.clone()
+	if a.final != nil {
+		f.merge(FallbacksOf(a.final.st).since(a.baseFalls))
 	}
 	return f
 }
@@ -548,8 +553,17 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	a.setLastRan(a.model.strategy)
 	before := a.model.st.Counters()
+	if a.modelFalls.ByReason == nil && before.UpdateFallbacks > 0 {
+		a.modelFalls = FallbacksOf(a.model.st) // taken in its probe steps
+	}
 	res, err := a.model.st.Run(ctx, s, addrs)
-	a.acc.add(a.model.st.Counters().Sub(before))
+	d := a.model.st.Counters().Sub(before)
+	a.acc.add(d)
+	if d.UpdateFallbacks > 0 {
+		f := FallbacksOf(a.model.st)
+		a.accFalls.merge(f.since(a.modelFalls))
+		a.modelFalls = f
+	}
 	return res, err
 }
 
@@ -698,7 +712,7 @@ func heldGraphs(c Counters) Counters {
 // closed once idle, and publishes the choice (first: the candidate listed
 // first; nil keeps the model's order).
 func (a *autoProbe) keep(pr *probe, reason string, first *probe) {
-	a.final, a.base = pr, pr.st.Counters()
+	a.final, a.base, a.baseFalls = pr, pr.st.Counters(), FallbacksOf(pr.st)
 	a.held = heldGraphs(a.base)
 	a.less = a.base.Sub(a.acc)
 	for _, o := range a.probes {

@@ -76,7 +76,7 @@ func TestProbeGPUTimeExcludesHost(t *testing.T) {
 	b := simtest.New(t, 1)
 	s := simtest.Stream(t, b, 0)
 	slow, fast := &sleeper{d: sleep}, &sleeper{}
-	spec := Spec{Backend: b, Options: Options{AutoProbeSteps: 2, AutoBound: BoundLatency}, Logger: slog.Default()}
+	spec := Spec{Backend: b, Options: Options{Auto: AutoOptions{ProbeSteps: 2, Bound: BoundLatency}}, Logger: slog.Default()}
 	ch := Choice{Requested: Auto, Candidates: []Candidate{{Strategy: Patch, Usable: true}, {Strategy: Stable, Usable: true}}}
 	a, err := newAutoProbe(spec, ch, []*probe{{strategy: Patch, st: slow, cand: 0}, {strategy: Stable, st: fast, cand: 1}}, "")
 	if err != nil {

@@ -41,7 +41,7 @@ func TestAutoProbesAndDecides(t *testing.T) {
 }
 
 // probeOrder is the documented plan of auto's probe steps (replay/probe.go,
-// Options.AutoProbeSteps): each candidate's warm-up steps in the model's
+// AutoOptions.ProbeSteps): each candidate's warm-up steps in the model's
 // order, then rounds that visit every candidate, each round starting one
 // further on, a visit being one step back at the caller's addresses and up
 // to two measured steps, until each candidate has probeSteps of them. It
@@ -149,7 +149,7 @@ func TestAutoProbeOptions(t *testing.T) {
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
 	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 20, true)
-	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1, PoolSlots: 3}, workload.Random, 20, true)
+	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}, Auto: stablegraph.AutoOptions{ProbeSteps: 1}}}, workload.Random, 20, true)
 	steptest.SameResults(t, got, want)
 	checkProbes(t, got, 1, 3)
 
@@ -157,8 +157,8 @@ func TestAutoProbeOptions(t *testing.T) {
 		opts stablegraph.Options
 		says string
 	}{
-		{stablegraph.Options{AutoProbeSteps: -1}, "not probed: probing disabled"},
-		{stablegraph.Options{ZeroCopyOutputs: true}, "not probed: zero-copy outputs"},
+		{stablegraph.Options{StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}}, "not probed: probing disabled"},
+		{stablegraph.Options{StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{ZeroCopyOutputs: true}}}, "not probed: zero-copy outputs"},
 	} {
 		c.opts.Strategy = stablegraph.StrategyAuto
 		tr := steptest.RunWorkload(t, b, w, c.opts, workload.PingPong, 3, true)
@@ -178,7 +178,7 @@ func TestAutoProbeOptions(t *testing.T) {
 		}
 	}
 	if exe, err := stablegraph.Compile(context.Background(), b, w.Program,
-		stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: stablegraph.MaxAutoProbeSteps + 1}); err == nil {
+		stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: stablegraph.MaxAutoProbeSteps + 1}}}); err == nil {
 		exe.Close()
 		t.Error("too many probe steps accepted")
 	}
@@ -237,7 +237,7 @@ func TestAutoProbeFaults(t *testing.T) {
 		for at := range steps - 2 {
 			for _, nth := range []int{0, 2} {
 				base := b.LiveHandles()
-				exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1})
+				exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: 1}}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -310,10 +310,10 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct {
 		op   string
-		leak gpu.Counters
+		leak gpu.HandleCounts
 	}{
-		{"EventDestroy", gpu.Counters{Events: 1}},
-		{"GraphExecDestroy", gpu.Counters{GraphExecs: 1}},
+		{"EventDestroy", gpu.HandleCounts{Events: 1}},
+		{"GraphExecDestroy", gpu.HandleCounts{GraphExecs: 1}},
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			// Not simtest.New: the handle whose release fails stays live.
@@ -334,7 +334,7 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 				}
 			}
 			base := b.LiveHandles()
-			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, AutoProbeSteps: 1})
+			exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: 1}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -8,10 +8,12 @@ import (
 
 // record records the commands into a graph and, whenever an address they
 // use changes, records and instantiates it again: what other runtimes
-// ship, and the cost the other graph strategies avoid.
-type record struct{ recorded }
+// ship, and the cost the other graph strategies avoid. It has no options.
+// It counts Records, and every move as a re-record for a move
+// (MoveRerecords); GraphLaunches.
+type record struct{ callerGraph }
 
-func newRecord(spec Spec) (Strategy, error) { return &record{recorded{base: newBase(spec)}}, nil }
+func newRecord(spec Spec) (Strategy, error) { return &record{callerGraph{base: newBase(spec)}}, nil }
 
 func (st *record) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	switch {

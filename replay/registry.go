@@ -7,29 +7,13 @@ import (
 	"strings"
 )
 
-// Name names a strategy. The root package's Strategy is this type.
-type Name string
-
-// The strategies of this build. Each is described in its own file.
-const (
-	Eager  Name = "eager"  // eager.go
-	Record Name = "record" // record.go
-	Update Name = "update" // update.go
-	Patch  Name = "patch"  // patch.go
-	Device Name = "device" // device.go
-	Stable Name = "stable" // stable.go
-	Pool   Name = "pool"   // pool.go
-	Remap  Name = "remap"  // remap.go
-	Auto   Name = "auto"   // auto.go, probe.go
-)
-
 // entry is one strategy of the registry.
 type entry struct {
 	name Name
 	// build makes the strategy from spec, releasing what it made on error.
 	build func(spec Spec) (Strategy, error)
 	// model, when set, makes the strategy a candidate of auto: it prices
-	// one step under spec.Options.Costs, or says why the device cannot run
+	// one step under spec.Costs, or says why the device cannot run
 	// it (Candidate.Usable false). It allocates nothing.
 	model func(spec Spec) Candidate
 }
@@ -98,5 +82,6 @@ func New(name Name, spec Spec) (Strategy, error) {
 	if spec.Logger == nil {
 		spec.Logger = slog.Default()
 	}
+	spec.classes = ClassesOf(spec.Buffers)
 	return e.build(spec)
 }

@@ -2,10 +2,13 @@ package replay_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 
 	"github.com/stablegraph/stablegraph"
+	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/internal/steptest"
 )
@@ -190,4 +193,141 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestEveryRecordCounted holds every registered strategy, under every
+// movement, to the counting rule: every graph recorded again is counted
+// with its cause (Rerecords = MoveRerecords + UpdateFallbacks +
+// RetryRerecords, at every step and in total), and every refused update
+// reaches Stats.Fallbacks (its reasons sum to UpdateFallbacks). The steps
+// rebind states (BindState, which every strategy allows: a graph recorded
+// over the states' addresses records again), the driver refuses updates
+// (gpu.ErrGraphUpdate: re-recorded) and fails others (the step fails, the
+// next records again), also after auto has decided; every step must still
+// give eager's bits.
+func TestEveryRecordCounted(t *testing.T) {
+	const steps = 34
+	rebind := map[int]bool{5: true, 9: true, 26: true}
+	// Injected before the step, into every update entry point: each fires
+	// at the next call of its entry point, whichever step makes it.
+	refuse := map[int]bool{3: true, 24: true}
+	fail := map[int]bool{7: true, 28: true}
+	updates := []string{"GraphExecUpdate", "GraphExecKernelNodeSetParams", "GraphExecMemcpyNodeSetParams",
+		"GraphExecMemsetNodeSetParams", "GraphExecChildGraphNodeSetParams"}
+	refusal := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported, Detail: "the test refused it"}
+	ctx := context.Background()
+	for _, move := range steptest.Movements() {
+		t.Run(string(move), func(t *testing.T) {
+			b := simtest.New(t, 1)
+			w := steptest.NewMLP(4, 32, 3, 100, 6)
+			want, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyEager, move, steps)
+			for _, st := range stablegraph.Strategies() {
+				t.Run(string(st), func(t *testing.T) {
+					s := simtest.Stream(t, b, 0)
+					opts := stablegraph.Options{Strategy: st}
+					ad := steptest.NewAddresser(t, b, steptest.ArenaFor(t, b, 64<<20, &opts), move,
+						append(append([]stablegraph.Buffer(nil), w.Params...), w.Outputs...), w)
+					exe := steptest.Compile(t, b, w.P, opts)
+					w.InitStates(t, exe)
+					defer b.ClearFaults()
+					for i := range steps {
+						if rebind[i] {
+							rebindState(t, b, exe, w.Acc)
+							rebindState(t, b, exe, w.Weights[0])
+						}
+						for _, op := range updates {
+							switch {
+							case refuse[i]:
+								b.InjectFault(op, 0, refusal)
+							case fail[i]:
+								b.InjectFault(op, 0, nil)
+							}
+						}
+						bind, err := ad.Bind(i)
+						if err != nil {
+							t.Fatal(err)
+						}
+						before := exe.Stats()
+						outs, err := exe.Run(ctx, s, bind)
+						// A failed update fails its step before anything is
+						// enqueued; the step runs again, as a caller would.
+						for try := 0; err != nil && errors.Is(err, gpu.ErrInjected) && try < len(updates); try++ {
+							outs, err = exe.Run(ctx, s, bind)
+						}
+						if err != nil {
+							t.Fatalf("step %d: %v", i, err)
+						}
+						for k, o := range w.Outputs {
+							got, err := exe.ReadOutput(ctx, outs, o)
+							if err != nil {
+								t.Fatal(err)
+							}
+							if !bytes.Equal(got, want[i].Outs[k]) {
+								t.Fatalf("step %d (ran %s): output %s differs from eager", i, exe.Stats().Ran, o.Name())
+							}
+						}
+						outs.Release()
+						stats := exe.Stats()
+						for what, c := range map[string]stablegraph.Counters{"the step": stats.Counters.Sub(before.Counters), "in total": stats.Counters} {
+							if c.Rerecords != c.MoveRerecords+c.UpdateFallbacks+c.RetryRerecords {
+								t.Errorf("step %d (ran %s), %s: %d re-records, %d explained by moves, %d by refusals, %d by retries",
+									i, stats.Ran, what, c.Rerecords, c.MoveRerecords, c.UpdateFallbacks, c.RetryRerecords)
+							}
+						}
+						var reasons int64
+						for _, n := range stats.Fallbacks.ByReason {
+							reasons += n
+						}
+						if reasons != stats.UpdateFallbacks {
+							t.Errorf("step %d (ran %s): %d updates refused, %d of them in Stats.Fallbacks (%v)",
+								i, stats.Ran, stats.UpdateFallbacks, reasons, stats.Fallbacks.ByReason)
+						}
+						// The graphs held by these strategies point at the
+						// states: a rebound one is recorded again, for a move.
+						ran := stats.Ran
+						if rebind[i] && !stats.Probing && (ran == stablegraph.StrategyRecord || ran == stablegraph.StrategyDevice ||
+							ran == stablegraph.StrategyStable || ran == stablegraph.StrategyPool || ran == stablegraph.StrategyRemap) &&
+							stats.MoveRerecords == before.MoveRerecords {
+							t.Errorf("step %d: states rebound, but %s recorded nothing again for a move", i, ran)
+						}
+					}
+					b.ClearFaults()
+					if err := exe.Close(); err != nil {
+						t.Fatal(err)
+					}
+					final := exe.Stats()
+					// Where updates are made every step, the injected ones
+					// fired and were counted: refusals, and retries where a
+					// failed update leaves no graph (update keeps its
+					// graph, which a failed whole-graph update leaves as it
+					// was).
+					updating := st == stablegraph.StrategyUpdate || st == stablegraph.StrategyPatch ||
+						st == stablegraph.StrategyDevice || st == stablegraph.StrategyStable
+					if move != steptest.Fixed && updating && (final.UpdateFallbacks == 0 || final.Fallbacks.Last == "" ||
+						(st != stablegraph.StrategyUpdate && final.RetryRerecords == 0)) {
+						t.Errorf("%s, %s buffers: %d refusals, %d retries, last refusal %q: the injected ones did not count",
+							st, move, final.UpdateFallbacks, final.RetryRerecords, final.Fallbacks.Last)
+					}
+				})
+			}
+		})
+	}
+}
+
+// rebindState moves state buf to new memory holding its bytes (freed at
+// cleanup; the test closes the executable first).
+func rebindState(t *testing.T, b gpu.Backend, exe *stablegraph.Executable, buf stablegraph.Buffer) {
+	t.Helper()
+	ctx := context.Background()
+	data, err := exe.ReadBuffer(ctx, buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := simtest.Alloc(t, b, 0, uint64(len(data)))
+	if err := b.MemcpyHtoD(p, data); err != nil {
+		t.Fatal(err)
+	}
+	if err := exe.BindState(ctx, buf, p); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -36,7 +36,7 @@ import (
 // driver does not give for memory it did not map through VMM: the caller
 // allocates its params and outputs with a remappable allocator (package
 // remappable: one chunk per buffer) and hands it to the executable
-// (stablegraph.Options.Remappable, Options.Remappable here), whose Chunk
+// (RemapOptions.Memory, stablegraph.Options' Remap.Memory), whose Chunk
 // method is the lookup. New refuses a program with params or outputs and
 // no lookup, and Run refuses, before it unmaps anything:
 //
@@ -56,8 +56,8 @@ import (
 // A range may be unmapped only once no work that uses it is pending, and
 // unmapping is not ordered on a stream: the host waits. remap records an
 // event after every launch and, before it remaps anything, polls it
-// (EventQuery, following Options.SlotPoll: yields, then sleeps) until the
-// step before is done, up to Options.DeviceWait or ctx's deadline, never
+// (EventQuery, following Spec.Poll: yields, then sleeps) until the step
+// before is done, up to Spec.Wait or ctx's deadline, never
 // with a device-wide synchronization. A step that moves nothing does not
 // wait: the graph is launched behind the one before, as every graph
 // strategy does. The wait is made under the executable's lock, since only
@@ -73,6 +73,13 @@ import (
 // (or, when that fails too, marks the range to be remapped). The next Run
 // remaps what is not as it should be, so the strategy stays usable. Close
 // unmaps every range and frees it, reporting every failure.
+//
+// # Options and counters
+//
+// Its options are RemapOptions (Options.Remap); Spec.Poll and Spec.Wait
+// say how it waits. It counts Remaps (one per bound buffer that moved), a
+// state rebound as a re-record for a move (MoveRerecords), and
+// GraphLaunches.
 type remap struct {
 	base
 	dev    int
@@ -97,6 +104,15 @@ type remap struct {
 	pending   bool        // ev marks a launch the device may not have finished
 }
 
+// RemapOptions configure remap (Options.Remap).
+type RemapOptions struct {
+	// Memory is where remap finds the physical memory behind the params
+	// and outputs the caller binds: the remappable.Allocator they are
+	// allocated from. Remap needs it for a program with params or outputs;
+	// the other strategies ignore it. Default nil.
+	Memory ChunkFinder
+}
+
 // remapRange is one bound buffer's range and what it maps.
 type remapRange struct {
 	res  *vmm.Reservation
@@ -116,37 +132,26 @@ type remapTarget struct {
 	from  uint64
 }
 
-// ChunkFinder finds the physical memory behind the caller's buffers for
-// remap: a remappable.Allocator (package remappable) is one. The root
-// package's ChunkFinder is this type.
-type ChunkFinder interface {
-	// Chunk returns the physical chunk mapped at p and p's offset in it:
-	// the chunk's bytes from the offset on are those the caller sees from
-	// p on. An address the finder does not know is an error wrapping
-	// gpu.ErrNotFound.
-	Chunk(p gpu.DevicePtr) (chunk *vmm.PhysicalAllocation, offset uint64, err error)
-}
-
-// defaultDeviceWait bounds remap's wait when Options.DeviceWait is zero
-// (the root package passes its SlotWait, whose default this is).
+// defaultDeviceWait bounds remap's wait when Spec.Wait is zero (the root
+// package passes its SlotWait, whose default this is).
 const defaultDeviceWait = 30 * time.Second
 
 // newRemap checks the device and the options, creates the event and
 // reserves a range per param and output; on error it releases what it
 // made.
 func newRemap(spec Spec) (_ Strategy, err error) {
-	b, dev, opts := spec.Backend, spec.Device, spec.Options
+	b, dev := spec.Backend, spec.Ordinal
 	_, gran, err := gpu.VirtualMemoryOf(b, dev)
 	if err != nil {
 		return nil, fmt.Errorf("remap: ranges need virtual memory management: %w", err)
 	}
-	r := &remap{base: newBase(spec), dev: dev, gran: gran, finder: opts.Remappable, poll: opts.SlotPoll,
-		wait: opts.DeviceWait, bufs: spec.Buffers, bound: spec.bound()}
+	r := &remap{base: newBase(spec), dev: dev, gran: gran, finder: spec.Options.Remap.Memory, poll: spec.Poll,
+		wait: spec.Wait, bufs: spec.Buffers, bound: spec.classes.Bound}
 	if r.wait <= 0 {
 		r.wait = defaultDeviceWait
 	}
 	if len(r.bound) > 0 && r.finder == nil {
-		return nil, fmt.Errorf("remap: no remappable allocator (Options.Remappable): remap maps the physical memory behind "+
+		return nil, fmt.Errorf("remap: no remappable allocator (Options.Remap.Memory): remap maps the physical memory behind "+
 			"the params and outputs, which must come from one (package remappable): %w", gpu.ErrNotSupported)
 	}
 	defer func() {
@@ -183,8 +188,15 @@ func (r *remap) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (R
 	for k, id := range r.bound {
 		r.addrs[id] = r.ranges[k].res.Ptr()
 	}
-	if r.x == nil || !slices.Equal(r.x.Addrs(), r.addrs) {
-		if err := r.record(); err != nil {
+	switch {
+	case r.x == nil:
+		// The first step (a failed record keeps the graph before).
+		if err := r.record(causeRetry); err != nil {
+			return Result{}, err
+		}
+	case !slices.Equal(r.x.Addrs(), r.addrs):
+		// A state rebound: the ranges never move.
+		if err := r.record(causeMoved); err != nil {
 			return Result{}, err
 		}
 	}
@@ -216,7 +228,7 @@ func (r *remap) resolve(addrs []gpu.DevicePtr) error {
 		d, p, rg := &r.bufs[id], addrs[id], r.ranges[k]
 		chunk, from, err := r.finder.Chunk(p)
 		if errors.Is(err, gpu.ErrNotFound) {
-			return fmt.Errorf("remap: %s %q is bound at %#x, which is not memory of the remappable allocator (Options.Remappable): %w (%w)",
+			return fmt.Errorf("remap: %s %q is bound at %#x, which is not memory of the remappable allocator (Options.Remap.Memory): %w (%w)",
 				d.Class, d.Name, uint64(p), gpu.ErrNotSupported, err)
 		}
 		if err != nil {
@@ -332,18 +344,15 @@ func (r *remap) remapRange(k int, t remapTarget) error {
 }
 
 // record records and instantiates the graph over r.addrs, replacing the
-// old one only once the new one exists. Traced commands are captured, not
-// traced for patching: the addresses do not move.
-func (r *remap) record() error {
+// old one only once the new one exists; a record after the first is a
+// re-record for cause. Traced commands are captured, not traced for
+// patching: the addresses do not move.
+func (r *remap) record(cause recordCause) error {
 	x, err := r.cb.Instantiate(r.b, r.addrs, false)
 	if err != nil {
 		return err
 	}
-	if r.c.Records > 0 {
-		r.c.Rerecords++
-		r.log.Debug("remap: re-recorded the step graph (a state was rebound)")
-	}
-	r.c.Records++
+	r.countRecord(r.c.Records > 0, cause, nil)
 	err = r.dropExec()
 	r.x = x
 	return err

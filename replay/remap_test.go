@@ -69,7 +69,7 @@ type remapSetup struct {
 func newRemapSetup(t *testing.T, b *sim.Backend, opts stablegraph.Options) *remapSetup {
 	t.Helper()
 	rs := &remapSetup{b: b, s: simtest.Stream(t, b, 0), pp: newPoolProgram(), a: steptest.NewRemappable(t, b, 0)}
-	opts.Strategy, opts.Remappable = stablegraph.StrategyRemap, rs.a
+	opts.Strategy, opts.Remap.Memory = stablegraph.StrategyRemap, rs.a
 	rs.exe = steptest.Compile(t, b, rs.pp.p, opts)
 	return rs
 }
@@ -202,7 +202,7 @@ func TestRemapRefusesTooLittleMemory(t *testing.T) {
 	x := p.Param("x", int64(gran)+4)
 	y := p.Output("y", 4)
 	p.Launch(kernels.Copy, kernels.Elementwise(1), stablegraph.Out(y.All()), stablegraph.In(x.Slice(0, 4)), stablegraph.I32(1))
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: a})
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: a}}})
 	small, err := a.Alloc(gran)
 	if err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestRemapNeedsItsMemory(t *testing.T) {
 		b    func(*sim.Backend) gpu.Backend
 		text string
 	}{
-		{"no allocator", func(b *sim.Backend) gpu.Backend { return b }, "Options.Remappable"},
+		{"no allocator", func(b *sim.Backend) gpu.Backend { return b }, "Options.Remap.Memory"},
 		{"no VMM", func(b *sim.Backend) gpu.Backend { return noVMM{Backend: b, hideVMM: true} }, "virtual memory"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -246,7 +246,7 @@ func TestRemapNeedsItsMemory(t *testing.T) {
 	t.Run("another device", func(t *testing.T) {
 		b := simtest.New(t, 2)
 		other := steptest.NewRemappable(t, b, 1)
-		exe := steptest.Compile(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: other})
+		exe := steptest.Compile(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: other}}})
 		bind := stablegraph.Bindings{}
 		for _, buf := range []stablegraph.Buffer{pp.x, pp.y, pp.s} {
 			p, err := other.Alloc(uint64(buf.Size()))
@@ -339,7 +339,7 @@ func TestRemapCompileFaults(t *testing.T) {
 	b := simtest.New(t, 1)
 	pp := newPoolProgram()
 	a := steptest.NewRemappable(t, b, 0)
-	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: a},
+	steptest.CompileFaults(t, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: a}}},
 		[]string{"DeviceProps", "EventCreate", "MemAddressReserve", "MemAlloc"}, true)
 }
 
@@ -350,12 +350,12 @@ func TestRemapCompileFaults(t *testing.T) {
 func TestRemapCloseReportsFailedRelease(t *testing.T) {
 	for _, c := range []struct {
 		op   string
-		kept gpu.Counters
+		kept gpu.HandleCounts
 	}{
-		{"MemUnmap", gpu.Counters{Mappings: 1, Reservations: 1}},
-		{"MemAddressFree", gpu.Counters{Reservations: 1}},
-		{"EventDestroy", gpu.Counters{Events: 1}},
-		{"GraphExecDestroy", gpu.Counters{GraphExecs: 1}},
+		{"MemUnmap", gpu.HandleCounts{Mappings: 1, Reservations: 1}},
+		{"MemAddressFree", gpu.HandleCounts{Reservations: 1}},
+		{"EventDestroy", gpu.HandleCounts{Events: 1}},
+		{"GraphExecDestroy", gpu.HandleCounts{GraphExecs: 1}},
 	} {
 		t.Run(c.op, func(t *testing.T) {
 			// Not simtest.New: what failed to be released stays live by definition.
@@ -374,7 +374,7 @@ func TestRemapCloseReportsFailedRelease(t *testing.T) {
 				t.Fatal(err)
 			}
 			pp := newPoolProgram()
-			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: a})
+			exe, err := stablegraph.Compile(ctx, b, pp.p, stablegraph.Options{Strategy: stablegraph.StrategyRemap, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: a}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -421,7 +421,7 @@ func TestRemapConcurrentRuns(t *testing.T) {
 	exe := steptest.Workers{
 		Program: w.Program, X: w.Params[0], Y: w.Outputs[0], States: w.States,
 		Input:   func(i int) []byte { return w.Input(i, 0) },
-		Options: stablegraph.Options{Strategy: stablegraph.StrategyRemap, Remappable: steptest.NewRemappable(t, b, 0)},
+		Options: stablegraph.Options{Strategy: stablegraph.StrategyRemap, StrategyOptions: stablegraph.StrategyOptions{Remap: stablegraph.RemapOptions{Memory: steptest.NewRemappable(t, b, 0)}}},
 		Workers: workers, Steps: steps,
 		During: func(exe *stablegraph.Executable) error {
 			_ = exe.Stats()

@@ -17,9 +17,10 @@ import (
 type Spec struct {
 	// Program names the program, for errors and logs.
 	Program string
-	// Backend and Device are where the step runs.
+	// Backend and Ordinal are where the step runs: the backend and the
+	// device's ordinal.
 	Backend gpu.Backend
-	Device  int
+	Ordinal int
 	// Commands is the compiled step over len(Buffers) buffers: it
 	// launches, records, instantiates (at any address vector, so a
 	// strategy may record over addresses of its own), updates and patches
@@ -28,7 +29,19 @@ type Spec struct {
 	// Buffers describes every buffer of the step, indexed as the address
 	// vectors Run receives.
 	Buffers []Buffer
-	// Options are the strategy options, defaults applied.
+	// Alignment is the executable's (a power of two): of the copies
+	// stable and pool make of params and outputs too.
+	Alignment uint64
+	// Costs price a strategy's work (costs.go): auto's models, and patch's
+	// choice between per-node and whole-graph updates. Defaults applied.
+	Costs Costs
+	// Poll is how a strategy polls the device while it waits for it (a
+	// pool slot's timeline, device's patcher mirror, remap's event), and
+	// Wait bounds a wait made inside Run (remap's); the executable bounds
+	// the waits of Acquire.
+	Poll vmm.WaitPolicy
+	Wait time.Duration
+	// Options are the strategies' own, one group each, defaults applied.
 	Options Options
 	// Collectives is true when the step holds collectives, whose time is
 	// set by the peers.
@@ -47,6 +60,9 @@ type Spec struct {
 	// Logger receives the strategy's logs; per-step paths log at debug
 	// level only.
 	Logger *slog.Logger
+
+	// classes are Buffers split by class: New fills them.
+	classes Classes
 }
 
 // Buffer is one buffer of the step as strategies see it.
@@ -121,51 +137,73 @@ func (f Flow) NeedsCopyIn(copiedOut bool) bool {
 	return f.ReadFirst || (copiedOut && !f.Full)
 }
 
-// Options are the executable options strategies read (the root's Options
-// documents each), defaults applied.
+// Options are the strategies' options: one group per strategy that has
+// any, each defined and documented in its strategy's file with its
+// defaults, and nowhere else. The root package's Options embeds this type
+// (stablegraph.StrategyOptions), so that a caller reaches a group as
+// opts.Pool, and the executable hands the groups to New as they are.
 type Options struct {
-	// Alignment of the persistent copies stable allocates and of the
-	// copies within a pool slot.
-	Alignment uint64
-	// PoolSlots, SlotPoll and ZeroCopyOutputs configure pool.
-	PoolSlots       int
-	SlotPoll        vmm.WaitPolicy
-	ZeroCopyOutputs bool
-	// StreamCopies makes stable and pool copy with stream copies around
-	// the launch instead of copy nodes in the graph.
-	StreamCopies bool
-	// DeviceTables makes device use its ring of tables for every step.
-	DeviceTables bool
-	// Costs, AutoProbeSteps and AutoBound configure auto (Costs patch
-	// too: whether a whole-graph update from the template is cheaper).
-	Costs          Costs
-	AutoProbeSteps int
-	AutoBound      Bound
-	// Remappable finds the physical memory behind the caller's params and
-	// outputs, and DeviceWait bounds the wait for the device before they
-	// are remapped: both configure remap (remap.go).
-	Remappable ChunkFinder
-	DeviceWait time.Duration
+	// Copies configure the copies of stable and pool (copies.go).
+	Copies CopyOptions
+	// Pool configures pool (pool.go).
+	Pool PoolOptions
+	// DeviceStrategy configures device (device.go); not Device, which the
+	// root's Options holds as the device's ordinal.
+	DeviceStrategy DeviceOptions
+	// Remap configures remap (remap.go).
+	Remap RemapOptions
+	// Auto configures auto (auto.go).
+	Auto AutoOptions
 }
 
-// bound returns the buffers the caller binds every step, in order.
-func (sp *Spec) bound() []int {
-	var out []int
-	for i, b := range sp.Buffers {
+// WithDefaults returns o with every group's defaults applied, or an error
+// naming the field out of range.
+func (o Options) WithDefaults() (Options, error) {
+	var err error
+	if o.Pool, err = o.Pool.withDefaults(); err != nil {
+		return o, err
+	}
+	if o.Auto, err = o.Auto.withDefaults(); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// ChunkFinder finds the physical memory behind the caller's buffers for
+// remap (RemapOptions.Memory): a remappable.Allocator (package
+// remappable) is one. The root package's ChunkFinder is this type.
+type ChunkFinder interface {
+	// Chunk returns the physical chunk mapped at p and p's offset in it:
+	// the chunk's bytes from the offset on are those the caller sees from
+	// p on. An address the finder does not know is an error wrapping
+	// gpu.ErrNotFound.
+	Chunk(p gpu.DevicePtr) (chunk *vmm.PhysicalAllocation, offset uint64, err error)
+}
+
+// Classes are a step's buffers split by class, each list in buffer order:
+// what the executable and every strategy need of the classes, computed by
+// ClassesOf alone.
+type Classes struct {
+	// Bound are the params and outputs: the buffers the caller binds
+	// every step, whose addresses may move every step.
+	Bound []int
+	// Outputs are the outputs, States the states.
+	Outputs, States []int
+}
+
+// ClassesOf splits bufs by class.
+func ClassesOf(bufs []Buffer) Classes {
+	var c Classes
+	for i, b := range bufs {
 		if b.Class.Bound() {
-			out = append(out, i)
+			c.Bound = append(c.Bound, i)
+		}
+		switch b.Class {
+		case Output:
+			c.Outputs = append(c.Outputs, i)
+		case State:
+			c.States = append(c.States, i)
 		}
 	}
-	return out
-}
-
-// outputs returns the output buffers, in order.
-func (sp *Spec) outputs() []int {
-	var out []int
-	for i, b := range sp.Buffers {
-		if b.Class == Output {
-			out = append(out, i)
-		}
-	}
-	return out
+	return c
 }

@@ -21,6 +21,13 @@ import (
 // where stable lays out copies of the overlapping buffers as the caller's
 // are (copies.go, "Aliased layouts"), as large as the copies of every bound
 // buffer together, and keeps it until Close.
+//
+// Its options are the copies' (CopyOptions, Options.Copies). It counts
+// BytesCopied, CopyNodeUpdates, AliasedSteps, Launches (the copies when
+// they are stream copies), a state rebound as a re-record for a move
+// (MoveRerecords), a refused copy node update as one for a refusal
+// (UpdateFallbacks, and Stats.Fallbacks says why) and a step after a
+// failed update as one for a retry; GraphLaunches.
 type stable struct {
 	base
 	plan  *copyPlan
@@ -38,11 +45,11 @@ type stable struct {
 // newStable allocates the persistent copies. On error it has released
 // everything.
 func newStable(spec Spec) (_ Strategy, err error) {
-	plan, err := newCopyPlan(&spec, false, !spec.Options.StreamCopies)
+	plan, err := newCopyPlan(&spec, false, !spec.Options.Copies.OnStream)
 	if err != nil {
 		return nil, err
 	}
-	st := &stable{base: newBase(spec), plan: plan, dev: spec.Device}
+	st := &stable{base: newBase(spec), plan: plan, dev: spec.Ordinal}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, st.freeMem())
@@ -50,8 +57,8 @@ func newStable(spec Spec) (_ Strategy, err error) {
 	}()
 	for _, id := range plan.persistent {
 		d := &spec.Buffers[id]
-		size := gpu.RoundUp(uint64(d.Size), spec.Options.Alignment)
-		p, err := st.b.MemAlloc(spec.Device, size)
+		size := gpu.RoundUp(uint64(d.Size), spec.Alignment)
+		p, err := st.b.MemAlloc(spec.Ordinal, size)
 		if err != nil {
 			return nil, fmt.Errorf("stable: allocate the persistent copy of %s %q (%d bytes): %w", d.Class, d.Name, size, err)
 		}
@@ -121,10 +128,10 @@ func (st *stable) freeMem() error {
 
 // modelStable prices the copies of a step.
 func modelStable(spec Spec) Candidate {
-	pl, err := newCopyPlan(&spec, false, !spec.Options.StreamCopies)
+	pl, err := newCopyPlan(&spec, false, !spec.Options.Copies.OnStream)
 	if err != nil {
 		return Candidate{Strategy: Stable, Note: err.Error()}
 	}
-	us, note := pl.model(spec.Options.Costs)
+	us, note := pl.model(spec.Costs)
 	return Candidate{Strategy: Stable, Usable: true, StepUS: us, Note: note}
 }

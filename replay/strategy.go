@@ -6,6 +6,23 @@ import (
 	"github.com/stablegraph/stablegraph/gpu"
 )
 
+// Name names a strategy. The root package's Strategy is this type.
+type Name string
+
+// The strategies of this build, each described in full in its own file
+// (its type's doc), with its options and its code.
+const (
+	Eager  Name = "eager"  // eager.go
+	Record Name = "record" // record.go
+	Update Name = "update" // update.go
+	Patch  Name = "patch"  // patch.go
+	Device Name = "device" // device.go
+	Stable Name = "stable" // stable.go
+	Pool   Name = "pool"   // pool.go
+	Remap  Name = "remap"  // remap.go
+	Auto   Name = "auto"   // auto.go, probe.go
+)
+
 // Strategy is one way of turning a step's buffer addresses into device
 // work. The executable owns one, built by New from a Spec, and calls it
 // with its lock held, so a strategy needs no locking of its own for Run,

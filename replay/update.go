@@ -10,9 +10,13 @@ import (
 // update re-records the commands into a new graph when addresses change
 // and applies it to the executable graph with a whole-graph exec update
 // (graph.CommandBuffer.Update), re-instantiating when the driver refuses.
-type update struct{ recorded }
+// A failed update (not a refusal) leaves the executable graph as it was,
+// and the next step updates it again. It has no options. It counts
+// GraphUpdates, and a refused update as a re-record (UpdateFallbacks, and
+// Stats.Fallbacks says why); GraphLaunches.
+type update struct{ callerGraph }
 
-func newUpdate(spec Spec) (Strategy, error) { return &update{recorded{base: newBase(spec)}}, nil }
+func newUpdate(spec Spec) (Strategy, error) { return &update{callerGraph{base: newBase(spec)}}, nil }
 
 func (st *update) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {
 	switch {

@@ -69,7 +69,7 @@ func TestAllocatorNeverFreesEarly(t *testing.T) {
 	if err := tl.Wait(context.Background(), p, 20*time.Millisecond); !errors.Is(err, gpu.ErrTimeout) {
 		t.Fatalf("timeline passed the gate while it was closed: %v", err)
 	}
-	simtest.WantLive(t, b, "x still held", gpu.Counters{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
+	simtest.WantLive(t, b, "x still held", gpu.HandleCounts{Streams: 1, Modules: 2, HostAllocs: 1, Chunks: 2, Reservations: 2, Mappings: 2})
 
 	openGate()
 	if err := da.Drain(context.Background()); err != nil {

@@ -647,8 +647,9 @@ func (s *soaker) runSegment(ctx context.Context, step *int64, segEnd time.Time) 
 	if s.strategy == sg.StrategyRemap {
 		caller = s.remapCaller
 	}
-	exe, err := sg.Compile(ctx, b, s.w.Program, sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger,
-		Remappable: caller.Remappable()})
+	opts := sg.Options{Strategy: s.strategy, Device: s.cfg.Device, Logger: s.cfg.Logger}
+	opts.Remap.Memory = caller.Remappable()
+	exe, err := sg.Compile(ctx, b, s.w.Program, opts)
 	if errors.Is(err, gpu.ErrNotSupported) && s.strategy != sg.StrategyEager {
 		st.Unsupported = err.Error()
 		s.cfg.Logger.Warn("soak: the device cannot run the strategy; its segments are skipped", "strategy", s.strategy, "err", err)

@@ -24,7 +24,7 @@ func TestAllocateRoundsAndCloses(t *testing.T) {
 	if a.Size() != gran || a.Ptr() == 0 || uint64(a.Ptr())%gran != 0 || a.Device() != 0 {
 		t.Errorf("Allocate(1): ptr %#x size %d device %d", uint64(a.Ptr()), a.Size(), a.Device())
 	}
-	simtest.WantLive(t, b, "after Allocate", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	simtest.WantLive(t, b, "after Allocate", gpu.HandleCounts{Chunks: 1, Reservations: 1, Mappings: 1})
 	data := []byte("through vmm")
 	if err := b.MemcpyHtoD(a.Ptr().Add(100), data); err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestPrimitives(t *testing.T) {
 	if m.Ptr() != res.Ptr().Add(gran) || m.Size() != 2*gran {
 		t.Errorf("mapping %#x+%d", uint64(m.Ptr()), m.Size())
 	}
-	simtest.WantLive(t, b, "mapped", gpu.Counters{Chunks: 1, Reservations: 1, Mappings: 1})
+	simtest.WantLive(t, b, "mapped", gpu.HandleCounts{Chunks: 1, Reservations: 1, Mappings: 1})
 	if err := res.Free(); err == nil {
 		t.Fatal("Free of a reservation with a live mapping succeeded")
 	}
@@ -335,7 +335,7 @@ func TestCloseFaults(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Step != vmm.StepMap || !errors.Is(err, undo) || !errors.Is(err, boom) {
 			t.Errorf("Allocate with MemMap and its undo failing: %v", err)
 		}
-		if c := b.LiveHandles(); c != (gpu.Counters{Reservations: 1}) {
+		if c := b.LiveHandles(); c != (gpu.HandleCounts{Reservations: 1}) {
 			t.Errorf("after a failed undo: %s, want the one reservation left", c)
 		}
 		if err := b.Close(); !errors.Is(err, gpu.ErrIllegalState) {
@@ -446,7 +446,7 @@ func TestMapRange(t *testing.T) {
 			t.Errorf("%s: %v, want gpu.ErrInvalidValue", bad.name, err)
 		}
 	}
-	simtest.WantLive(t, b, "after the refused maps", gpu.Counters{Chunks: 1, Reservations: 2, Mappings: 1})
+	simtest.WantLive(t, b, "after the refused maps", gpu.HandleCounts{Chunks: 1, Reservations: 2, Mappings: 1})
 	m, err := vmm.MapRange(r, 0, a.Chunk(), gran, 2*gran)
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +468,7 @@ func TestMapRange(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	simtest.WantLive(t, b, "the allocation closed", gpu.Counters{Reservations: 1, Mappings: 1})
+	simtest.WantLive(t, b, "the allocation closed", gpu.HandleCounts{Reservations: 1, Mappings: 1})
 	if err := b.MemcpyDtoH(got, r.Ptr().Add(8)); err != nil || string(got) != string(data) {
 		t.Fatalf("after the allocation closed: %q, %v", got, err)
 	}

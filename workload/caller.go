@@ -86,7 +86,7 @@ type CallerOptions struct {
 	// (package remappable: a whole number of granules each, at an address
 	// range of its own) instead of from one bfc region, so that
 	// StrategyRemap can map the memory behind it; Remappable returns the
-	// allocator to compile with (stablegraph.Options.Remappable). Under
+	// allocator to compile with (stablegraph.Options' Remap.Memory). Under
 	// Random every step's buffers are new allocations, at new addresses,
 	// and no fillers are needed to move them. It needs a device with
 	// virtual memory management.
@@ -183,7 +183,7 @@ func (c *Caller) start(seed uint64) (err error) {
 }
 
 // Remappable returns the allocator of a remappable caller, to compile
-// with as stablegraph.Options.Remappable, and nil for a bfc caller.
+// with as stablegraph.Options' Remap.Memory, and nil for a bfc caller.
 func (c *Caller) Remappable() sg.ChunkFinder {
 	if c.remap == nil {
 		return nil

@@ -103,7 +103,7 @@ func hostVariants() []hostVariant {
 		{"patch", sg.Options{Strategy: sg.StrategyPatch}},
 		{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
 		{"device", sg.Options{Strategy: sg.StrategyDevice}},
-		{"device-tables", sg.Options{Strategy: sg.StrategyDevice, DeviceTables: true}},
+		{"device-tables", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Tables: true}}}},
 	}
 }
 
@@ -203,11 +203,11 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 			t.Fatal(err)
 		}
 		vs := append(hostVariants(), hostVariant{"auto", sg.Options{Strategy: sg.StrategyAuto}},
-			hostVariant{"auto-throughput", sg.Options{Strategy: sg.StrategyAuto, AutoBound: sg.AutoBoundThroughput}})
+			hostVariant{"auto-throughput", sg.Options{Strategy: sg.StrategyAuto, StrategyOptions: sg.StrategyOptions{Auto: sg.AutoOptions{Bound: sg.AutoBoundThroughput}}}})
 		for _, v := range vs {
 			t.Run(c.name+"/"+v.name, func(t *testing.T) {
 				ro := o
-				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound, ro.DeviceTables = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.AutoBound, v.opts.DeviceTables
+				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound, ro.DeviceTables = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.Auto.Bound, v.opts.DeviceStrategy.Tables
 				res, err := Run(ctx, b, w, ro)
 				if errors.Is(err, gpu.ErrNotSupported) {
 					t.Skipf("not on this device: %v", err)

@@ -73,7 +73,7 @@ func TestRemapRefusesPlainMemoryCUDA(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: sg.StrategyRemap, Remappable: a})
+	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: sg.StrategyRemap, StrategyOptions: sg.StrategyOptions{Remap: sg.RemapOptions{Memory: a}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -207,8 +207,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	cleanup = append(cleanup, releaseTimer)
 
 	baseUsed, memInfo := usedMemory(b, opts.Device)
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger,
-		Remappable: caller.Remappable(), Costs: opts.Costs, AutoBound: opts.AutoBound, DeviceTables: opts.DeviceTables})
+	sopts := sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger, Costs: opts.Costs}
+	sopts.Remap.Memory = caller.Remappable()
+	sopts.Auto.Bound = opts.AutoBound
+	sopts.DeviceStrategy.Tables = opts.DeviceTables
+	exe, err := sg.Compile(ctx, b, w.Program, sopts)
 	if err != nil {
 		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
 	}

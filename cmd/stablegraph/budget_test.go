@@ -130,6 +130,11 @@ func TestBenchBudget(t *testing.T) {
 // defaults' wall steps nothing is cut.
 func TestWallCappedBySteps(t *testing.T) {
 	needSim(t)
+	// The cut applies to the defaults (ten batches of ten), which TestMain
+	// replaces for every other test.
+	saved := wallBatches
+	wallBatches.n, wallBatches.size = 0, 0
+	t.Cleanup(func() { wallBatches = saved })
 	for _, c := range []struct {
 		args []string
 		want string

@@ -366,14 +366,14 @@ func (b *Backend) DeviceProps(dev int) (gpu.DeviceProps, error) {
 // LiveHandles implements gpu.HandleCounter: the handles this backend issued
 // that are still live. Child graphs owned by nodes and kernels discovered in
 // captured graphs are not counted (the caller does not release them).
-func (b *Backend) LiveHandles() gpu.Counters {
+func (b *Backend) LiveHandles() gpu.HandleCounts {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.countersLocked()
 }
 
-func (b *Backend) countersLocked() gpu.Counters {
-	c := gpu.Counters{
+func (b *Backend) countersLocked() gpu.HandleCounts {
+	c := gpu.HandleCounts{
 		Streams: len(b.mu.streams), Events: len(b.mu.events), Allocations: len(b.mu.allocs),
 		HostAllocs: len(b.mu.hosts), Chunks: len(b.mu.chunks), Reservations: len(b.mu.resv),
 		Mappings: len(b.mu.maps), Modules: len(b.mu.modules), GraphExecs: len(b.mu.execs),

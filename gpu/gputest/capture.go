@@ -71,7 +71,7 @@ func testCapture(h *h) {
 	g, err := h.b.StreamEndCapture(s)
 	h.ok("StreamEndCapture", err)
 	h.trackGraph(g)
-	h.wantCounters("after a capture", before, func(c *gpu.Counters) { c.Graphs++ })
+	h.wantCounters("after a capture", before, func(c *gpu.HandleCounts) { c.Graphs++ })
 	h.capturing(s, false)
 	h.sync(s)
 	for i, p := range b {
@@ -113,7 +113,7 @@ func testCaptureErrors(h *h) {
 	h.wantNodes("an empty capture", g)
 	_, err = h.b.StreamEndCapture(s)
 	h.wantErr("second StreamEndCapture", err, gpu.ErrIllegalState)
-	h.wantCounters("after the capture errors", before, func(c *gpu.Counters) { c.Graphs++ })
+	h.wantCounters("after the capture errors", before, func(c *gpu.HandleCounts) { c.Graphs++ })
 
 	h.wantErr("StreamBeginCapture(0)", h.b.StreamBeginCapture(0), gpu.ErrInvalidHandle)
 	_, err = h.b.StreamEndCapture(0)

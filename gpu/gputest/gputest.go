@@ -379,11 +379,11 @@ func (h *h) wantErr(what string, err error, targets ...error) bool {
 
 // counters returns the backend's live-handle counters, and false when it
 // does not count them.
-func (h *h) counters() (gpu.Counters, bool) { return gpu.LiveHandles(h.raw) }
+func (h *h) counters() (gpu.HandleCounts, bool) { return gpu.LiveHandles(h.raw) }
 
 // wantCounters checks that the counters equal before changed by edit (when
 // the backend counts handles).
-func (h *h) wantCounters(what string, before gpu.Counters, edit func(c *gpu.Counters)) {
+func (h *h) wantCounters(what string, before gpu.HandleCounts, edit func(c *gpu.HandleCounts)) {
 	h.Helper()
 	now, ok := h.counters()
 	if !ok {

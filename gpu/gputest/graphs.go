@@ -138,7 +138,7 @@ func testGraphBuild(h *h) {
 
 	before, _ := h.counters()
 	g := h.graph(0)
-	h.wantCounters("after GraphCreate", before, func(c *gpu.Counters) { c.Graphs++ })
+	h.wantCounters("after GraphCreate", before, func(c *gpu.HandleCounts) { c.Graphs++ })
 	h.wantNodes("a new graph", g)
 	setA := f32Memset(A, 1, n)
 	M := h.addMemset(g, nil, setA)
@@ -178,7 +178,7 @@ func testGraphBuild(h *h) {
 	h.wantDeps(cn[0])
 
 	x := h.instantiate(g)
-	h.wantCounters("after GraphInstantiate", before, func(c *gpu.Counters) { c.Graphs++; c.GraphExecs++ })
+	h.wantCounters("after GraphInstantiate", before, func(c *gpu.HandleCounts) { c.Graphs++; c.GraphExecs++ })
 	s := h.stream(0)
 	for i := range 2 {
 		h.setAll(b, 0, n)
@@ -324,7 +324,7 @@ func testGraphDestroy(h *h) {
 	}
 	h.ok("GraphDestroy", h.b.GraphDestroy(g))
 	h.forget(graphKey(g))
-	h.wantCounters("after GraphDestroy with two execs live", before, func(c *gpu.Counters) { c.GraphExecs += 2; c.Modules++ })
+	h.wantCounters("after GraphDestroy with two execs live", before, func(c *gpu.HandleCounts) { c.GraphExecs += 2; c.Modules++ })
 	h.wantErr("second GraphDestroy", h.b.GraphDestroy(g), gpu.ErrInvalidHandle)
 	h.wantErr("GraphAddEmptyNode on a destroyed graph", func() error { _, err := h.b.GraphAddEmptyNode(g, nil); return err }(), gpu.ErrInvalidHandle)
 	_, err = h.b.GraphInstantiate(g)
@@ -343,7 +343,7 @@ func testGraphDestroy(h *h) {
 	h.launchGraph(x2, s)
 	h.wantAllF32("the other exec of the same graph", h.downloadF32(p, n), 4)
 	h.release(execKey(x2))
-	h.wantCounters("after destroying both execs", before, func(c *gpu.Counters) { c.Modules++; c.Streams++ })
+	h.wantCounters("after destroying both execs", before, func(c *gpu.HandleCounts) { c.Modules++; c.Streams++ })
 
 	h.wantErr("GraphDestroy(0)", h.b.GraphDestroy(0), gpu.ErrInvalidHandle)
 	h.wantErr("GraphExecDestroy(0)", h.b.GraphExecDestroy(0), gpu.ErrInvalidHandle)

@@ -47,7 +47,7 @@ func testHostAllocFree(h *h) {
 	before, _ := h.counters()
 	m, err := h.mo.HostAlloc(4096)
 	h.ok("HostAlloc", err)
-	h.wantCounters("after HostAlloc", before, func(c *gpu.Counters) { c.HostAllocs++ })
+	h.wantCounters("after HostAlloc", before, func(c *gpu.HandleCounts) { c.HostAllocs++ })
 	if m.Handle == 0 || m.Ptr == 0 || len(m.Bytes) != 4096 {
 		h.Fatalf("HostAlloc(4096) = handle %#x, ptr %#x, %d bytes", uint64(m.Handle), uint64(m.Ptr), len(m.Bytes))
 	}

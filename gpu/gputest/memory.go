@@ -33,7 +33,7 @@ func testMemAllocFree(h *h) {
 		h.track(memKey(p), 0, func() error { return h.b.MemFree(p) })
 		ps = append(ps, p)
 	}
-	h.wantCounters("after 5 MemAllocs", before, func(c *gpu.Counters) { c.Allocations += len(ps) })
+	h.wantCounters("after 5 MemAllocs", before, func(c *gpu.HandleCounts) { c.Allocations += len(ps) })
 	_, err := h.b.MemAlloc(0, 0)
 	h.wantErr("MemAlloc of 0 bytes", err, gpu.ErrInvalidValue)
 
@@ -41,7 +41,7 @@ func testMemAllocFree(h *h) {
 	h.wantErr("MemFree of an interior pointer", h.b.MemFree(p+16), gpu.ErrInvalidHandle)
 	h.wantErr("MemFree of the null pointer", h.b.MemFree(0), gpu.ErrInvalidHandle)
 	h.wantErr("MemFree of a pointer never allocated", h.b.MemFree(0xdead0000beef00), gpu.ErrInvalidHandle)
-	h.wantCounters("after failed frees", before, func(c *gpu.Counters) { c.Allocations += len(ps) })
+	h.wantCounters("after failed frees", before, func(c *gpu.HandleCounts) { c.Allocations += len(ps) })
 	for _, p := range ps {
 		h.release(memKey(p))
 	}

@@ -38,7 +38,7 @@ func testModuleLoad(h *h) {
 	h.wantErr("ModuleLoad(nil)", err, gpu.ErrInvalidValue)
 	before, _ := h.counters()
 	m := h.module(0)
-	h.wantCounters("after ModuleLoad", before, func(c *gpu.Counters) { c.Modules++ })
+	h.wantCounters("after ModuleLoad", before, func(c *gpu.HandleCounts) { c.Modules++ })
 	seen := map[gpu.Function]string{}
 	for _, spec := range kernels.Specs() {
 		f, err := h.b.ModuleFunction(m, spec.Name)
@@ -66,7 +66,7 @@ func testModuleLoad(h *h) {
 	if m2 == m {
 		h.Errorf("two ModuleLoads returned the same handle %#x", uint64(m))
 	}
-	h.wantCounters("after a second ModuleLoad", before, func(c *gpu.Counters) { c.Modules += 2 })
+	h.wantCounters("after a second ModuleLoad", before, func(c *gpu.HandleCounts) { c.Modules += 2 })
 	if h.b.DeviceCount() > 1 {
 		f1 := h.fn(1, kernels.Fill)
 		if name, err := h.b.FuncName(f1); err != nil || name != kernels.Fill {

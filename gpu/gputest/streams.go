@@ -40,7 +40,7 @@ func testStreamCreate(h *h) {
 			made = append(made, s)
 		}
 	}
-	h.wantCounters("after creating streams", before, func(c *gpu.Counters) { c.Streams += len(made) })
+	h.wantCounters("after creating streams", before, func(c *gpu.HandleCounts) { c.Streams += len(made) })
 	seen := map[gpu.Stream]bool{}
 	for _, s := range made {
 		if seen[s] {
@@ -58,7 +58,7 @@ func testStreamCreate(h *h) {
 	for _, s := range made {
 		h.release(streamKey(s))
 	}
-	h.wantCounters("after destroying streams", before, func(c *gpu.Counters) { c.Allocations++; c.Modules++ })
+	h.wantCounters("after destroying streams", before, func(c *gpu.HandleCounts) { c.Allocations++; c.Modules++ })
 }
 
 func testStreamQuery(h *h) {
@@ -127,7 +127,7 @@ func testStreamDestroy(h *h) {
 	before, _ := h.counters()
 	s, err := h.b.StreamCreate(0, gpu.StreamDefault, 0)
 	h.ok("StreamCreate", err)
-	h.wantCounters("after StreamCreate", before, func(c *gpu.Counters) { c.Streams++ })
+	h.wantCounters("after StreamCreate", before, func(c *gpu.HandleCounts) { c.Streams++ })
 	h.ok("StreamDestroy", h.b.StreamDestroy(s))
 	h.wantCounters("after StreamDestroy", before, nil)
 	h.wantErr("second StreamDestroy", h.b.StreamDestroy(s), gpu.ErrInvalidHandle)
@@ -147,7 +147,7 @@ func testStreamDestroy(h *h) {
 		_, err = h.b.StreamIsCapturing(bad)
 		h.wantErr("StreamIsCapturing("+what+")", err, gpu.ErrInvalidHandle)
 	}
-	h.wantCounters("after the failed calls", before, func(c *gpu.Counters) { c.Allocations++; c.Events += 2 })
+	h.wantCounters("after the failed calls", before, func(c *gpu.HandleCounts) { c.Allocations++; c.Events += 2 })
 }
 
 // testStreamDestroyBusy destroys a stream with work pending: the call
@@ -168,7 +168,7 @@ func testStreamDestroyBusy(h *h) {
 	h.forget(streamKey(s))
 	h.ok("EventSynchronize after the stream was destroyed", h.b.EventSynchronize(e))
 	h.wantAllF32("work pending at StreamDestroy", h.downloadF32(out, n), 3)
-	h.wantCounters("after StreamDestroy", before, func(c *gpu.Counters) {
+	h.wantCounters("after StreamDestroy", before, func(c *gpu.HandleCounts) {
 		c.Allocations += 2 // out and the busy buffer
 		c.Events++
 		c.Modules++

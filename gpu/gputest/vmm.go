@@ -25,7 +25,7 @@ func testVMMBasic(h *h) {
 	before, _ := h.counters()
 	c, err := h.vm.MemCreate(0, gran)
 	h.ok("MemCreate", err)
-	h.wantCounters("after MemCreate", before, func(c *gpu.Counters) { c.Chunks++ })
+	h.wantCounters("after MemCreate", before, func(c *gpu.HandleCounts) { c.Chunks++ })
 	p, err := h.vm.MemAddressReserve(2*gran, 0)
 	h.ok("MemAddressReserve", err)
 	if p == 0 || uint64(p)%gran != 0 {
@@ -40,11 +40,11 @@ func testVMMBasic(h *h) {
 		h.Errorf("reservations overlap: %#x+%d and %#x+%d", uint64(p), 2*gran, uint64(q), gran)
 	}
 	h.ok("MemAddressFree", h.vm.MemAddressFree(q, gran))
-	h.wantCounters("after MemAddressReserve", before, func(c *gpu.Counters) { c.Chunks++; c.Reservations++ })
+	h.wantCounters("after MemAddressReserve", before, func(c *gpu.HandleCounts) { c.Chunks++; c.Reservations++ })
 
 	at := p.Add(gran) // the second half of the reservation
 	h.ok("MemMap", h.vm.MemMap(at, gran, 0, c))
-	h.wantCounters("after MemMap", before, func(c *gpu.Counters) { c.Chunks++; c.Reservations++; c.Mappings++ })
+	h.wantCounters("after MemMap", before, func(c *gpu.HandleCounts) { c.Chunks++; c.Reservations++; c.Mappings++ })
 	h.ok("MemSetAccess", h.vm.MemSetAccess(at, gran, []int{0}))
 
 	// Copies and kernels through the mapping.
@@ -69,7 +69,7 @@ func testVMMBasic(h *h) {
 	h.ok("MemUnmap", h.vm.MemUnmap(at, gran))
 	h.ok("MemAddressFree", h.vm.MemAddressFree(p, 2*gran))
 	h.ok("MemRelease", h.vm.MemRelease(c))
-	h.wantCounters("after MemUnmap, MemAddressFree, MemRelease", before, func(c *gpu.Counters) { c.Streams++; c.Allocations++ })
+	h.wantCounters("after MemUnmap, MemAddressFree, MemRelease", before, func(c *gpu.HandleCounts) { c.Streams++; c.Allocations++ })
 }
 
 func testVMMErrors(h *h) {
@@ -120,7 +120,7 @@ func testVMMErrors(h *h) {
 	h.wantErr("MemUnmap of half a mapping", h.vm.MemUnmap(p, gran/2), gpu.ErrInvalidValue, gpu.ErrIllegalState)
 	h.wantErr("MemAddressFree of a mapped reservation", h.vm.MemAddressFree(p, 4*gran))
 	h.wantErr("MemAddressFree with the wrong size", h.vm.MemAddressFree(p, gran))
-	h.wantCounters("after failed calls on a mapped range", base, func(c *gpu.Counters) { c.Mappings++ })
+	h.wantCounters("after failed calls on a mapped range", base, func(c *gpu.HandleCounts) { c.Mappings++ })
 
 	h.release(mapKey(p))
 	h.wantErr("second MemUnmap", h.vm.MemUnmap(p, gran))

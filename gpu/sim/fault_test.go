@@ -250,7 +250,7 @@ func TestCountersFollowEveryKind(t *testing.T) {
 	g := newGraph(t, b, 0)
 	_ = instantiate(t, b, g)
 	_ = s
-	want := gpu.Counters{Streams: 1, Events: 1, Allocations: 1, Chunks: 1, Reservations: 1, Mappings: 1, Modules: 1, Graphs: 2, GraphExecs: 1}
+	want := gpu.HandleCounts{Streams: 1, Events: 1, Allocations: 1, Chunks: 1, Reservations: 1, Mappings: 1, Modules: 1, Graphs: 2, GraphExecs: 1}
 	if got := b.LiveHandles(); got != want || !c0.IsZero() {
 		t.Fatalf("counters %s, want %s", got, want)
 	}

@@ -358,15 +358,15 @@ func (b *Backend) DeviceProps(dev int) (gpu.DeviceProps, error) {
 // LiveHandles counts the live handles of each kind. Child graphs owned by
 // nodes are not counted (they go with their node); chunks released while
 // still mapped are not counted (their handle is gone), their mappings are.
-func (b *Backend) LiveHandles() gpu.Counters {
+func (b *Backend) LiveHandles() gpu.HandleCounts {
 	_ = b.enter("LiveHandles") // counted like every entry point; cannot fail
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.countersLocked()
 }
 
-func (b *Backend) countersLocked() gpu.Counters {
-	c := gpu.Counters{
+func (b *Backend) countersLocked() gpu.HandleCounts {
+	c := gpu.HandleCounts{
 		Streams:      len(b.mu.streams),
 		Events:       len(b.mu.events),
 		Allocations:  len(b.mu.as.allocs),

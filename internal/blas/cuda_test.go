@@ -204,7 +204,7 @@ func runMLP(t *testing.T, b gpu.Backend, fused bool, strategy sg.Strategy, fresh
 				t.Error(err)
 			}
 		})
-		opts.Remappable = ra
+		opts.Remap.Memory = ra
 		alloc = func(size uint64) gpu.DevicePtr {
 			p, err := ra.Alloc(size)
 			if err != nil {

@@ -100,7 +100,7 @@ type SlotRange struct {
 // calls Instantiate or Destroy.
 type DeviceRecording struct {
 	cb    *CommandBuffer
-	r     recorded
+	r     recording
 	addrs []gpu.DevicePtr
 	plan  *devPlan
 	// Slots are the pointers to move, grouped by buffer in buffer order
@@ -400,7 +400,7 @@ func (cb *CommandBuffer) RecordDevice(b gpu.Backend, du gpu.DeviceUpdates, addrs
 // entries returns the nodes of command i that depend on no node of the
 // same command: those of a flattened command's trace without dependencies
 // there, else its node.
-func (r *recorded) entries(i int) []gpu.GraphNode {
+func (r *recording) entries(i int) []gpu.GraphNode {
 	fc := r.flat[i]
 	if fc == nil {
 		return []gpu.GraphNode{r.nodes[i]}

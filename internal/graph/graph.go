@@ -279,10 +279,10 @@ type flatCmd struct {
 	tmpl   *trace.Template // the template params were made from, or nil
 }
 
-// recorded is what record makes: the graph, each command's node, the
+// recording is what record makes: the graph, each command's node, the
 // flattened commands (nil where not flattened) and, for RecordDevice, the
 // copies and memsets recorded as kernels (nil otherwise).
-type recorded struct {
+type recording struct {
 	g     gpu.Graph
 	nodes []gpu.GraphNode
 	flat  []*flatCmd
@@ -291,17 +291,17 @@ type recorded struct {
 
 // record records the commands at addrs; with kern set (RecordDevice) the
 // copies and memsets it accepts become kernel nodes.
-func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool, kern *kernelizer) (_ recorded, err error) {
+func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool, kern *kernelizer) (_ recording, err error) {
 	g, err := b.GraphCreate(cb.dev)
 	if err != nil {
-		return recorded{}, fmt.Errorf("record: %w", err)
+		return recording{}, fmt.Errorf("record: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.GraphDestroy(g))
 		}
 	}()
-	r := recorded{g: g, nodes: make([]gpu.GraphNode, len(cb.cmds)), flat: make([]*flatCmd, len(cb.cmds))}
+	r := recording{g: g, nodes: make([]gpu.GraphNode, len(cb.cmds)), flat: make([]*flatCmd, len(cb.cmds))}
 	if kern != nil {
 		r.made = make([]devMode, len(cb.cmds))
 	}
@@ -344,7 +344,7 @@ func (cb *CommandBuffer) record(b gpu.Backend, addrs []gpu.DevicePtr, patch bool
 			}
 		}
 		if err != nil {
-			return recorded{}, fmt.Errorf("record %s: %w", c.Name, err)
+			return recording{}, fmt.Errorf("record %s: %w", c.Name, err)
 		}
 		r.nodes[i] = n
 		frontier = []gpu.GraphNode{n}

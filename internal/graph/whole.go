@@ -42,7 +42,7 @@ type template struct {
 	dirty  []int32 // scratch
 }
 
-func newTemplate(r recorded, addrs []gpu.DevicePtr) template {
+func newTemplate(r recording, addrs []gpu.DevicePtr) template {
 	n := 0
 	for i := range r.nodes {
 		if fc := r.flat[i]; fc != nil {

@@ -161,7 +161,8 @@ func TestNoPanicInLibraryCode(t *testing.T) {
 // figureAllowed lists the files whose comments may give a time in µs:
 // documented defaults and rules of the code's own, not measurements.
 var figureAllowed = map[string]string{
-	"options.go":     "vmm's polling defaults and auto's tie rule",
+	"options.go":     "vmm's polling defaults",
+	"replay/auto.go": "auto's tie rule (probeTieUS)",
 	"vmm/wait.go":    "WaitPolicy's defaults",
 	"gpu/sim/doc.go": "the sim's polling interval",
 	"report/plot.go": "an example of a chart label",

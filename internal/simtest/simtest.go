@@ -58,7 +58,7 @@ func WantZero(t testing.TB, b *sim.Backend, when string) {
 }
 
 // WantLive fails the test at once unless b's live handles are want.
-func WantLive(t testing.TB, b *sim.Backend, when string, want gpu.Counters) {
+func WantLive(t testing.TB, b *sim.Backend, when string, want gpu.HandleCounts) {
 	t.Helper()
 	if c := b.LiveHandles(); c != want {
 		t.Fatalf("%s: live handles %s, want %s", when, c, want)

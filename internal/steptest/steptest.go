@@ -70,12 +70,12 @@ func NewRemappable(t testing.TB, b gpu.Backend, dev int) *remappable.Allocator {
 
 // ArenaFor is NewArena for a test under opts.Strategy: for StrategyRemap
 // a remappable allocator instead (NewRemappable), set as
-// opts.Remappable: the memory remap maps.
+// opts.Remap.Memory: the memory remap maps.
 func ArenaFor(t testing.TB, b gpu.Backend, size uint64, opts *sg.Options) Allocator {
 	t.Helper()
 	if opts.Strategy == sg.StrategyRemap {
 		a := NewRemappable(t, b, 0)
-		opts.Remappable = a
+		opts.Remap.Memory = a
 		return a
 	}
 	return NewArena(t, b, size)
@@ -84,7 +84,7 @@ func ArenaFor(t testing.TB, b gpu.Backend, size uint64, opts *sg.Options) Alloca
 // Memory returns how a test allocates the params and outputs it binds
 // under opts.Strategy: device memory of dev freed at cleanup, or for
 // StrategyRemap buffers of a remappable allocator (NewRemappable), which
-// it sets as opts.Remappable: the memory remap maps.
+// it sets as opts.Remap.Memory: the memory remap maps.
 func Memory(t testing.TB, b gpu.Backend, dev int, opts *sg.Options) func(size uint64) gpu.DevicePtr {
 	t.Helper()
 	if opts.Strategy != sg.StrategyRemap {
@@ -94,7 +94,7 @@ func Memory(t testing.TB, b gpu.Backend, dev int, opts *sg.Options) func(size ui
 		}
 	}
 	a := NewRemappable(t, b, dev)
-	opts.Remappable = a
+	opts.Remap.Memory = a
 	return func(size uint64) gpu.DevicePtr {
 		t.Helper()
 		p, err := a.Alloc(size)
@@ -471,7 +471,7 @@ func MustWorkload(t testing.TB, name string, cfg workload.Config) *workload.Work
 
 // StartWorkload compiles w with opts, initialises its states and makes a
 // caller whose buffers move by pattern (a remappable caller for
-// StrategyRemap, given to the executable as Options.Remappable unless
+// StrategyRemap, given to the executable as Options.Remap.Memory unless
 // opts has one). done closes the executable, then the caller, reporting
 // failures; call it before the test's own checks of live handles.
 func StartWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts sg.Options, pattern workload.Pattern) (exe *sg.Executable, caller *workload.Caller, done func()) {
@@ -481,8 +481,8 @@ func StartWorkload(t testing.TB, b gpu.Backend, w *workload.Workload, opts sg.Op
 	if err != nil {
 		t.Fatal(err)
 	}
-	if opts.Remappable == nil {
-		opts.Remappable = caller.Remappable()
+	if opts.Remap.Memory == nil {
+		opts.Remap.Memory = caller.Remappable()
 	}
 	exe, err = sg.Compile(ctx, b, w.Program, opts)
 	if err != nil {
@@ -577,7 +577,7 @@ type Workers struct {
 	// Input is the contents of input i of X.
 	Input func(i int) []byte
 	// Options compile the executable under test. With a
-	// *remappable.Allocator as Options.Remappable (StrategyRemap), the
+	// *remappable.Allocator as Options.Remap.Memory (StrategyRemap), the
 	// workers' buffers are allocated from it.
 	Options sg.Options
 	// Workers goroutines run Steps steps each.
@@ -611,7 +611,7 @@ func (c Workers) Run(t testing.TB, b gpu.Backend) *sg.Executable {
 	}
 	rs := simtest.Stream(t, b, 0)
 	alloc := func(size int64) gpu.DevicePtr { return simtest.Alloc(t, b, 0, uint64(size)) }
-	if ra, ok := c.Options.Remappable.(*remappable.Allocator); ok {
+	if ra, ok := c.Options.Remap.Memory.(*remappable.Allocator); ok {
 		// Remap's buffers come from the allocator it maps from.
 		alloc = func(size int64) gpu.DevicePtr {
 			p, err := ra.Alloc(uint64(size))

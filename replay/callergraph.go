@@ -5,11 +5,11 @@ import (
 	"github.com/stablegraph/stablegraph/internal/graph"
 )
 
-// recorded is what record, update and patch share: a graph recorded over
+// callerGraph is what record, update and patch share: a graph recorded over
 // the step's addresses and launched every step. They differ only in how
 // they bring it up to date when addresses move (record.go, update.go,
 // patch.go).
-type recorded struct {
+type callerGraph struct {
 	base
 	// patchable records traced commands so that they can be patched
 	// (patch): differential tracing proves their templates.
@@ -22,16 +22,12 @@ type recorded struct {
 // old one in place, consistent with the addresses it holds. A record after
 // the first is counted as a re-record for cause (refusal: the refused
 // update, for causeRefused).
-func (st *recorded) record(addrs []gpu.DevicePtr, cause recordCause, refusal error) error {
+func (st *callerGraph) record(addrs []gpu.DevicePtr, cause recordCause, refusal error) error {
 	x, err := st.cb.Instantiate(st.b, addrs, st.patchable)
 	if err != nil {
 		return err
 	}
-	if st.c.Records > 0 {
-		st.rerecorded(cause, refusal)
-		st.log.Debug("re-recorded the step graph")
-	}
-	st.c.Records++
+	st.countRecord(st.c.Records > 0, cause, refusal)
 	err = st.dropExec()
 	st.x = x
 	return err
@@ -39,10 +35,10 @@ func (st *recorded) record(addrs []gpu.DevicePtr, cause recordCause, refusal err
 
 // AliasSafe: record, update and patch work in the caller's memory, as
 // eager does.
-func (st *recorded) AliasSafe() bool { return true }
+func (st *callerGraph) AliasSafe() bool { return true }
 
 // launch launches the exec graph on s.
-func (st *recorded) launch(s gpu.Stream) error {
+func (st *callerGraph) launch(s gpu.Stream) error {
 	if err := st.x.Launch(st.b, s); err != nil {
 		return err
 	}
@@ -50,7 +46,7 @@ func (st *recorded) launch(s gpu.Stream) error {
 	return nil
 }
 
-func (st *recorded) dropExec() error {
+func (st *callerGraph) dropExec() error {
 	if st.x == nil {
 		return nil
 	}
@@ -60,4 +56,4 @@ func (st *recorded) dropExec() error {
 }
 
 // Close destroys the exec graph.
-func (st *recorded) Close() error { return st.dropExec() }
+func (st *callerGraph) Close() error { return st.dropExec() }
