@@ -47,6 +47,7 @@ var extentLaunches = map[string]struct {
 	kernels.DecodeAttention: {kernels.DecodeAttentionConfig(3, 2, 2, 5), map[int]gpu.Arg{11: gpu.I32(3),
 		12: gpu.I32(2), 13: gpu.I32(2), 14: gpu.I32(1), 15: gpu.I32(0), 16: gpu.I32(5), 17: gpu.F32(0.5)}},
 	kernels.Argmax: {kernels.ArgmaxConfig(3), map[int]gpu.Arg{3: gpu.I32(3), 4: gpu.I32(5)}},
+	kernels.Sample: {kernels.SampleConfig(3), map[int]gpu.Arg{5: gpu.I32(3), 6: gpu.I32(5), 7: gpu.I32(2)}},
 }
 
 // extentProgram declares a launch of sig's kernel with the scalars of

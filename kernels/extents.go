@@ -354,6 +354,15 @@ var signatures = func() map[string]Signature {
 		{Kernel: Argmax, Names: n1("next", "top", "logits", "rows", "vocab"), Extents: []Extent{
 			{Param: 0, Access: Writes, Elem: 4, Count: []Term{arg(3)}}, f32x(1, Writes, num(2), arg(3)), f32x(2, Reads, arg(3), arg(4)),
 		}, Bounds: positiveBounds(3, 4)},
+		// (draw, cand, stats, logits, params, rows, vocab, kmax): every
+		// output row written whole, flagged or not.
+		{Kernel: Sample, Names: n1("draw", "cand", "stats", "logits", "params", "rows", "vocab", "kmax"), Extents: []Extent{
+			{Param: 0, Access: Writes, Elem: 4, Count: []Term{arg(5)}},
+			{Param: 1, Access: Writes, Elem: 8, Count: []Term{arg(5), arg(7)}},
+			{Param: 2, Access: Writes, Elem: 16, Count: []Term{arg(5)}},
+			f32x(3, Reads, arg(5), arg(6)),
+			{Param: 4, Access: Reads, Elem: SampleParamBytes, Count: []Term{arg(5)}},
+		}, Bounds: append(positiveBounds(5, 6), Bound{Param: 7, Min: 1, Max: SampleMaxK})},
 	}
 	m := make(map[string]Signature, len(list))
 	for _, s := range list {

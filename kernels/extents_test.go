@@ -77,7 +77,21 @@ func extentCases() map[string][]launchCase {
 			scalars: map[int]gpu.Arg{11: i32(3), 12: i32(2), 13: i32(2), 14: i32(2), 15: i32(1), 16: i32(npos), 17: f32(0.5)},
 			data:    map[int][]byte{2: i32s(last...)}}},
 		kernels.Argmax: {{cfg: kernels.ArgmaxConfig(3), scalars: map[int]gpu.Arg{3: i32(3), 4: i32(5)}}},
+		// Rows that draw, give candidates, both and neither: every output
+		// is written whole either way.
+		kernels.Sample: {{cfg: kernels.SampleConfig(4), scalars: map[int]gpu.Arg{5: i32(4), 6: i32(5), 7: i32(3)},
+			data: map[int][]byte{4: sampleParams(1, 2, 3, 0)}}},
 	}
+}
+
+// sampleParams are kernels.Sample's params of rows with the flags given,
+// temperature 0.7.
+func sampleParams(flags ...uint32) []byte {
+	b := make([]byte, kernels.SampleParamBytes*len(flags))
+	for r, f := range flags {
+		kernels.SampleParams{Seed: 9, Seq: uint32(r), Index: 4, Temperature: 0.7, Flags: f}.Put(b[r*kernels.SampleParamBytes:])
+	}
+	return b
 }
 
 // run launches the reference of spec with lc's scalars, every used pointer

@@ -170,6 +170,7 @@ func gpt2Specs() []gpu.KernelSpec {
 		{Name: KVAppend, Params: append(append([]gpu.ArgKind{p, p, p, p}, caches...), i32, i32, i32, i32, i32), Ref: refKVAppend},
 		{Name: DecodeAttention, Params: append(append([]gpu.ArgKind{p, p, p}, caches...), i32, i32, i32, i32, i32, i32, f32), Ref: refDecodeAttention},
 		{Name: Argmax, Params: []gpu.ArgKind{p, p, p, i32, i32}, Ref: refArgmax},
+		{Name: Sample, Params: []gpu.ArgKind{p, p, p, p, p, i32, i32, i32}, Ref: refSample},
 	}
 }
 

@@ -9,7 +9,10 @@
 // All kernels work on float32 row-major data unless their name says
 // otherwise; the transformer-decode kernels (gpt2.go: embedding, layer norm,
 // GELU, residual, KV-cache append, decode attention) also read int32 token
-// ids and positions from device memory. Sizes are int32 (n, rows, cols, m,
+// ids and positions from device memory, and the decoding heads (gpt2.go:
+// Argmax; sample.go: Sample, a Gumbel-max draw and top-K candidates whose
+// noise the host computes bit for bit alike) read a row of logits and
+// write a few bytes. Sizes are int32 (n, rows, cols, m,
 // k) as in the CUDA sources. Each kernel has a launch helper (Elementwise,
 // GemmConfig, LayerNormConfig, DecodeAttentionConfig) giving the geometry
 // the CUDA kernels expect; the references reject a launch whose threads do

@@ -18,7 +18,15 @@ PyTorch and transformers and no network:
    batched KV-cache tensor, a CUDA graph captured per batch size, copies on
    join and leave) and transformers' generate: tokens/s, TTFT and TPOT
    p50/p90, graphs, capture or start-up time, memory;
-4. writes everything under --out and prints a summary table last.
+4. measures sampling on the device (the default) against the host
+   (--host-sampling), temperature alone, top-k and top-p, 64 prompts through
+   16 rows and at B=1: tokens/s, TPOT, bytes read back a token, where each
+   token was drawn; and checks that both give the same tokens;
+5. writes everything under --out and prints a summary table last.
+
+`run --dry-run` runs the script's own steps on sim with generate's tiny
+random model and no PyTorch (greedy at 1, 4, 16 rows against B=1, the
+sampling runs device against host): a check of the script, no GPU figures.
 
 Our prompts are tokenized by stablegraph (its JSON holds the ids); the peers
 take those ids, so the comparison is of the models, not of two tokenizers.
@@ -305,7 +313,65 @@ def ours_row(name, doc):
             "tpot_p50_ms": s["tpot_p50_ms"], "tpot_p90_ms": s["tpot_p90_ms"], "graphs": s["graphs_recorded"],
             "step_programs": s["graphs"], "rerecords": s["rerecords"], "startup_s": s["startup_ms"] / 1e3,
             "process_s": doc.get("process_s"), "memory_mib": s["device_bytes"] / 2**20, "strategy": s["strategy"],
-            "patched_nodes": s["patched_nodes"], "mean_active_rows": s["mean_active_rows"]}
+            "patched_nodes": s["patched_nodes"], "mean_active_rows": s["mean_active_rows"],
+            "readback_per_token": s.get("readback_bytes", 0) / max(s["tokens"], 1),
+            "draws": {k: s.get(k, 0) for k in ("device_draws", "candidate_draws", "fallbacks", "host_draws")}}
+
+
+# ---------------------------------------------------------------- sampling
+
+# Sampling settings measured on the device (the default) and on the host
+# (--host-sampling): temperature alone is drawn on the device (4 bytes back a
+# row); top-k 50 from the device's 64 candidates; top-p 0.95 on these
+# random-initialised weights, whose nucleus spans most of the vocabulary,
+# falls back to reading the row (the fallback's cost, 16 rows only).
+SAMPLING = (
+    ("T=0.8", ["--temperature", "0.8", "--seed", "1"], True),
+    ("T=0.8 top-k 50", ["--temperature", "0.8", "--top-k", "50", "--seed", "2"], True),
+    ("T=0.8 top-p 0.95", ["--temperature", "0.8", "--top-p", "0.95", "--seed", "3"], False),
+)
+
+
+def run_sampling(args, perf_file, b1_file, rows, max_new):
+    """Each SAMPLING setting drawn on the device and on the host, through
+    `rows` rows and at B=1: the rows of the table, and per setting whether
+    the device's tokens equal the host's (the same seed draws the same
+    tokens, by construction: docs/GENERATE.md)."""
+    table, same = [], {}
+    for label, flags, b1 in SAMPLING:
+        runs = [(perf_file, rows, f"{rows} rows")] + ([(b1_file, 1, "B=1")] if b1 else [])
+        for pf, r, where in runs:
+            docs = {}
+            for side, extra in (("device", []), ("host", ["--host-sampling"])):
+                name = f"sample-{label}-{where}-{side}".replace(" ", "_").replace("=", "")
+                try:
+                    docs[side] = run_ours(args, name, pf, r, flags + extra, max_new)
+                    row = ours_row(f"{label}, {where}, {side}", docs[side])
+                except Exception as e:
+                    row = {"name": f"{label}, {where}, {side}", "error": str(e)[-500:]}
+                table.append(row)
+            if len(docs) == 2:
+                a, b = docs["device"]["sequences"], docs["host"]["sequences"]
+                diff = [i for i, (x, y) in enumerate(zip(a, b)) if x["tokens"] != y["tokens"]]
+                same[f"{label}, {where}"] = {"ok": not diff and len(a) == len(b), "differ": diff}
+            else:
+                same[f"{label}, {where}"] = {"ok": False, "differ": "a run failed"}
+    return table, same
+
+
+def sampling_table(table, same) -> str:
+    lines = ["", "== sampling on the device (default) against the host (--host-sampling)",
+             f"{'run':40} {'tok/s':>8} {'TPOT p50':>9} {'p90':>7} {'B back/tok':>10}  draws: device/candidates/fallback/host"]
+    for r in table:
+        if "error" in r:
+            lines.append(f"{r['name'][:40]:40} error: {r['error'][:80]}")
+            continue
+        d = r["draws"]
+        lines.append(f"{r['name'][:40]:40} {r['tokens_per_s']:8.1f} {r['tpot_p50_ms']:9.3f} {r['tpot_p90_ms']:7.3f} "
+                     f"{r['readback_per_token']:10.0f}  {d['device_draws']}/{d['candidate_draws']}/{d['fallbacks']}/{d['host_draws']}")
+    for k, v in same.items():
+        lines.append(f"tokens device == host, {k}: {'OK' if v['ok'] else 'FAIL ' + str(v['differ'])}")
+    return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- the run
@@ -313,7 +379,8 @@ def ours_row(name, doc):
 
 def run_ours(args, name, prompts_file, rows, extra=(), max_new=32):
     path = os.path.join(args.work, f"ours-{name}.json")
-    cmd = [args.sg, "--backend", "cuda", "generate", "--weights", args.model, "--prompts", prompts_file,
+    weights = ["--weights", args.model] if args.model else []  # none: generate's tiny random model
+    cmd = [args.sg, "--backend", args.backend, "generate", *weights, "--prompts", prompts_file,
            "--max-new-tokens", str(max_new), "--rows", str(rows), "--json", path, *extra]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -442,6 +509,8 @@ def cmd_run(args):
     except Exception as e:
         perf.append({"name": "stablegraph B=1", "error": str(e)[-500:]})
     write(args, "perf.json", {"rows": perf})
+    samp, same = run_sampling(args, perf_file, b1_file, 16, 32)
+    write(args, "sampling.json", {"rows": samp, "device_equals_host": same})
 
     weights, cfg = load_weights(torch, args.model, torch.device("cuda"))
     if perf_reqs:
@@ -475,15 +544,45 @@ def cmd_run(args):
         write(args, "perf.json", {"rows": perf})
     report["seconds"] = time.perf_counter() - t0
     write(args, "check.json", report)
-    table = summary_table(checks, perf)
+    table = summary_table(checks, perf) + sampling_table(samp, same)
     with open(os.path.join(args.out, "summary.txt"), "w") as f:
         f.write(table)
     print(table)
-    return 0 if all(v["ok"] for v in checks.values()) else 1
+    return 0 if all(v["ok"] for v in checks.values()) and all(v["ok"] for v in same.values()) else 1
 
 
-def summary_table(checks, perf) -> str:
-    lines = ["", "== token for token against transformers generate (greedy, 32 new tokens)"]
+def cmd_dry_run(args):
+    """The run's own steps on sim with generate's tiny random model and no
+    PyTorch: greedy at 1, 4 and 16 rows against B=1 (ours against ours), the
+    sampling runs device against host, the tables. Times are the
+    simulator's, not a GPU's."""
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    args.model, args.backend = None, "sim"
+    check_file = os.path.join(args.work, "check-prompts.txt")
+    with open(check_file, "w") as f:
+        f.write("\n".join(prompts(6)) + "\n")
+    b1_file = os.path.join(args.work, "b1-prompts.txt")
+    with open(b1_file, "w") as f:
+        f.write("\n".join(prompts(2, seed=5)) + "\n")
+    docs = {rows: run_ours(args, f"check-b{rows}", check_file, rows, max_new=4) for rows in (1, 4, 16)}
+    ref = [{"tokens": s["tokens"], "gaps": s["top2_gaps"], "eos": s["stop_reason"] == "stop_token"}
+           for s in docs[1]["sequences"]]
+    checks = {f"B={rows} vs B=1": compare(d["sequences"], ref) for rows, d in docs.items() if rows != 1}
+    perf = [ours_row(f"stablegraph greedy {rows} rows (sim)", d) for rows, d in docs.items()]
+    samp, same = run_sampling(args, check_file, b1_file, 4, 4)
+    write(args, "sampling.json", {"rows": samp, "device_equals_host": same})
+    table = "(dry run on sim: the simulator's times on this CPU, not a GPU's)\n" + \
+        summary_table(checks, perf, "our B=1 (greedy, 4 new tokens)", "sim") + sampling_table(samp, same)
+    with open(os.path.join(args.out, "summary.txt"), "w") as f:
+        f.write(table)
+    print(table)
+    return 0 if all(v["ok"] for v in checks.values()) and all(v["ok"] for v in same.values()) else 1
+
+
+def summary_table(checks, perf, against="transformers generate (greedy, 32 new tokens)",
+                  clock="wall clock on this GPU") -> str:
+    lines = ["", f"== token for token against {against}"]
     for k, v in checks.items():
         seqs = v["sequences"]
         eq = sum(1 for s in seqs if s["status"] == "equal")
@@ -494,7 +593,7 @@ def summary_table(checks, perf) -> str:
             lines.append(f"       seq {s['seq']}: {s['status']} at token {s.get('at')}: ours {s.get('our_token')} "
                          f"(gap {s.get('our_gap')}), hf {s.get('hf_token')} (gap {s.get('hf_gap')})")
     lines.append("")
-    lines.append("== continuous batching (wall clock on this GPU)")
+    lines.append(f"== continuous batching ({clock})")
     hdr = f"{'run':58} {'tok/s':>8} {'TTFT p50':>9} {'p90':>8} {'TPOT p50':>9} {'p90':>7} {'graphs':>6} {'start s':>7} {'MiB':>7}"
     lines.append(hdr)
 
@@ -548,6 +647,8 @@ def main(argv=None) -> int:
     r.add_argument("--work", default="/tmp/gen-check", help="scratch (the model: 500 MB)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--check-prompts", type=int, default=24, help="prompts of the token-for-token check")
+    r.add_argument("--dry-run", action="store_true",
+                   help="on sim with a tiny random model, without PyTorch: the script's own steps, no GPU figures")
     p = sub.add_parser("peer", help="the vLLM-style loop against our JSON (any device)")
     p.add_argument("--model", required=True)
     p.add_argument("--ours", required=True, help="stablegraph generate --json output (greedy)")
@@ -559,6 +660,9 @@ def main(argv=None) -> int:
     q.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.cmd == "run":
+        if args.dry_run:
+            return cmd_dry_run(args)
+        args.backend = "cuda"
         return cmd_run(args)
     if args.cmd == "peer":
         return cmd_peer(args)

@@ -43,7 +43,9 @@ machinery is real. With one prompt the text streams to stdout as it is
 generated; with several, each sequence is printed when it ends (--stream:
 every piece as it comes, "[i] piece" lines). A summary follows on stderr:
 tokens/s, time to first token and per output token (p50, p90), device memory,
-graphs recorded and start-up time; --json writes it with every sequence (text,
+graphs recorded, start-up time, and where sampled tokens were drawn (on the
+device by default: --host-sampling reads every row's logits back instead, for
+the same tokens); --json writes it with every sequence (text,
 prompt and generated token ids, top-2 logit gaps, times). On sim the times are
 the simulator's on this CPU, not a GPU's. Ctrl-C prints what was generated and
 exits 130.`,
@@ -54,8 +56,8 @@ exits 130.`,
 			promptsFile := fs.String("prompts", "", "read prompts from `file`, one a line (\\n in a line is a newline)")
 			maxNew := fs.Int("max-new-tokens", 32, "generate at most `n` tokens a sequence")
 			temp := fs.Float64("temperature", 0, "sampling temperature; 0: greedy")
-			topK := fs.Int("top-k", 0, "sample from the `k` most likely tokens (0: all)")
-			topP := fs.Float64("top-p", 0, "sample from the nucleus of probability `p` (0: all)")
+			topK := fs.Int("top-k", 0, "sample from the `k` most likely tokens, 0 to the vocabulary (0: all)")
+			topP := fs.Float64("top-p", 1, "sample from the nucleus of probability `p`, in (0, 1] (1: all)")
 			seed := fs.Uint64("seed", 0, "seed of the sampling")
 			var stops stringList
 			fs.Var(&stops, "stop", "end a sequence when its text contains `string` (repeatable); the end-of-text token always ends it")
@@ -64,13 +66,14 @@ exits 130.`,
 			prefill := fs.Int("prefill-rows", gpt2.DefaultPrefillRows, "prefill prompts `n` tokens a step")
 			buckets := fs.String("buckets", "", "comma-separated row counts: a decode graph per count instead of one of --rows masked rows (e.g. 1,2,4,8)")
 			hostArgmax := fs.Bool("host-argmax", false, "greedy: read the logits back and take the argmax on the host instead of the device")
+			hostSampling := fs.Bool("host-sampling", false, "sampling: read the logits back and draw on the host instead of the device (same tokens)")
 			stream := fs.Bool("stream", false, "with several prompts, print every piece of text as it comes")
 			device := fs.Int("device", 0, "device ordinal")
 			jsonPath := fs.String("json", "", "write every sequence and the summary as JSON to `file` (\"-\": stdout, instead of the text)")
 			return func(e *env) (err error) {
 				g := &generation{e: e, maxNew: *maxNew, stops: stops, stream: *stream, json: *jsonPath,
 					sampling: gpt2.Sampling{Temperature: *temp, TopK: *topK, TopP: *topP, Seed: *seed}}
-				g.opts = gpt2.Options{Rows: *rows, PrefillRows: *prefill, Strategy: sg.Strategy(*strategy), HostArgmax: *hostArgmax, Device: *device, Logger: e.log}
+				g.opts = gpt2.Options{Rows: *rows, PrefillRows: *prefill, Strategy: sg.Strategy(*strategy), HostArgmax: *hostArgmax, HostSampling: *hostSampling, Device: *device, Logger: e.log}
 				if *buckets != "" {
 					for _, f := range strings.Split(*buckets, ",") {
 						n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -92,14 +95,22 @@ exits 130.`,
 				if err := g.sampling.Check(); err != nil {
 					return usagef("%v", err)
 				}
+				// The library takes top-p 0 as none; on the command line
+				// the default is 1 and 0 is a mistake.
+				if !(*topP > 0) {
+					return usagef("--top-p %g outside (0, 1]", *topP)
+				}
+				set := map[string]bool{}
+				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+				if g.sampling.Greedy() && (set["top-k"] || set["top-p"]) {
+					return usagef("--top-k and --top-p need --temperature above 0 (0 is greedy)")
+				}
 				if err := checkOutput("json", *jsonPath); err != nil {
 					return err
 				}
 				if g.texts, err = readPrompts(prompts, *promptsFile); err != nil {
 					return err
 				}
-				set := map[string]bool{}
-				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 				// Unless asked, no more rows than prompts: the rows of a step
 				// are computed whether they hold a sequence or not.
 				if !set["rows"] && g.opts.Buckets == nil {
@@ -363,6 +374,12 @@ type genSummary struct {
 	DecodeSteps  int64   `json:"decode_steps"`
 	PrefillSteps int64   `json:"prefill_steps"`
 	RowsActive   float64 `json:"mean_active_rows"`
+	DeviceDraws  int64   `json:"device_draws"`
+	CandDraws    int64   `json:"candidate_draws"`
+	HostDraws    int64   `json:"host_draws"`
+	Fallbacks    int64   `json:"fallbacks"`
+	ReadbackB    uint64  `json:"readback_bytes"`
+	HostSampling bool    `json:"host_sampling"`
 	DeviceBytes  uint64  `json:"device_bytes"`
 	WeightBytes  uint64  `json:"weight_bytes"`
 	ExeBytes     uint64  `json:"executable_bytes"`
@@ -377,6 +394,8 @@ func (g *generation) summary(backend string, bt *gpt2.Batcher, res []gpt2.Result
 		Rows: bt.Options().Rows, Buckets: bt.Options().Buckets, Sequences: len(res), Seconds: elapsed.Seconds(),
 		StartupMS: ms(st.Startup), TotalMS: ms(total), Graphs: st.Graphs, Records: st.Records, Rerecords: st.Rerecords,
 		PatchedNodes: st.PatchedNodes, DecodeSteps: st.DecodeSteps, PrefillSteps: st.PrefillSteps,
+		DeviceDraws: st.DeviceDraws, CandDraws: st.CandidateDraws, HostDraws: st.HostDraws, Fallbacks: st.Fallbacks,
+		ReadbackB: st.ReadbackBytes, HostSampling: bt.Options().HostSampling,
 		DeviceBytes: st.DeviceBytes(), WeightBytes: st.WeightBytes, ExeBytes: st.ExecutableBytes, CacheRegion: st.CacheRegion, CachePeak: st.CachePeak}
 	var ttft, tpot []float64
 	for _, r := range res {
@@ -428,6 +447,10 @@ func (g *generation) printSummary(s genSummary) {
 	e.progress("  time to first token p50 %.2f ms, p90 %.2f ms; per output token p50 %.2f ms, p90 %.2f ms", s.TTFTP50MS, s.TTFTP90MS, s.TPOTP50MS, s.TPOTP90MS)
 	e.progress("  start-up %.0f ms; strategy %s (%s); %d graphs recorded for %d step programs, %d re-recorded, %d nodes patched; %d decode steps (%.1f rows active on average), %d prefill steps",
 		s.StartupMS, s.Strategy, s.Requested, s.Records, s.Graphs, s.Rerecords, s.PatchedNodes, s.DecodeSteps, s.RowsActive, s.PrefillSteps)
+	if s.Tokens > 0 {
+		e.progress("  read back %s a token; sampled tokens drawn: %d on the device, %d from its candidates, %d fell back to the logits, %d on the host",
+			byteSize(s.ReadbackB/uint64(s.Tokens)), s.DeviceDraws, s.CandDraws, s.Fallbacks, s.HostDraws)
+	}
 	e.progress("  device memory %s: weights %s, executables %s, KV-cache region %s (peak in use %s)",
 		byteSize(s.DeviceBytes), byteSize(s.WeightBytes), byteSize(s.ExeBytes), byteSize(s.CacheRegion), byteSize(s.CachePeak))
 	if s.RandomModel {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,7 +111,15 @@ func TestGenerateBadInput(t *testing.T) {
 				return func() { os.Remove(p) }
 			}},
 		{name: "strategy", args: []string{"--prompt", "hi", "--strategy", "bogus"}, code: exitUsage, want: `bogus`},
-		{name: "sampling", args: []string{"--prompt", "hi", "--top-p", "3"}, code: exitUsage, want: "top-p"},
+		{name: "top-p above 1", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "3"}, code: exitUsage, want: "top-p 3 outside (0, 1]"},
+		{name: "top-p 0", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "0"}, code: exitUsage, want: "--top-p 0 outside (0, 1]"},
+		{name: "top-p negative", args: []string{"--prompt", "hi", "--temperature", "1", "--top-p", "-0.5"}, code: exitUsage, want: "top-p -0.5 outside (0, 1]"},
+		{name: "temperature", args: []string{"--prompt", "hi", "--temperature", "-0.1"}, code: exitUsage, want: "temperature -0.1: must be 0 (greedy) or positive"},
+		{name: "temperature NaN", args: []string{"--prompt", "hi", "--temperature", "NaN"}, code: exitUsage, want: "temperature NaN"},
+		{name: "top-k negative", args: []string{"--prompt", "hi", "--temperature", "1", "--top-k", "-1"}, code: exitUsage, want: "top-k -1 is negative"},
+		{name: "top-k past the vocabulary", args: []string{"--prompt", "hi", "--temperature", "1", "--top-k", "50258"}, code: exitUsage,
+			want: "prompt 0: gpt2: top-k 50258 is more than the vocabulary of 50257 tokens"},
+		{name: "top-k greedy", args: []string{"--prompt", "hi", "--top-k", "5"}, code: exitUsage, want: "need --temperature above 0"},
 	} {
 		cfg := c
 		if cs.config != nil {
@@ -159,5 +168,69 @@ func TestGenerateInterrupted(t *testing.T) {
 	}
 	if !strings.HasPrefix(text, "Hello") || !strings.HasSuffix(text, "\n") || len(text) <= len("Hello\n") || !strings.Contains(stderr.buf.String(), "tokens/s") {
 		t.Errorf("what was generated is not printed, or no summary:\n%q\n%s", text, stderr.buf.String())
+	}
+}
+
+// TestGenerateSampled: with a seed, sampled tokens are the same run after
+// run, drawn on the device (the default) or on the host (--host-sampling),
+// under eager or the default strategy, and each sequence's alone or among
+// others; the summary says where they were drawn. A stop string taken from
+// a sequence's text ends it there.
+func TestGenerateSampled(t *testing.T) {
+	needSim(t)
+	dir, _ := tinyCheckpoint(t)
+	gen := func(extra ...string) genJSON {
+		t.Helper()
+		args := append([]string{"--backend", "sim", "generate", "--weights", dir, "--prompt", "Hello", "--prompt", "Once upon a time",
+			"--max-new-tokens", "6", "--seed", "7", "--json", "-"}, extra...)
+		code, out, errs := runCLI(t, args...)
+		if code != exitOK {
+			t.Fatalf("%v: code %d\n%s", extra, code, errs)
+		}
+		var doc genJSON
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			t.Fatalf("%v: %v\n%s", extra, err, out)
+		}
+		return doc
+	}
+	for _, flags := range [][]string{{"--temperature", "1.3"}, {"--temperature", "0.9", "--top-k", "40"}, {"--temperature", "1", "--top-p", "0.9"}} {
+		dev := gen(flags...)
+		if s := dev.Summary; s.HostSampling || s.HostDraws != 0 || s.DeviceDraws+s.CandDraws+s.Fallbacks != int64(s.Tokens) || s.Tokens != 12 {
+			t.Errorf("%v: device run's summary %+v", flags, s)
+		}
+		host := gen(append(flags, "--host-sampling")...)
+		// (The random model's nucleus of 0.9 spans most of the vocabulary:
+		// top-p falls back to the logits, reading as much back.)
+		if s := host.Summary; !s.HostSampling || s.HostDraws != int64(s.Tokens) || (!slices.Contains(flags, "--top-p") && s.ReadbackB <= 4*dev.Summary.ReadbackB) {
+			t.Errorf("%v: host run's summary %+v (the device run read back %d bytes)", flags, s, dev.Summary.ReadbackB)
+		}
+		eager := gen(append(flags, "--strategy", "eager")...)
+		again := gen(flags...)
+		for i, s := range dev.Sequences {
+			for name, o := range map[string]genJSON{"--host-sampling": host, "eager": eager, "a second run": again} {
+				if !slices.Equal(o.Sequences[i].Tokens, s.Tokens) {
+					t.Errorf("%v: sequence %d: %v by default, %v with %s", flags, i, s.Tokens, o.Sequences[i].Tokens, name)
+				}
+			}
+		}
+		// The same seed with another seed differs somewhere.
+		other := gen(append(flags, "--seed", "8")...)
+		if slices.Equal(other.Sequences[0].Tokens, dev.Sequences[0].Tokens) && slices.Equal(other.Sequences[1].Tokens, dev.Sequences[1].Tokens) {
+			t.Errorf("%v: seeds 7 and 8 gave the same tokens %v", flags, dev.Sequences[0].Tokens)
+		}
+	}
+	// A stop string: the first three characters of sequence 1's text, which
+	// its first tokens hold and its last does not.
+	base := gen("--temperature", "1.3")
+	s1 := base.Sequences[1]
+	stop := string([]rune(s1.Text)[:3])
+	if strings.HasSuffix(s1.Text, stop) && len(s1.Text) < 8 {
+		t.Fatalf("sequence 1's text %q is too short to take a stop string from", s1.Text)
+	}
+	stopped := gen("--temperature", "1.3", "--stop", stop)
+	got := stopped.Sequences[1]
+	if got.StopReason != string(gpt2.StopCallback) || !strings.Contains(got.Text, stop) || len(got.Tokens) >= len(s1.Tokens) ||
+		!slices.Equal(got.Tokens, s1.Tokens[:len(got.Tokens)]) {
+		t.Errorf("--stop %q: sequence 1 %+v; without it %+v", stop, got, s1)
 	}
 }

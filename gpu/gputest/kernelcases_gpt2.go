@@ -1,6 +1,7 @@
 package gputest
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -103,7 +104,14 @@ func gpt2KernelCases() []kernelCase {
 			}
 		}},
 	}
-	cases = append(cases, kernelCase{name: kernels.Argmax, kernel: kernels.Argmax, make: makeArgmax})
+	cases = append(cases, kernelCase{name: kernels.Argmax, kernel: kernels.Argmax, make: makeArgmax},
+		kernelCase{name: kernels.Sample, kernel: kernels.Sample, make: func(r *rand.Rand) kernelInst {
+			return makeSample(r, 1+r.IntN(5), []int{1, 5, 70, 300, 1000, 3001}[r.IntN(6)], []int{1, 7, 64, kernels.SampleMaxK}[r.IntN(4)])
+		}},
+		// GPT-2's vocabulary and the Batcher's candidates.
+		kernelCase{name: kernels.Sample + "_gpt2", kernel: kernels.Sample, make: func(r *rand.Rand) kernelInst {
+			return makeSample(r, 4, 50257, 64)
+		}})
 	for _, nseq := range []int{1, 3, kernels.MaxSeqsPerLaunch} {
 		cases = append(cases,
 			kernelCase{name: fmt.Sprintf("%s_%dseq", kernels.KVAppend, nseq), kernel: kernels.KVAppend,
@@ -277,4 +285,76 @@ func makeArgmax(r *rand.Rand) kernelInst {
 		},
 		cfg: kernels.ArgmaxConfig(rows),
 	}
+}
+
+// makeSample: rows of random logits with NaNs, −Infs and ties; row 0
+// draws at a positive temperature, row 1 draws at temperature 0 (the
+// argmax, its maximum at two indices far apart: the lower wins) and gives
+// candidates, row 2 does neither, the rest at random. The draws and the
+// candidates must equal the reference's bit for bit (the noise is computed
+// alike, kernels/sample.go); Z, a sum in another order, within 1e-12.
+func makeSample(r *rand.Rand, rows, vocab, kmax int) kernelInst {
+	x := randF32(r, rows*vocab)
+	for i := range x {
+		switch r.IntN(50) {
+		case 0:
+			x[i] = float32(math.NaN())
+		case 1:
+			x[i] = float32(math.Inf(-1))
+		case 2:
+			x[i] = 1.25
+		}
+	}
+	params := make([]byte, rows*kernels.SampleParamBytes)
+	for q := range rows {
+		p := kernels.SampleParams{Seed: r.Uint64(), Seq: r.Uint32(), Index: r.Uint32(),
+			Temperature: []float64{0.3, 0.8, 1, 2.5}[r.IntN(4)], Flags: uint32(r.IntN(4))}
+		switch q {
+		case 0:
+			p.Flags = kernels.SampleDraw
+		case 1:
+			p.Temperature, p.Flags = 0, kernels.SampleDraw|kernels.SampleCandidates
+			if vocab > 2 {
+				x[vocab+1], x[2*vocab-1] = 9, 9
+			}
+		case 2:
+			p.Flags = 0
+		}
+		p.Put(params[q*kernels.SampleParamBytes:])
+	}
+	return kernelInst{
+		bufs: []kbuf{{init: make([]byte, 4*rows), out: true}, {init: make([]byte, 8*rows*kmax), out: true},
+			{init: make([]byte, 16*rows), out: true}, in(x), {init: params}},
+		args: func(p []gpu.DevicePtr) []gpu.Arg {
+			return append(ptrs(p), gpu.I32(int32(rows)), gpu.I32(int32(vocab)), gpu.I32(int32(kmax)))
+		},
+		cfg: kernels.SampleConfig(rows),
+		check: func(h *h, in, ref, got [][]byte) {
+			h.Logf("sample rows=%d vocab=%d kmax=%d", rows, vocab, kmax)
+			if !bytes.Equal(got[0], ref[0]) {
+				h.Errorf("draws %v, reference %v", i32s(got[0]), i32s(ref[0]))
+			}
+			for i := 0; i < len(ref[1]); i += 8 {
+				if !bytes.Equal(got[1][i:i+8], ref[1][i:i+8]) {
+					h.Errorf("candidate %d of row %d: %x, reference %x", i/8%kmax, i/8/kmax, got[1][i:i+8], ref[1][i:i+8])
+					break
+				}
+			}
+			for i := 0; i < len(ref[2]); i += 8 {
+				g := math.Float64frombits(binary.LittleEndian.Uint64(got[2][i:]))
+				w := math.Float64frombits(binary.LittleEndian.Uint64(ref[2][i:]))
+				if !(g == w || math.Abs(g-w) <= 1e-12*math.Abs(w)) {
+					h.Errorf("stats[%d] of row %d = %v, reference %v", i/8%2, i/16, g, w)
+				}
+			}
+		},
+	}
+}
+
+func i32s(b []byte) []int32 {
+	v := make([]int32, len(b)/4)
+	for i := range v {
+		v[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
 }

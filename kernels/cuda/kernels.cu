@@ -438,3 +438,240 @@ extern "C" __global__ void sg_argmax(int* next, float* top, const float* logits,
         top[2 * r + 1] = v2[0];
     }
 }
+
+// ---------------------------------------------------------------- sampling
+//
+// sg_sample (kernels/sample.go): per row, a Gumbel-max draw over the whole
+// row and/or the row's top-kmax candidates with the row's max and Z. The
+// noise is Philox4x32-10 turned into a uniform and two logarithms computed
+// with round-to-nearest +, ×, ÷ alone, in the order of the Go reference
+// (gumbelLog), so the draw equals the reference's bit for bit.
+
+#define SG_SAMPLE_MAXK 256
+#define SG_NONE 0x7fffffff
+
+// 1/(2i+1) for i < 12, the doubles nearest (kernels.gumbelSeries; a test
+// in package kernels checks these literals).
+__constant__ double sg_glog_c[12] = {
+    1.0, 0.33333333333333331, 0.20000000000000001, 0.14285714285714285,
+    0.1111111111111111, 0.090909090909090912, 0.076923076923076927, 0.066666666666666666,
+    0.058823529411764705, 0.052631578947368418, 0.047619047619047616, 0.043478260869565216,
+};
+
+__device__ __forceinline__ void sg_philox(unsigned* c, unsigned k0, unsigned k1) {
+    for (int i = 0; i < 10; i++) {
+        if (i > 0) {
+            k0 += 0x9E3779B9u;
+            k1 += 0xBB67AE85u;
+        }
+        unsigned hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        unsigned hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        unsigned n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0;
+        c[1] = lo1;
+        c[2] = n2;
+        c[3] = lo0;
+    }
+}
+
+// log x of a positive normal x: x = 2^k·m, m in [√½, √2), s = (m−1)/(m+1),
+// log m = 2s·Σ s^{2i}/(2i+1), k·ln 2 in two parts.
+__device__ double sg_glog(double x) {
+    unsigned long long b = (unsigned long long)__double_as_longlong(x);
+    long long k = (long long)((b >> 52) & 0x7ffull) - 1023;
+    double m = __longlong_as_double((long long)((b & 0xfffffffffffffull) | (1023ull << 52)));
+    if (m > 1.4142135623730951) {
+        m = __dmul_rn(m, 0.5);
+        k++;
+    }
+    double s = __ddiv_rn(__dadd_rn(m, -1.0), __dadd_rn(m, 1.0));
+    double s2 = __dmul_rn(s, s);
+    double p = sg_glog_c[11];
+    for (int i = 10; i >= 0; i--) p = __dadd_rn(__dmul_rn(p, s2), sg_glog_c[i]);
+    double kf = (double)k;
+    return __dadd_rn(__dmul_rn(kf, 6.93147180369123816490e-01),
+                     __dadd_rn(__dmul_rn(__dmul_rn(2.0, s), p), __dmul_rn(kf, 1.90821492927058770002e-10)));
+}
+
+__device__ double sg_gumbel(unsigned long long seed, unsigned seq, unsigned index, unsigned id) {
+    unsigned c[4] = {id >> 1, index, seq, 0u};
+    sg_philox(c, (unsigned)seed, (unsigned)(seed >> 32));
+    unsigned lo = (id & 1u) ? c[2] : c[0];
+    unsigned hi = (id & 1u) ? c[3] : c[1];
+    unsigned long long bits = ((unsigned long long)hi << 32) | lo;
+    double u = __dmul_rn(__dadd_rn((double)(bits >> 12), 0.5), 2.220446049250313080847263336181640625e-16);
+    return -sg_glog(-sg_glog(u));
+}
+
+// Larger value first, then the lower id; NaN below every number.
+__device__ __forceinline__ unsigned long long sg_sample_key(float v, int id) {
+    unsigned b = __float_as_uint(v);
+    if (v != v) {
+        b = 0;
+    } else if (b & 0x80000000u) {
+        b = ~b;
+    } else {
+        b |= 0x80000000u;
+    }
+    return ((unsigned long long)b << 32) | (unsigned long long)(~(unsigned)id);
+}
+
+extern "C" __global__ void sg_sample(int* draw, unsigned* cand, double* stats, const float* logits,
+                                     const unsigned* params, int rows, int vocab, int kmax) {
+    __shared__ double sd[1024];
+    __shared__ int si[1024];
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long ck[SG_SAMPLE_MAXK];
+    __shared__ unsigned long long s_prefix, s_mask;
+    __shared__ unsigned s_need;
+    __shared__ int s_done, s_count;
+    __shared__ double s_m;
+    int r = blockIdx.x, tid = threadIdx.x, n = blockDim.x;
+    if (r >= rows || vocab <= 0 || kmax < 1 || kmax > SG_SAMPLE_MAXK || n > 1024 || n < 32) return;
+    const float* x = logits + (unsigned long long)r * vocab;
+    // Word by word: the params need only 4-byte alignment.
+    const unsigned* pr = params + (unsigned long long)r * 8;
+    unsigned long long seed = ((unsigned long long)pr[1] << 32) | pr[0];
+    unsigned seq = pr[2], index = pr[3];
+    double temp = __hiloint2double((int)pr[5], (int)pr[4]);
+    unsigned flags = pr[6];
+    unsigned* out = cand + (unsigned long long)r * kmax * 2;
+
+    if (!(flags & 1u)) {
+        if (tid == 0) draw[r] = -1;
+    } else {
+        double bs = 0;
+        int bi = SG_NONE;
+        for (int j = tid; j < vocab; j += n) {
+            float v = x[j];
+            double s = temp > 0 ? __dadd_rn(__ddiv_rn((double)v, temp), sg_gumbel(seed, seq, index, (unsigned)j)) : (double)v;
+            if (s != s) continue;
+            if (bi == SG_NONE || s > bs) {
+                bs = s;
+                bi = j;
+            }
+        }
+        sd[tid] = bs;
+        si[tid] = bi;
+        __syncthreads();
+        for (int off = n / 2; off > 0; off >>= 1) {
+            if (tid < off) {
+                double a = sd[tid], c = sd[tid + off];
+                int ai = si[tid], ci = si[tid + off];
+                if (ci != SG_NONE && (ai == SG_NONE || c > a || (c == a && ci < ai))) {
+                    sd[tid] = c;
+                    si[tid] = ci;
+                }
+            }
+            __syncthreads();
+        }
+        if (tid == 0) draw[r] = si[0] == SG_NONE ? 0 : si[0];
+        __syncthreads();
+    }
+
+    if (!(flags & 2u)) {
+        for (int i = tid; i < kmax; i += n) {
+            out[2 * i] = 0xffffffffu;
+            out[2 * i + 1] = 0xff800000u;
+        }
+        if (tid == 0) {
+            stats[2 * r] = __longlong_as_double((long long)0xfff0000000000000ull);
+            stats[2 * r + 1] = 0;
+        }
+        return;
+    }
+    // Radix select of the K largest keys (keys are unique: the id is in
+    // them), 8 bits at a time from the top, until the bin holding the K-th
+    // holds exactly what is still needed.
+    int K = min(kmax, vocab);
+    if (tid == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = (unsigned)K;
+        s_done = 0;
+    }
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += n) hist[i] = 0;
+        __syncthreads();
+        unsigned long long prefix = s_prefix, mask = s_mask;
+        for (int j = tid; j < vocab; j += n) {
+            unsigned long long key = sg_sample_key(x[j], j);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid < 32) {
+            // Lane l holds bins 255−8l down to 248−8l: a scan over the lanes
+            // counts the keys in the bins above each lane's.
+            unsigned need = s_need, c[8], sum = 0;
+            for (int i = 0; i < 8; i++) {
+                c[i] = hist[255 - 8 * tid - i];
+                sum += c[i];
+            }
+            unsigned incl = sum;
+            for (int off = 1; off < 32; off <<= 1) {
+                unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+                if (tid >= off) incl += v;
+            }
+            unsigned acc = incl - sum;
+            if (acc < need && need <= incl) {
+                for (int i = 0; i < 8; i++) {
+                    if (acc + c[i] >= need) {
+                        s_prefix = prefix | ((unsigned long long)(255 - 8 * tid - i) << shift);
+                        s_mask = mask | (255ull << shift);
+                        s_need = need - acc;
+                        s_done = c[i] == need - acc;
+                        break;
+                    }
+                    acc += c[i];
+                }
+            }
+        }
+        __syncthreads();
+        if (s_done) break;
+    }
+    if (tid == 0) s_count = 0;
+    __syncthreads();
+    {
+        unsigned long long prefix = s_prefix, mask = s_mask;
+        for (int j = tid; j < vocab; j += n) {
+            unsigned long long key = sg_sample_key(x[j], j);
+            if ((key & mask) >= prefix) {
+                int slot = atomicAdd(&s_count, 1);
+                if (slot < SG_SAMPLE_MAXK) ck[slot] = key;
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < K; i += n) {
+        unsigned long long k = ck[i];
+        int rank = 0;
+        for (int q = 0; q < K; q++) rank += ck[q] > k;
+        unsigned id = ~(unsigned)k;
+        float v = x[id];
+        out[2 * rank] = id;
+        out[2 * rank + 1] = __float_as_uint(v);
+        if (rank == 0) s_m = v == v ? (double)v : __longlong_as_double((long long)0xfff0000000000000ull);
+    }
+    for (int i = K + tid; i < kmax; i += n) {
+        out[2 * i] = 0xffffffffu;
+        out[2 * i + 1] = 0xff800000u;
+    }
+    __syncthreads();
+    double m = s_m, t = temp > 0 ? temp : 1.0, z = 0;
+    if (m != __longlong_as_double((long long)0xfff0000000000000ull)) {
+        for (int j = tid; j < vocab; j += n) {
+            float v = x[j];
+            if (v == v) z += exp(((double)v - m) / t);
+        }
+    }
+    sd[tid] = z;
+    __syncthreads();
+    for (int off = n / 2; off > 0; off >>= 1) {
+        if (tid < off) sd[tid] += sd[tid + off];
+        __syncthreads();
+    }
+    if (tid == 0) {
+        stats[2 * r] = m;
+        stats[2 * r + 1] = sd[0];
+    }
+}

@@ -1,11 +1,15 @@
 package gpt2
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
+	"sync"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -53,6 +57,18 @@ type Options struct {
 	// device (kernels.Argmax) and greedy rows read 12 bytes back instead
 	// of 4·Vocab.
 	HostArgmax bool
+	// HostSampling makes sampled sequences (temperature above 0) read
+	// their logits back and draw on the host. Default false: the steps
+	// sample on the device (kernels.Sample): temperature alone is drawn
+	// there (4 bytes back a row), top-k and top-p from the row's
+	// Candidates largest logits (8 bytes each), the whole row read back
+	// only when those do not hold the tokens kept (a fallback, counted in
+	// Stats). Both ways give the same tokens (doc.go, Sampling).
+	HostSampling bool
+	// Candidates is how many of a row's largest logits the device returns
+	// for top-k and top-p: a top-k up to it never reads logits back.
+	// Default DefaultCandidates; 1 to kernels.SampleMaxK.
+	Candidates int
 	// Client supplies the stream (from the stream cache) and the
 	// retirement queue the caches are freed through. Default: one opened
 	// on Device with the process-wide stream cache, closed by Close.
@@ -100,6 +116,12 @@ func (o Options) withDefaults(c Config) (Options, error) {
 	}
 	if o.Rows < 1 || o.Rows > 4096 || o.PrefillRows < 1 || o.PrefillRows > 4096 {
 		return o, fmt.Errorf("gpt2: %d rows and %d prefill rows (1 to 4096)", o.Rows, o.PrefillRows)
+	}
+	if o.Candidates == 0 {
+		o.Candidates = DefaultCandidates
+	}
+	if o.Candidates < 1 || o.Candidates > kernels.SampleMaxK {
+		return o, fmt.Errorf("gpt2: %d candidates a row (1 to %d)", o.Candidates, kernels.SampleMaxK)
 	}
 	if o.Strategy == "" {
 		o.Strategy = sg.StrategyAuto
@@ -153,7 +175,7 @@ func CheckRequest(c Config, maxPositions int, r Request) error {
 			return fmt.Errorf("prompt token %d is id %d, outside the vocabulary of %d", i, t, c.Vocab)
 		}
 	}
-	return r.Sampling.Check()
+	return r.Sampling.checkVocab(c.Vocab)
 }
 
 // StopReason says why a sequence ended.
@@ -197,13 +219,29 @@ type Stats struct {
 	Startup time.Duration
 	// Graphs is the number of executables (one prefill step, one decode
 	// step or one per bucket); Records the graphs recorded over their
-	// lives and Rerecords those recorded again (0 in steady state).
+	// lives and Rerecords those recorded again (0 in steady state). Under
+	// StrategyAuto, the graph the strategy that runs recorded while auto
+	// measured it counts in no replay counter (replay.Counters.ProbeSteps),
+	// nor does any step while auto still measures: an executable that runs
+	// a graph strategy counts at least one record; the candidates measured
+	// and dropped count none.
 	Graphs, Records, Rerecords int64
 	// PatchedNodes counts node updates (patch) as sequences joined.
 	PatchedNodes int64
 	// DecodeSteps and PrefillSteps count steps run; RowsActive the sum
 	// over decode steps of the rows holding a sequence.
 	DecodeSteps, PrefillSteps, RowsActive int64
+	// Where the tokens of sampled sequences were drawn: DeviceDraws on the
+	// device over the whole row (temperature alone), CandidateDraws on the
+	// host from the device's candidates (top-k, top-p), HostDraws on the
+	// host from the row's logits read back (Options.HostSampling), and
+	// Fallbacks from the row's logits read back because the candidates did
+	// not hold the tokens kept (a nucleus beyond them, or a top-k above
+	// Options.Candidates).
+	DeviceDraws, CandidateDraws, HostDraws, Fallbacks int64
+	// ReadbackBytes is what choosing tokens copied from the device to the
+	// host, over all steps.
+	ReadbackBytes uint64
 	// Memory: the weights, the executables' own memory (temps,
 	// workspaces), the KV-cache region and the most of it in use, and
 	// the inputs and outputs the Batcher binds.
@@ -221,10 +259,14 @@ func (s Stats) DeviceBytes() uint64 {
 
 // stepExe is one compiled step and the buffers bound to it every step.
 type stepExe struct {
-	sp                *StepProgram
-	exe               *sg.Executable
-	tokens, positions gpu.DevicePtr
-	logits, next, top gpu.DevicePtr
+	sp                       *StepProgram
+	exe                      *sg.Executable
+	tokens, positions        gpu.DevicePtr
+	logits, next, top        gpu.DevicePtr
+	sampling, draw, cand, st gpu.DevicePtr // the Sample head's
+	// params is what the sampling param holds (nil: not written yet): a
+	// step whose rows sample as the last did does not write it again.
+	params []byte
 }
 
 // Batcher generates many sequences at once on one device with continuous
@@ -312,9 +354,14 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 	if bt.alloc, err = bfc.New(bt.region, opts.CacheMemory, bfc.Options{Name: "gpt2 KV caches"}); err != nil {
 		return nil, fmt.Errorf("gpt2: %w", err)
 	}
-	head := Argmax
+	// The Sample head unless sampling is on the host: its kernel costs
+	// next to nothing on rows that do not sample (doc.go, Sampling).
+	head := Sample
+	if opts.HostSampling {
+		head = Argmax
+	}
 	if bt.prefill, err = bt.compile(ctx, "gpt2-prefill", Step{Config: c, Rows: opts.PrefillRows, Caches: SharedCache,
-		MaxPositions: opts.MaxPositions, Head: head}); err != nil {
+		MaxPositions: opts.MaxPositions, Head: head, Candidates: opts.Candidates}); err != nil {
 		return nil, err
 	}
 	sizes := opts.Buckets
@@ -323,7 +370,7 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 	}
 	for _, rows := range sizes {
 		se, err := bt.compile(ctx, fmt.Sprintf("gpt2-decode-%d", rows), Step{Config: c, Rows: rows, Caches: RowCaches,
-			MaxPositions: opts.MaxPositions, Head: head})
+			MaxPositions: opts.MaxPositions, Head: head, Candidates: opts.Candidates})
 		if err != nil {
 			return nil, err
 		}
@@ -332,7 +379,7 @@ func NewBatcher(ctx context.Context, b gpu.Backend, w *Weights, opts Options) (_
 	// Warm-up: one step of each, every row inactive, records the graphs
 	// now rather than at the first request.
 	for _, se := range append([]*stepExe{bt.prefill}, bt.decode...) {
-		if err := bt.run(ctx, se, nil, nil, nil); err != nil {
+		if err := bt.run(ctx, se, nil, nil, nil, nil); err != nil {
 			return nil, fmt.Errorf("gpt2: warm-up of %s: %w", se.sp.Program.Name(), err)
 		}
 	}
@@ -383,10 +430,16 @@ func (bt *Batcher) compile(ctx context.Context, name string, st Step) (_ *stepEx
 		}
 	}
 	rows := uint64(sp.Step.Rows)
-	for _, a := range []struct {
+	type buf struct {
 		dst *gpu.DevicePtr
 		n   uint64
-	}{{&se.tokens, 4 * rows}, {&se.positions, 4 * rows}, {&se.logits, 4 * rows * uint64(bt.cfg.Vocab)}, {&se.next, 4 * rows}, {&se.top, 8 * rows}} {
+	}
+	bufs := []buf{{&se.tokens, 4 * rows}, {&se.positions, 4 * rows}, {&se.logits, 4 * rows * uint64(bt.cfg.Vocab)}, {&se.next, 4 * rows}, {&se.top, 8 * rows}}
+	if st.Head == Sample {
+		bufs = append(bufs, buf{&se.sampling, kernels.SampleParamBytes * rows}, buf{&se.draw, 4 * rows},
+			buf{&se.cand, 8 * rows * uint64(sp.Step.Candidates)}, buf{&se.st, 16 * rows})
+	}
+	for _, a := range bufs {
 		if *a.dst, err = bt.ioAlloc(a.n); err != nil {
 			return nil, err
 		}
@@ -395,9 +448,11 @@ func (bt *Batcher) compile(ctx context.Context, name string, st Step) (_ *stepEx
 }
 
 // run writes the rows' tokens and positions (rows past len(toks) are
-// inactive) and runs se with caches bound per row (0: the region's start),
-// then marks the submission on the client's timeline.
-func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, caches []gpu.DevicePtr) error {
+// inactive) and, with the Sample head, their sampling params (samp: nil
+// when no row samples on the device), and runs se with caches bound per row
+// (0: the region's start), then marks the submission on the client's
+// timeline.
+func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, caches []gpu.DevicePtr, samp []byte) error {
 	rows := se.sp.Step.Rows
 	t, p := make([]int32, rows), make([]int32, rows)
 	for r := range rows {
@@ -415,6 +470,19 @@ func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, cach
 	}
 	bind := sg.Bindings{se.sp.Tokens: se.tokens, se.sp.Positions: se.positions, se.sp.Logits: se.logits,
 		se.sp.Next: se.next, se.sp.Top: se.top}
+	if se.sp.Step.Head == Sample {
+		if samp == nil {
+			samp = make([]byte, kernels.SampleParamBytes*rows)
+		}
+		if !bytes.Equal(samp, se.params) {
+			se.params = nil // unknown until the write is queued
+			if err := bt.b.MemcpyHtoDAsync(se.sampling, samp, bt.stream); err != nil {
+				return fmt.Errorf("write sampling params: %w", err)
+			}
+			se.params = samp
+		}
+		bind[se.sp.Sampling], bind[se.sp.Draw], bind[se.sp.Cand], bind[se.sp.Stats] = se.sampling, se.draw, se.cand, se.st
+	}
 	for i, cb := range se.sp.Caches {
 		bind[cb] = bt.region
 		if i < len(caches) && caches[i] != 0 {
@@ -434,19 +502,84 @@ func (bt *Batcher) run(ctx context.Context, se *stepExe, toks, pos []int32, cach
 
 // seqState is a sequence being generated.
 type seqState struct {
-	idx     int
-	req     Request
-	sm      *sampler
-	cache   gpu.DevicePtr
-	size    uint64
-	pos     int   // the position the next fed token takes
-	last    int32 // the last token, fed at the next step
-	res     *Result
-	first   time.Time
-	lastT   time.Time
-	stop    []int32
-	done    bool
-	samples bool // reads logits (not greedy on the device)
+	idx   int
+	req   Request
+	mode  rowMode // how its tokens are picked
+	sc    scratch // host draws' memory
+	cache gpu.DevicePtr
+	size  uint64
+	pos   int   // the position the next fed token takes
+	last  int32 // the last token, fed at the next step
+	res   *Result
+	first time.Time
+	lastT time.Time
+	stop  []int32
+	done  bool
+}
+
+// rowMode is how a sequence's tokens are picked, and so what its row
+// reads back.
+type rowMode uint8
+
+const (
+	// rowArgmax: greedy, the device's argmax (next, top).
+	rowArgmax rowMode = iota
+	// rowDraw: temperature alone, the device's draw (draw).
+	rowDraw
+	// rowCandidates: top-k or top-p, drawn on the host from the device's
+	// candidates (cand, stats), from the logits when they fall short.
+	rowCandidates
+	// rowLogits: the whole row of logits, argmax or draw on the host.
+	rowLogits
+)
+
+// modeOf is how the tokens of a sequence sampling with smp are picked.
+func (bt *Batcher) modeOf(smp Sampling) rowMode {
+	if smp.Greedy() {
+		if bt.opts.HostArgmax {
+			return rowLogits
+		}
+		return rowArgmax
+	}
+	if bt.opts.HostSampling {
+		return rowLogits
+	}
+	switch k, p := smp.cut(bt.cfg.Vocab); {
+	case k == 0 && p == 0:
+		return rowDraw
+	case k > bt.opts.Candidates:
+		return rowLogits // a fallback, known before the step
+	}
+	return rowCandidates
+}
+
+// params is the sampling param row of s for its next token.
+func (s *seqState) params() kernels.SampleParams {
+	p := kernels.SampleParams{Seed: s.req.Sampling.Seed, Seq: uint32(s.idx), Index: uint32(len(s.res.Tokens)),
+		Temperature: s.req.Sampling.Temperature}
+	switch s.mode {
+	case rowDraw:
+		p.Flags = kernels.SampleDraw
+	case rowCandidates:
+		p.Flags = kernels.SampleCandidates
+	}
+	return p
+}
+
+// sampleParams are the sampling params of a step whose row r holds
+// order[r] (nil: none), or nil when no row samples on the device.
+func sampleParams(rows int, order []*seqState) []byte {
+	var b []byte
+	for r, s := range order {
+		if s == nil || (s.mode != rowDraw && s.mode != rowCandidates) {
+			continue
+		}
+		if b == nil {
+			b = make([]byte, kernels.SampleParamBytes*rows)
+		}
+		s.params().Put(b[r*kernels.SampleParamBytes:])
+	}
+	return b
 }
 
 // Generate generates every request, streaming each token to on (which may
@@ -471,8 +604,7 @@ func (bt *Batcher) Generate(ctx context.Context, reqs []Request, on func(Event) 
 		if stop == nil && EndOfText < bt.cfg.Vocab {
 			stop = []int32{EndOfText}
 		}
-		waiting[i] = &seqState{idx: i, req: r, sm: newSampler(r.Sampling, i), res: &results[i], stop: stop,
-			samples: !r.Sampling.Greedy() || bt.opts.HostArgmax}
+		waiting[i] = &seqState{idx: i, req: r, mode: bt.modeOf(r.Sampling), res: &results[i], stop: stop}
 	}
 	rows := make([]*seqState, bt.opts.Rows) // the fixed step's rows; packed for buckets
 	var errs []error
@@ -590,7 +722,7 @@ func (bt *Batcher) Generate(ctx context.Context, reqs []Request, on func(Event) 
 				pos[i] = kernels.InactiveRow
 			}
 		}
-		if err := bt.run(ctx, se, toks, pos, caches); err != nil {
+		if err := bt.run(ctx, se, toks, pos, caches, sampleParams(len(order), order)); err != nil {
 			return results, errors.Join(append(errs, fmt.Errorf("gpt2: decode step: %w", err))...)
 		}
 		point, err := bt.cl.Submitted(bt.dev, 0)
@@ -674,22 +806,25 @@ type pick struct {
 func (bt *Batcher) prefillSeq(ctx context.Context, s *seqState) (int32, float32, error) {
 	se := bt.prefill
 	C, T := se.sp.Step.Rows, len(s.req.Prompt)
-	var last int
+	var order []*seqState
 	for p0 := 0; p0 < T; p0 += C {
 		n := min(C, T-p0)
 		pos := make([]int32, n)
 		for i := range pos {
 			pos[i] = int32(p0 + i)
 		}
-		if err := bt.run(ctx, se, s.req.Prompt[p0:p0+n], pos, []gpu.DevicePtr{s.cache}); err != nil {
+		// The last chunk's last row gives the first token.
+		order = make([]*seqState, n)
+		if p0+n == T {
+			order[n-1] = s
+		}
+		if err := bt.run(ctx, se, s.req.Prompt[p0:p0+n], pos, []gpu.DevicePtr{s.cache}, sampleParams(C, order)); err != nil {
 			return 0, 0, err
 		}
 		bt.stats.PrefillSteps++
-		last = n - 1
 	}
 	s.pos = T
-	order := make([]*seqState, last+1)
-	order[last] = s
+	last := len(order) - 1
 	picks, err := bt.readRows(ctx, se, order)
 	if err != nil {
 		return 0, 0, err
@@ -724,44 +859,177 @@ func (bt *Batcher) decodeStep(rows []*seqState) (*stepExe, []*seqState) {
 }
 
 // readRows reads back what the sequences of order need from se's last
-// step (waiting for it) and picks their tokens: greedy rows the device's
-// argmax, others their logits, sampled on the host.
+// step (waiting for it) and picks their tokens (rowMode): the device's
+// argmax or draw, a draw on the host from the device's candidates or, when
+// those fall short, from the row's logits read back then, or a pick from
+// the row's logits. Host draws from whole rows run in parallel.
 func (bt *Batcher) readRows(ctx context.Context, se *stepExe, order []*seqState) ([]pick, error) {
-	n := len(order)
+	n, V := len(order), bt.cfg.Vocab
+	K := se.sp.Step.Candidates
 	picks := make([]pick, n)
-	next, top := make([]byte, 4*n), make([]byte, 8*n)
-	err := bt.b.MemcpyDtoHAsync(top, se.top, bt.stream)
-	V := bt.cfg.Vocab
-	logits := map[int][]byte{}
+	var logitRows, candRows []int
+	drawRows := false
 	for i, s := range order {
-		if s != nil && s.samples && err == nil {
-			row := make([]byte, 4*V)
-			err = bt.b.MemcpyDtoHAsync(row, se.logits.Add(uint64(4*i*V)), bt.stream)
-			logits[i] = row
+		switch {
+		case s == nil:
+		case s.mode == rowLogits:
+			logitRows = append(logitRows, i)
+		case s.mode == rowCandidates:
+			candRows = append(candRows, i)
+		case s.mode == rowDraw:
+			drawRows = true
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+	rd := readback{bt: bt}
+	next, top := make([]byte, 4*n), make([]byte, 8*n)
+	rd.copy(top, se.top)
+	var draws, cand, stats []byte
+	var c0 int
+	if drawRows {
+		draws = make([]byte, 4*n)
+		rd.copy(draws, se.draw)
 	}
+	if len(candRows) > 0 {
+		c0 = candRows[0]
+		span := candRows[len(candRows)-1] + 1 - c0
+		cand, stats = make([]byte, 8*K*span), make([]byte, 16*span)
+		rd.copy(cand, se.cand.Add(uint64(8*K*c0)))
+		rd.copy(stats, se.st.Add(uint64(16*c0)))
+	}
+	logits := rd.rows(se, logitRows)
 	// Readback copies the last, synchronizes the stream and drains the
 	// retirement queue: the caches retired after earlier steps are freed.
-	if err := bt.cl.Readback(ctx, bt.dev, next, se.next); err != nil {
-		return nil, fmt.Errorf("read back: %w", err)
+	if err := rd.finish(ctx, next, se.next); err != nil {
+		return nil, err
 	}
+	gap := func(i int) float32 {
+		t := gpu.BytesToF32(top[8*i : 8*i+8])
+		return t[0] - t[1]
+	}
+	var fallback []int
 	for i, s := range order {
 		if s == nil {
 			continue
 		}
-		if row, ok := logits[i]; ok {
-			lg := gpu.BytesToF32(row)
-			_, gap := ArgmaxLogits(lg)
-			picks[i] = pick{s.sm.next(lg), gap}
-			continue
+		switch s.mode {
+		case rowArgmax:
+			picks[i] = pick{int32(binary.LittleEndian.Uint32(next[4*i:])), gap(i)}
+		case rowDraw:
+			picks[i] = pick{int32(binary.LittleEndian.Uint32(draws[4*i:])), gap(i)}
+			bt.stats.DeviceDraws++
+		case rowCandidates:
+			j := i - c0
+			c := s.sc.cand[:0]
+			for q := range K {
+				e := cand[8*(j*K+q):]
+				id, v := int32(binary.LittleEndian.Uint32(e)), math.Float32frombits(binary.LittleEndian.Uint32(e[4:]))
+				if id >= 0 && v == v {
+					c = append(c, candidate{id, v})
+				}
+			}
+			s.sc.cand = c
+			z := math.Float64frombits(binary.LittleEndian.Uint64(stats[16*j+8:]))
+			tok, ok := s.req.Sampling.drawSorted(c, V <= K, z, s.idx, len(s.res.Tokens))
+			if !ok {
+				fallback = append(fallback, i)
+				continue
+			}
+			picks[i] = pick{tok, gap(i)}
+			bt.stats.CandidateDraws++
 		}
-		t := gpu.BytesToF32(top[8*i : 8*i+8])
-		picks[i] = pick{int32(uint32(next[4*i]) | uint32(next[4*i+1])<<8 | uint32(next[4*i+2])<<16 | uint32(next[4*i+3])<<24), t[0] - t[1]}
+	}
+	bt.pickFromLogits(order, logitRows, logits, picks)
+	if len(fallback) > 0 {
+		// The logits of the step are still in place: the next step has
+		// not been submitted.
+		rd = readback{bt: bt}
+		logits := rd.rows(se, fallback)
+		if err := rd.finish(ctx, nil, 0); err != nil {
+			return nil, err
+		}
+		bt.pickFromLogits(order, fallback, logits, picks)
+		for _, i := range fallback {
+			picks[i].gap = gap(i)
+		}
 	}
 	return picks, nil
+}
+
+// pickFromLogits picks the tokens of rows from their logits (logits[k] of
+// rows[k]) on the host: the argmax of greedy rows, the draw of the
+// others, in parallel.
+func (bt *Batcher) pickFromLogits(order []*seqState, rows []int, logits [][]byte, picks []pick) {
+	var wg sync.WaitGroup
+	for k, i := range rows {
+		s, lg := order[i], gpu.BytesToF32(logits[k])
+		switch {
+		case s.req.Sampling.Greedy():
+			id, gap := ArgmaxLogits(lg)
+			picks[i] = pick{id, gap}
+			continue
+		case s.mode == rowCandidates || !bt.opts.HostSampling:
+			bt.stats.Fallbacks++
+		default:
+			bt.stats.HostDraws++
+		}
+		_, gap := ArgmaxLogits(lg)
+		picks[i].gap = gap
+		wg.Go(func() { picks[i].tok = s.req.Sampling.drawLogits(lg, s.idx, len(s.res.Tokens), &s.sc) })
+	}
+	wg.Wait()
+}
+
+// readback queues device-to-host copies on the Batcher's stream; finish
+// queues the last through Client.Readback, which waits for them all.
+type readback struct {
+	bt  *Batcher
+	err error
+}
+
+func (rd *readback) copy(dst []byte, src gpu.DevicePtr) {
+	if rd.err == nil {
+		rd.err = rd.bt.b.MemcpyDtoHAsync(dst, src, rd.bt.stream)
+		rd.bt.stats.ReadbackBytes += uint64(len(dst))
+	}
+}
+
+// rows queues the logits of rows (ascending) of se, one copy per run of
+// consecutive rows, and returns each row's bytes.
+func (rd *readback) rows(se *stepExe, rows []int) [][]byte {
+	row := 4 * rd.bt.cfg.Vocab
+	out := make([][]byte, len(rows))
+	for a := 0; a < len(rows); {
+		b := a + 1
+		for b < len(rows) && rows[b] == rows[b-1]+1 {
+			b++
+		}
+		buf := make([]byte, row*(b-a))
+		rd.copy(buf, se.logits.Add(uint64(row*rows[a])))
+		for k := a; k < b; k++ {
+			out[k] = buf[row*(k-a) : row*(k-a+1)]
+		}
+		a = b
+	}
+	return out
+}
+
+// finish copies src into dst (none when dst is nil) and waits for every
+// copy queued.
+func (rd *readback) finish(ctx context.Context, dst []byte, src gpu.DevicePtr) error {
+	if rd.err != nil {
+		return fmt.Errorf("read back: %w", rd.err)
+	}
+	if dst == nil {
+		if err := rd.bt.cl.Synchronize(ctx); err != nil {
+			return fmt.Errorf("read back: %w", err)
+		}
+		return nil
+	}
+	rd.bt.stats.ReadbackBytes += uint64(len(dst))
+	if err := rd.bt.cl.Readback(ctx, rd.bt.dev, dst, src); err != nil {
+		return fmt.Errorf("read back: %w", err)
+	}
+	return nil
 }
 
 // Stats returns the Batcher's counters, with the executables' graph
@@ -774,7 +1042,11 @@ func (bt *Batcher) Stats() Stats {
 			continue
 		}
 		x := se.exe.Stats()
-		st.Records += x.Records
+		rec := x.Records
+		if x.Strategy != sg.StrategyEager && (x.GraphLaunches > 0 || x.ProbeSteps > 0) {
+			rec = max(rec, 1)
+		}
+		st.Records += rec
 		st.Rerecords += x.Rerecords
 		st.PatchedNodes += x.PatchedNodes
 		st.ExecutableBytes += se.exe.Memory().Total()

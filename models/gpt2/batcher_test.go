@@ -151,6 +151,29 @@ func TestAloneOrBatched(t *testing.T) {
 	}
 }
 
+// TestGraphsRecordedUnderAuto: under StrategyAuto the summary's graphs
+// recorded are those of the strategy auto kept, which recorded them while
+// auto measured it: as many as that strategy asked for by name records,
+// not 0.
+func TestGraphsRecordedUnderAuto(t *testing.T) {
+	b := openSim(t)
+	w := microWeights(t)
+	reqs := mixedRequests(Sampling{})
+	auto := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4})
+	generate(t, auto, reqs)
+	st := auto.Stats()
+	if st.Strategy == sg.StrategyEager || st.Strategy == sg.StrategyAuto || st.Strategy == "" {
+		t.Skipf("auto ran %q: no graph to count", st.Strategy)
+	}
+	named := newBatcher(t, b, w, Options{Rows: 3, PrefillRows: 4, Strategy: st.Strategy})
+	generate(t, named, reqs)
+	want := named.Stats()
+	if st.Records < st.Graphs || st.Records != want.Records {
+		t.Errorf("auto (ran %s): %d graphs recorded for %d step programs; %s by name records %d", st.Strategy, st.Records, st.Graphs,
+			st.Strategy, want.Records)
+	}
+}
+
 // TestCachesSizedAndRetired: each sequence's cache is sized to its need,
 // at most Rows of them live at once, and each is freed through the
 // client's retirement queue; the region is empty after Generate.
@@ -287,7 +310,9 @@ func TestBadRequests(t *testing.T) {
 		{Request{Prompt: []int32{97}, MaxNewTokens: 1}, "outside the vocabulary"},
 		{Request{Prompt: []int32{1}}, "at least one"},
 		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: -1}}, "temperature"},
-		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{TopP: 2}}, "top-p"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{TopP: 2}}, "top-p 2 outside (0, 1]"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: 1, TopK: -3}}, "top-k -3 is negative"},
+		{Request{Prompt: []int32{1}, MaxNewTokens: 1, Sampling: Sampling{Temperature: 1, TopK: micro.Vocab + 1}}, "more than the vocabulary"},
 	} {
 		before := bt.Stats()
 		_, err := bt.Generate(context.Background(), []Request{ok, c.r}, nil)
@@ -356,4 +381,53 @@ func TestBatcherFaults(t *testing.T) {
 		}
 	}
 	b.ClearFaults() // openSim's cleanup checks that nothing leaked
+}
+
+// TestEndOfTextStops: with GPT-2's vocabulary and no stop tokens given, a
+// sequence ends at the end-of-text token, greedy or sampled on the device,
+// without it among its tokens; an empty, non-nil StopTokens does not stop
+// there. The model is made to prefer the token: ln_f gives every row the
+// same hidden vector, and the tied LM head's row of EndOfText points along
+// it.
+func TestEndOfTextStops(t *testing.T) {
+	b := openSim(t)
+	c := Config{Layers: 1, Width: 16, Heads: 2, Vocab: EndOfText + 1, Positions: 16}
+	w, err := Generate(c, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range w.Tensors {
+		tn := &w.Tensors[i]
+		f := gpu.BytesToF32(tn.Data)
+		switch tn.Name {
+		case "ln_f.weight":
+			clear(f)
+		case "ln_f.bias":
+			for j := range f {
+				f[j] = 1
+			}
+		case "wte.weight":
+			for j := range c.Width {
+				f[EndOfText*c.Width+j] = 1
+			}
+		default:
+			continue
+		}
+		tn.Data = gpu.F32ToBytes(f)
+	}
+	bt := newBatcher(t, b, w, Options{Rows: 2, PrefillRows: 4})
+	p := []int32{5, 9, 2}
+	res := generate(t, bt, []Request{
+		{Prompt: p, MaxNewTokens: 4},
+		{Prompt: p, MaxNewTokens: 4, Sampling: Sampling{Temperature: 0.5, Seed: 1}},
+		{Prompt: p, MaxNewTokens: 4, StopTokens: []int32{}},
+	})
+	for i, r := range res[:2] {
+		if r.Reason != StopToken || len(r.Tokens) != 0 {
+			t.Errorf("sequence %d: %v (%s), want no tokens, ended by the end-of-text token", i, r.Tokens, r.Reason)
+		}
+	}
+	if r := res[2]; r.Reason != StopBudget || !slices.Equal(r.Tokens, []int32{EndOfText, EndOfText, EndOfText, EndOfText}) {
+		t.Errorf("no stop tokens: %v (%s), want the end-of-text token 4 times, to the budget", r.Tokens, r.Reason)
+	}
 }

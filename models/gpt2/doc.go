@@ -76,8 +76,11 @@
 //     start; tokens and positions are written into the step's inputs on
 //     the stream;
 //  3. read back: greedy rows read the device argmax (12 bytes a row),
-//     sampling rows their logits row; Client.Readback synchronizes the
-//     stream and drains the retirement queue;
+//     rows sampling at a temperature alone the device's draw (4 bytes),
+//     top-k and top-p rows the device's candidates (8 bytes each) and
+//     stats, rows sampling on the host (Options.HostSampling) their
+//     logits row; Client.Readback synchronizes the stream and drains the
+//     retirement queue;
 //  4. finish: a sequence that generated its budget or a stop token, or
 //     whose callback said stop, leaves its row; its cache is handed to the
 //     client's retirement queue at the point Client.Submitted returned
@@ -92,10 +95,37 @@
 // and keeps the fastest. The stream is the client's, from the stream cache
 // (package streamcache).
 //
-// Sampling is per sequence with its own random stream (Sampling.Seed and
-// the request's index), so a sequence's tokens do not depend on which
-// sequences share its steps (TestAloneOrBatched). Greedy rows use the
-// device argmax unless Options.HostArgmax.
+// # Sampling
+//
+// A sampled token is a Gumbel-max draw: among the tokens kept (all, the
+// top K, then the nucleus of TopP), the one of largest logit/T + G_j,
+// where G_j is Gumbel noise computed from (seed, the sequence's index in
+// the request list, the token's index in the sequence, j) by a
+// counter-based generator (kernels.GumbelNoise: Philox4x32-10 and a
+// logarithm written with + − × ÷ alone, so that the CUDA kernel and Go
+// compute the same bits). That is an exact draw from softmax(logits/T)
+// over the kept set, and the noise of a token depends on nothing else, so
+// a sequence's tokens are the same alone or in any batch, under any
+// strategy (TestAloneOrBatched, TestSampledStrategies), and wherever the
+// draw is computed:
+//
+//   - temperature alone: on the device over the whole row (kernels.Sample's
+//     draw), 4 bytes read back a row;
+//   - top-k, top-p: the device gives the row's Options.Candidates largest
+//     logits, its max and Σ exp((l − max)/T) (kernels.Sample's candidates
+//     and stats); the host cuts them to the kept set and takes the
+//     Gumbel-max over it with the same noise. When they do not hold the
+//     whole kept set (a top-k above Options.Candidates, known before the
+//     step, or a nucleus reaching past them) the row's logits are read back
+//     and the host draws from them: a fallback, counted in Stats;
+//   - Options.HostSampling: every sampled row's logits are read back and
+//     drawn on the host (drawLogits), the way a sampler reading logits
+//     works; the same tokens (TestDeviceSamplingMatchesHost).
+//
+// Device sampling is the default because the host way copies B×Vocab
+// floats back every step (3.2 MB at B = 16 for GPT-2) and scans them on
+// the critical path of the next step, where the kernel adds one launch to
+// the graph. Greedy rows use the device argmax unless Options.HostArgmax.
 //
 // # Masked rows or buckets
 //

@@ -33,7 +33,19 @@ const (
 	// (rows×2 float32): a greedy decoder reads 12 bytes a row back
 	// instead of 4·vocab, and a sampling one still finds the logits.
 	Argmax
+	// Sample outputs Argmax's outputs and kernels.Sample's: a param
+	// "sampling" (rows × kernels.SampleParamBytes, each row's seed,
+	// sequence, token index, temperature and flags, written every step)
+	// and outputs "draw" (rows int32: a Gumbel-max draw over the row),
+	// "cand" (rows × Candidates × 8 bytes: the row's largest logits) and
+	// "stats" (rows × 2 float64: the row's largest logit and Σ exp). A
+	// sampling decoder reads a few bytes a row back instead of 4·vocab.
+	Sample
 )
+
+// DefaultCandidates is the default of Step.Candidates and
+// Options.Candidates: top-k up to 64 never reads logits back.
+const DefaultCandidates = 64
 
 // Step describes one forward step of the model over Rows rows. Each row
 // is a token at a position of a sequence's KV cache: the step embeds it,
@@ -57,6 +69,10 @@ type Step struct {
 	MaxPositions int
 	// Head is what the step outputs.
 	Head Head
+	// Candidates is how many of each row's largest logits the Sample head
+	// outputs (kernels.Sample's kmax). Default DefaultCandidates; 1 to
+	// kernels.SampleMaxK.
+	Candidates int
 	// Shard is the tensor-parallel part of the model the step computes
 	// (shard.go): its weights are Specs(Config, Shard), its caches hold
 	// its heads only (Shard.CacheBytes), and each block all-reduces its
@@ -84,6 +100,9 @@ type StepProgram struct {
 	Logits sg.Buffer
 	// Next and Top are Argmax's outputs (zero Buffers with Logits).
 	Next, Top sg.Buffer
+	// Sampling is Sample's param; Draw, Cand and Stats its outputs (zero
+	// Buffers with the other heads).
+	Sampling, Draw, Cand, Stats sg.Buffer
 	// Weights are the states holding the weights, in Specs order.
 	Weights []sg.Buffer
 }
@@ -118,13 +137,18 @@ func (s Step) withDefaults() (Step, error) {
 	if s.MaxPositions == 0 {
 		s.MaxPositions = s.Config.Positions
 	}
+	if s.Head == Sample && s.Candidates == 0 {
+		s.Candidates = DefaultCandidates
+	}
 	switch {
 	case s.Rows <= 0 || s.Rows > 1<<16:
 		return s, fmt.Errorf("gpt2: step of %d rows (1 to 65536)", s.Rows)
 	case s.MaxPositions < 0 || s.MaxPositions > s.Config.Positions:
 		return s, fmt.Errorf("gpt2: step's %d positions outside the model's context of %d", s.MaxPositions, s.Config.Positions)
-	case s.Caches > SharedCache || s.Head > Argmax:
+	case s.Caches > SharedCache || s.Head > Sample:
 		return s, fmt.Errorf("gpt2: unknown caches %d or head %d", s.Caches, s.Head)
+	case s.Head == Sample && (s.Candidates < 1 || s.Candidates > kernels.SampleMaxK):
+		return s, fmt.Errorf("gpt2: %d candidates a row (1 to %d)", s.Candidates, kernels.SampleMaxK)
 	case int64(s.Rows)*int64(s.Config.Vocab) > 1<<31-1 || int64(s.Rows)*4*int64(s.Config.Width) > 1<<31-1:
 		return s, fmt.Errorf("gpt2: %d rows of %s overflow the kernels' int32 sizes", s.Rows, s.Config)
 	}
@@ -135,9 +159,10 @@ func (s Step) withDefaults() (Step, error) {
 // states (bind them with Executable.BindState or write them with
 // WriteBuffer), tokens, positions and caches as params, and the head's
 // outputs. The program's buffer names are stable: "tokens", "positions",
-// "kv0".."kvN" or "kv", "logits", "next", "top", and the weights' names.
-// A tensor-parallel step's program holds its all-reduces: compile it for
-// Comm's device, on every rank of the group.
+// "kv0".."kvN" or "kv", "logits", "next", "top", "sampling", "draw",
+// "cand", "stats", and the weights' names. A tensor-parallel step's
+// program holds its all-reduces: compile it for Comm's device, on every
+// rank of the group.
 func (s Step) Build(name string) (*StepProgram, error) {
 	s, err := s.withDefaults()
 	if err != nil {
@@ -159,8 +184,12 @@ func (s Step) Build(name string) (*StepProgram, error) {
 		}
 	}
 	sp.Logits = p.Output("logits", 4*R*int64(s.Config.Vocab))
-	if s.Head == Argmax {
+	if s.Head >= Argmax {
 		sp.Next, sp.Top = p.Output("next", 4*R), p.Output("top", 8*R)
+	}
+	if s.Head == Sample {
+		sp.Sampling = p.Param("sampling", kernels.SampleParamBytes*R)
+		sp.Draw, sp.Cand, sp.Stats = p.Output("draw", 4*R), p.Output("cand", 8*R*int64(s.Candidates)), p.Output("stats", 16*R)
 	}
 	w := map[string]sg.Buffer{}
 	for _, spec := range specs {
@@ -173,7 +202,7 @@ func (s Step) Build(name string) (*StepProgram, error) {
 }
 
 // declare lays out the step: embedding, L pre-norm transformer blocks,
-// final layer norm, tied LM head, and Argmax's head.
+// final layer norm, tied LM head, and the Argmax and Sample heads.
 //
 // Biases: the GEMMs have none here, so every bias is added by the kernel
 // after its GEMM: q/k/v's by KVAppend, the attention and MLP projections'
@@ -254,9 +283,13 @@ func (sp *StepProgram) declare(st map[string]sg.Buffer) {
 	layerNorm(h, "ln_f")
 	// The LM head is the token embedding, transposed: logits = h · wteᵀ.
 	p.Gemm(sp.Logits.All(), h.All(), w("wte.weight"), sg.GEMM{M: B, N: c.Vocab, K: d, TransB: true, Alpha: 1})
-	if s.Head == Argmax {
+	if s.Head >= Argmax {
 		p.Launch(kernels.Argmax, kernels.ArgmaxConfig(B), sg.Out(sp.Next.All()), sg.Out(sp.Top.All()), sg.In(sp.Logits.All()),
 			i32(B), i32(c.Vocab))
+	}
+	if s.Head == Sample {
+		p.Launch(kernels.Sample, kernels.SampleConfig(B), sg.Out(sp.Draw.All()), sg.Out(sp.Cand.All()), sg.Out(sp.Stats.All()),
+			sg.In(sp.Logits.All()), sg.In(sp.Sampling.All()), i32(B), i32(c.Vocab), i32(s.Candidates))
 	}
 }
 
