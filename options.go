@@ -113,7 +113,7 @@ const MaxPoolSlots = replay.MaxPoolSlots
 // MaxAutoProbeSteps bounds AutoOptions.ProbeSteps.
 const MaxAutoProbeSteps = replay.MaxAutoProbeSteps
 
-// DefaultCosts returns the H100 costs (see Costs).
+// DefaultCosts returns the measured costs (see Costs).
 func DefaultCosts() Costs { return replay.DefaultCosts() }
 
 // Options configure Compile. The zero value is valid; each field's default

@@ -384,19 +384,26 @@ type Variant struct {
 }
 
 // AutoSteps are the steps of auto's trials: enough for its probe of every
-// candidate (warm-up and Options.Auto.ProbeSteps steps each: 19 for patch,
-// device, stable and pool) to end and its choice to run.
-const AutoSteps = 21
+// candidate with AutoProbeSteps measured steps each (15 steps for patch,
+// device, stable and pool: their warm-ups, then one round) to end and its
+// choice to run.
+const AutoSteps = 18
+
+// AutoProbeSteps are the measured steps per candidate of auto's trials:
+// one round of the probe's plan exercises every kind of probe step (the
+// warm-ups, the step back at the caller's addresses, a measured step behind
+// the gate) at a fraction of the default's steps.
+const AutoProbeSteps = 1
 
 // DefaultVariants are every strategy with default options (auto for
-// AutoSteps steps), then pool with one slot, pool with zero-copy outputs,
-// and stable and pool with stream copies.
+// AutoSteps steps with AutoProbeSteps), then pool with one slot, pool with
+// zero-copy outputs, and stable and pool with stream copies.
 func DefaultVariants() []Variant {
 	var vs []Variant
 	for _, s := range sg.Strategies() {
 		v := Variant{Name: string(s), Options: sg.Options{Strategy: s}}
 		if s == sg.StrategyAuto {
-			v.Steps = AutoSteps
+			v.Steps, v.Options.Auto.ProbeSteps = AutoSteps, AutoProbeSteps
 		}
 		vs = append(vs, v)
 	}

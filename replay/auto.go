@@ -15,16 +15,24 @@ type AutoOptions struct {
 	// over before it keeps one. New builds every candidate the device can
 	// run (the model excludes what it cannot, and pool slots larger than
 	// Costs.PoolMemoryFraction of free memory); the first steps run each
-	// in turn, the model's cheapest first: warm-up steps that record its
-	// graphs (patch 2, stable 1, pool one per slot), then ProbeSteps steps
-	// timed by events around its work on the step's stream (GPU time) and
-	// by the clock around its enqueueing (host time). Once the device has
-	// passed the last probe step (polled, never waited for; the model's
-	// choice runs meanwhile), auto keeps the candidate with the lowest
-	// median step time under Bound, then under the other bound, then host
-	// time (times within 1% or 0.5 µs are equal; the model breaks ties),
-	// and closes the others, releasing their memory. The probe steps count
-	// in no counter but ProbeSteps. Default 3, at most MaxAutoProbeSteps;
+	// in turn, the model's cheapest first, for its warm-up steps that
+	// record its graphs (patch 2, device 2, stable 1, pool one per slot);
+	// then rounds visit every candidate in turn, each round starting one
+	// candidate further on, a visit being one step that brings the
+	// candidate back to the caller's addresses and up to two measured
+	// steps, until each has ProbeSteps measured steps (probe.go has the
+	// plan). A measured step is timed as stablegraph bench times one: its
+	// stream waits behind a gate while the candidate enqueues it (host
+	// time, by the clock), so that events around its work time the
+	// device's work alone (GPU time). Once the device has passed the last
+	// probe step (polled, never waited for; the model's choice runs
+	// meanwhile), auto keeps the candidate with the lowest median step time
+	// under Bound, then under the other bound, then host time (times within
+	// 1% or 0.5 µs are equal; the model breaks ties), and closes the
+	// others, releasing their memory. The probe steps count in no counter
+	// but ProbeSteps; the graphs the kept candidate recorded while probing
+	// count in Records. Default 6 (with the four candidates of a device
+	// that can run them all, 43 probe steps), at most MaxAutoProbeSteps;
 	// negative: no probing, the model alone decides at New. Probing is
 	// also skipped with zero-copy outputs (Choice.Reason says so). For a
 	// step holding collectives the ranks decide together: the first step
@@ -48,7 +56,7 @@ type AutoOptions struct {
 const MaxAutoProbeSteps = 1000
 
 // defaultAutoProbeSteps is AutoOptions.ProbeSteps' default.
-const defaultAutoProbeSteps = 3
+const defaultAutoProbeSteps = 6
 
 func (o AutoOptions) withDefaults() (AutoOptions, error) {
 	switch {

@@ -191,7 +191,7 @@ func TestPersistentOptions(t *testing.T) {
 			t.Errorf("ParseStrategy(%q) = %q, %v", s, got, err)
 		}
 	}
-	if d := stablegraph.DefaultCosts(); d.NodeUpdateUS != 0.33 || d.TimelineWriteUS != 1 || d.PatcherUS != 4.4 || d.PatcherNodeUS != 0.03 {
+	if d := stablegraph.DefaultCosts(); d.NodeUpdateUS != 0.75 || d.TimelineWriteUS != 1 || d.PatcherUS != 4.4 || d.PatcherNodeUS != 0.03 {
 		t.Errorf("default costs %+v", d)
 	}
 }

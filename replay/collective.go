@@ -140,7 +140,7 @@ func (a *autoProbe) collectiveRun(s gpu.Stream, run func() (Result, error)) (res
 			g.phase = planPending
 		}
 		return res, err, true
-	case g.phase == agreeProbing && a.cur >= len(a.probes):
+	case g.phase == agreeProbing && !a.nextPlanned():
 		var errs []error
 		if err := a.b.EventSynchronize(a.mark); err != nil {
 			errs = append(errs, fmt.Errorf("auto: wait for the end of probing: %w", err))
@@ -228,10 +228,13 @@ func (a *autoProbe) collectiveAcquire() error {
 			a.markAgreed()
 		default:
 			g.phase = agreeProbing
-			a.cur, a.ran = 0, 0
-			for a.cur < len(a.probes) && a.probes[a.cur].skip {
-				a.cur++
+			// The plan again, with the agreed warm-ups: the same on every
+			// rank, the skipped candidates' steps passed over.
+			warm := make([]int, len(a.probes))
+			for i, pr := range a.probes {
+				warm[i] = pr.warm
 			}
+			a.plan, a.at = probePlan(warm, len(a.probes[0].samples)), 0
 		}
 		return nil
 	}

@@ -79,10 +79,11 @@ func runAuto(ctx context.Context, b gpu.Backend, w *workload.Workload, dev, step
 func TestAutoAgreesOverRanks(t *testing.T) {
 	ctx := context.Background()
 	hookRankTimes(t)
-	// 1 step for the plan's agreement, 19 probe steps (patch, device,
-	// pool: 2 + 3; stable: 1 + 3), 1 for the times' agreement, then the
-	// kept one.
-	const steps = 23
+	// 1 step for the plan's agreement, 43 probe steps (warm-ups: patch,
+	// device, pool 2, stable 1; then rounds of one unmeasured and two
+	// measured steps per candidate, 6 measured each), 1 for the times'
+	// agreement, then the kept one.
+	const steps = 48
 	shape := workload.Config{Layers: 2, Width: 16, Batch: 4}
 
 	alone := map[int]replay.Name{0: replay.Patch, 1: replay.Stable}

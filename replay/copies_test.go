@@ -57,10 +57,10 @@ func persistentVariants() []struct {
 // it launches one graph and, when the caller's buffers moved, updates only
 // copy nodes.
 func TestPersistentMatchEagerOnWorkloads(t *testing.T) {
-	// Enough for auto to probe its four candidates (19 steps by default)
+	// Enough for auto to probe its four candidates (43 steps by default)
 	// and then run the one it kept; for stable and pool, every slot used
 	// once and then a few steady steps.
-	const steps, fewSteps = 22, 7
+	const steps, fewSteps = 48, 7
 	workloads := []struct {
 		name string
 		cfg  workload.Config
@@ -134,6 +134,15 @@ func checkSteadyState(t *testing.T, r steptest.WorkloadRun, opts stablegraph.Opt
 		}
 		if warm == 0 {
 			warm = 1
+		}
+		// The step that runs the kept one first also counts the graphs it
+		// recorded while probing, which it holds: from the next on, a
+		// step records nothing.
+		if r.First.Probing {
+			if last := stats[warm].Last; last.Records < 1 || last.Rerecords != 0 {
+				t.Errorf("auto kept %s; the first step it ran counted %+v, not the graphs recorded while probing", final.Strategy, last)
+			}
+			warm++
 		}
 	}
 	d := final.Counters.Sub(stats[warm-1].Counters)

@@ -8,14 +8,16 @@ import (
 )
 
 // Costs are the per-operation costs, in microseconds of step time, that
-// auto weighs. The defaults (DefaultCosts) are the H100 figures of
-// docs/GPU-MACHINE.md ("Costs"), which says what each was measured as;
-// zero fields take them (WithDefaults). The root package's Costs is this
-// type.
+// auto weighs. The defaults (DefaultCosts) are measured figures, listed
+// with their source in docs/GPU-MACHINE.md ("Costs"): the copies' and the
+// patcher's from an H100, the host's node and graph updates from an H200
+// (BENCHMARKS.md, section 00); zero fields take them (WithDefaults). The
+// root package's Costs is this type.
 type Costs struct {
 	// NodeUpdateUS is the cost of updating one kernel, memcpy or memset
 	// node of an executable graph in place
-	// (cuGraphExecKernelNodeSetParams).
+	// (cuGraphExecKernelNodeSetParams) in a step: the update and what it
+	// adds to the launch that follows.
 	NodeUpdateUS float64
 	// TracedUpdateUS is the cost of moving one traced command that is
 	// not flattened (a collective, or a function whose trace the backend
@@ -52,21 +54,22 @@ type Costs struct {
 	PatcherNodeUS float64
 	// GraphNodeSetUS is the host cost of setting one kernel node's
 	// parameters on a graph, not an exec (cuGraphKernelNodeSetParams: the
-	// host template of a whole-graph update). Not yet measured: an
-	// estimate, until stablegraph bench-driver's "template node set" rows
-	// are in docs/GPU-MACHINE.md.
+	// host template of a whole-graph update).
 	GraphNodeSetUS float64
 	// ExecUpdateUS and ExecUpdateNodeUS model one whole-graph exec update
 	// (cuGraphExecUpdate) as ExecUpdateUS + ExecUpdateNodeUS per node of
 	// the graph: a line through two measured updates, of a small graph and
-	// of a large one (docs/GPU-MACHINE.md, "Costs").
+	// of a large one (docs/GPU-MACHINE.md, "Costs"). With GraphNodeSetUS
+	// and NodeUpdateUS they set where patch takes a whole-graph update
+	// instead of per-node updates (wholeCheaper).
 	ExecUpdateUS, ExecUpdateNodeUS float64
 }
 
-// DefaultCosts returns the H100 costs (see Costs and docs/GPU-MACHINE.md).
+// DefaultCosts returns the measured costs (see Costs and
+// docs/GPU-MACHINE.md).
 func DefaultCosts() Costs {
 	return Costs{
-		NodeUpdateUS:       0.33,
+		NodeUpdateUS:       0.75,
 		TracedUpdateUS:     5,
 		CopyLatencyUS:      6.09,
 		CopyBytesPerUS:     1.478e6,
@@ -75,9 +78,9 @@ func DefaultCosts() Costs {
 		PatcherUS:          4.4,
 		PatcherInlineUS:    2.2,
 		PatcherNodeUS:      0.03,
-		GraphNodeSetUS:     0.2,
-		ExecUpdateUS:       1,
-		ExecUpdateNodeUS:   0.157,
+		GraphNodeSetUS:     0.45,
+		ExecUpdateUS:       1.75,
+		ExecUpdateNodeUS:   0.154,
 	}
 }
 

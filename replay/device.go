@@ -421,9 +421,13 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 	}
 	w.Seal(0)
 	// Only the table's words change: they are rewritten in the node's
-	// prepared parameters and the node set with one driver call.
+	// prepared parameters and the node set with one driver call. The
+	// patcher reads the header's count of updates and no further, so only
+	// the header and those updates are rewritten: the words past them may
+	// hold an earlier step's, which nothing reads.
 	base := len(r.args) - patchtable.InlineSize/8
-	for k := range patchtable.InlineSize / 8 {
+	used := (patchtable.HeaderSize + patchtable.UpdateSize*int(patchtable.DecodeHeader(r.param).Count)) / 8
+	for k := range used {
 		if err := r.set.SetWord(0, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
 			return 0, fmt.Errorf("device: write the inline patcher's table: %w", err)
 		}

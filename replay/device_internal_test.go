@@ -181,7 +181,7 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st.rig.set = set
+		st.rig.set = &wordCounter{KernelNodeSet: set}
 	}
 	ctx := context.Background()
 	before := calls(b)
@@ -217,6 +217,11 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 			t.Errorf("%d updates of the inline patcher's parameters for %d steps", nl.updates, i)
 		}
 		count, total = int(uint32(nl.words[1])), int(nl.words[1]>>32)
+		// Only the header and the updates in it are rewritten, not the
+		// whole table.
+		if w, want := st.rig.set.(*wordCounter).words, i*(patchtable.HeaderSize+3*patchtable.UpdateSize)/8; w != want {
+			t.Errorf("%d words of the inline patcher's table rewritten in %d steps, want %d", w, i, want)
+		}
 	}
 	if count != 3 {
 		t.Errorf("last table has %d updates, want 3 (one per buffer moved on the device)", count)
@@ -227,6 +232,17 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	if c := st.Counters(); c.DeviceUpdates != int64(2*(k-1)*i) || c.PatchedNodes != int64(i) || c.Records != 1 || c.GraphUploads != 1 {
 		t.Errorf("counters %+v after %d moving steps", c, i)
 	}
+}
+
+// wordCounter counts the words a node set rewrites.
+type wordCounter struct {
+	gpu.KernelNodeSet
+	words int
+}
+
+func (c *wordCounter) SetWord(i, arg, off int, v uint64) error {
+	c.words++
+	return c.KernelNodeSet.SetWord(i, arg, off, v)
 }
 
 func leUint32(b []byte) int { return int(b[0]) | int(b[1])<<8 | int(b[2])<<16 | int(b[3])<<24 }

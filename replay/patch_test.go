@@ -381,13 +381,15 @@ func TestShadowOutOfMemory(t *testing.T) {
 	}
 }
 
-// TestPatchSteadyStatePingPong is the acceptance check for patch: once both
-// address sets have been seen, a step re-records nothing, captures nothing,
-// misses no trace, and only patches nodes.
+// TestPatchSteadyStatePingPong is the acceptance check for patch node by
+// node: once both address sets have been seen, a step re-records nothing,
+// captures nothing, misses no trace, and only patches nodes. Most of this
+// small graph's nodes move, where the default costs would take whole-graph
+// updates at some steps (TestPatchDefaultCostsChooseWhole): the costs here
+// price node updates below them.
 func TestPatchSteadyStatePingPong(t *testing.T) {
-	b := simtest.New(t, 1)
 	w := steptest.NewMLP(4, 16, 3, 64, 8)
-	res, _ := steptest.RunMLP(t, b, w, stablegraph.StrategyPatch, steptest.PingPong, 20)
+	res, _ := runMLPWith(t, w, stablegraph.Options{Strategy: stablegraph.StrategyPatch, Costs: stablegraph.Costs{NodeUpdateUS: 0.01}}, steptest.PingPong, 20)
 	warm, final := res[1].Stats, res[len(res)-1].Stats
 	d := final.Counters.Sub(warm.Counters)
 	if d.Records != 0 || d.Rerecords != 0 || d.GraphUpdates != 0 || d.TracesCaptured != 0 ||
@@ -401,7 +403,7 @@ func TestPatchSteadyStatePingPong(t *testing.T) {
 	if want := int64(8 * (len(res) - 2)); d.PatchedNodes != want || d.TraceCacheHits != 0 {
 		t.Errorf("patched %d nodes with %d cache hits over %d steps; want %d and 0", d.PatchedNodes, d.TraceCacheHits, len(res)-2, want)
 	}
-	for _, info := range mustTraces(t, b, w) {
+	for _, info := range mustTraces(t, simtest.New(t, 1), w) {
 		if !info.Patchable || !info.Flattened {
 			t.Errorf("%s on sim: patchable %v (%s), flattened %v (%s)", info.Command, info.Patchable, info.Reason, info.Flattened, info.NotFlatReason)
 		}

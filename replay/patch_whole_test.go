@@ -8,6 +8,7 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/internal/simtest"
 	"github.com/stablegraph/stablegraph/internal/steptest"
+	"github.com/stablegraph/stablegraph/workload"
 )
 
 // runMLPWith is steptest.RunMLP with options.
@@ -71,6 +72,43 @@ func TestPatchWholeGraphMatchesEager(t *testing.T) {
 						t.Fatal("final state differs from eager")
 					}
 				})
+			}
+		})
+	}
+}
+
+// TestPatchDefaultCostsChooseWhole: with the default costs (BENCHMARKS.md,
+// "Costs from the H200 run") patch takes one whole-graph update from its
+// template where most nodes of the graph move (chain-moving: every node
+// points into a moving buffer) and per-node updates where few do (mlp,
+// train: the first and last layers; chain: its ends), every step, and
+// gives eager's bits either way.
+func TestPatchDefaultCostsChooseWhole(t *testing.T) {
+	const steps = 8
+	for _, c := range []struct {
+		name  string
+		cfg   workload.Config
+		whole bool
+	}{
+		{"chain-moving", workload.Config{K: 64, N: 64}, true},
+		{"chain", workload.Config{K: 64, N: 64}, false},
+		{"mlp", workload.Config{Layers: 4, Width: 32, Batch: 4}, false},
+		{"train", workload.Config{Layers: 4, Width: 32, Batch: 4}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := steptest.MustWorkload(t, c.name, c.cfg)
+			b := simtest.New(t, 1)
+			want := steptest.RunWorkload(t, b, w, sg.Options{Strategy: sg.StrategyEager}, workload.Random, steps, false)
+			got := steptest.RunWorkload(t, b, w, sg.Options{Strategy: sg.StrategyPatch}, workload.Random, steps, false)
+			steptest.SameResults(t, got, want)
+			// From the third step on: the first records, the second proves
+			// the traced commands' templates.
+			for i, st := range got.Steps[2:] {
+				last := st.Stats.Last
+				if last.PatchedNodes == 0 || last.Rerecords != 0 || (last.GraphUpdates == 1) != c.whole || last.GraphUpdates > 1 {
+					t.Fatalf("step %d: %d nodes moved, %d whole-graph updates, %d re-records; want a whole-graph update: %v",
+						i+2, last.PatchedNodes, last.GraphUpdates, last.Rerecords, c.whole)
+				}
 			}
 		})
 	}

@@ -17,16 +17,36 @@ import (
 // Probing: how auto measures its candidates on the caller's own steps
 // before it keeps one.
 //
-// New builds every usable candidate (newAuto). The first steps
-// then run each in turn, in the model's order: a few warm-up steps that
-// record its graphs (probeWarmup), then AutoOptions.ProbeSteps measured
-// steps, each timed on the host by the clock around the candidate's run and
-// on the device by two events around its work on the step's stream. Every
-// candidate computes the same bits and shares the executable's states,
-// temps and constants (stable and pool copy only params and outputs), so
-// switching between steps changes nothing the caller can see.
+// New builds every usable candidate (newAuto). The first steps then follow
+// a plan (probePlan): each candidate in the model's order runs its warm-up
+// steps (WarmUpOf: recording its graphs, proving its templates), then
+// rounds visit every candidate in turn, each round starting one candidate
+// further on, so that noise on the host (a slow phase of the machine, the
+// collector) falls on every candidate alike rather than on whichever ran
+// then. A visit is one step that brings the candidate back to the caller's
+// addresses (the buffers moved while the others ran; not measured), then up
+// to probeBlock measured steps, which see the caller's own step-to-step
+// movement; the rounds go on until each candidate has AutoOptions.ProbeSteps
+// measured steps. Every candidate computes the same bits and shares the
+// executable's states, temps and constants (stable and pool copy only params
+// and outputs), so switching between steps changes nothing the caller can
+// see.
 //
-// After the last probe step a marker event is recorded. Until the device
+// A measured step is timed as stablegraph bench times one (package
+// workload, stepTimer): the step's stream waits behind a gate, a word of
+// mapped host memory (gpu.StreamWaits), while the candidate enqueues the
+// step, timed by the clock (host time); the host then opens the gate, so
+// that the events around the step's work time the device's work alone (GPU
+// time), whatever the host took to enqueue it and whether the stream was
+// idle. Latency is then host + GPU time, and back-to-back steps take the
+// larger of the two (Bound). A step whose Run waits on its own stream (a
+// device re-record freeing the memory of its earlier graph) would wait for
+// ever behind the gate: a watchdog opens it after probeGateWatchdog and the
+// step's sample is dropped. Without stream waits (a backend that lacks
+// them) the events go around the call itself: on an idle stream the GPU
+// time then includes the host's.
+//
+// After the last planned step a marker event is recorded. Until the device
 // passes it, steps run the model's choice; nothing waits. The first step
 // that finds it passed (polled without blocking in acquire) reads the
 // events and keeps the fastest candidate (pickProbed), which runs from that
@@ -35,13 +55,14 @@ import (
 // stream: the executable orders its steps, so once the device passes the
 // fence every earlier step is done, and the first step that finds it
 // passed closes the others, releasing their memory, and destroys the
-// events.
+// events and the gate.
 //
 // Errors: a probe step that fails returns its error like any step, ends
-// that candidate's probe and counts no sample. A failed event record fails
-// the step (before the candidate runs, for the start event). Errors of the
-// decision itself (reading the events, closing a loser) are returned by the
-// next Run before it enqueues anything, so a retry is safe.
+// that candidate's probe (its later planned steps are skipped) and counts no
+// sample. A failed event record or gate wait fails the step (before the
+// candidate runs, for those before it). Errors of the decision itself
+// (reading the events, closing a loser) are returned by the next Run before
+// it enqueues anything, so a retry is safe.
 
 // Ties: two measured times closer than probeTieFraction of the smaller, or
 // than probeTieUS, are equal (the next criterion decides: host time, then
@@ -50,6 +71,18 @@ const (
 	probeTieFraction = 0.01
 	probeTieUS       = 0.5
 )
+
+// probeBlock is how many measured steps a candidate runs per visit, after
+// the step that brings it back to the caller's addresses: few, so that the
+// rounds interleave the candidates finely, and more than one, so that the
+// unmeasured step is not half of the probe.
+const probeBlock = 2
+
+// probeGateWatchdog bounds how long a measured step holds its stream behind
+// the gate: far longer than a step's host work once warm, so that it fires
+// only for a Run that waits on its own stream, which then stalls this long
+// once instead of for ever.
+const probeGateWatchdog = 200 * time.Millisecond
 
 // probeQueryRetries is how many times in a row reading the marker event may
 // fail before auto stops probing and keeps the model's choice.
@@ -80,6 +113,122 @@ type probeSample struct {
 	ok         bool // the step succeeded and both events were recorded
 }
 
+// planStep is one step of the probe plan: the candidate it runs and the
+// sample it measures (-1: not measured).
+type planStep struct {
+	probe, sample int
+}
+
+// probePlan is the schedule of n candidates with the given warm-up steps
+// (warm[i]) and steps measured steps each: the warm-ups in order, then the
+// rounds (see the top of the file).
+func probePlan(warm []int, steps int) []planStep {
+	var plan []planStep
+	for i, w := range warm {
+		for range w {
+			plan = append(plan, planStep{i, -1})
+		}
+	}
+	n := len(warm)
+	for r, done := 0, 0; done < steps; r, done = r+1, done+probeBlock {
+		m := min(probeBlock, steps-done)
+		for j := range n {
+			i := (r + j) % n
+			plan = append(plan, planStep{i, -1})
+			for k := range m {
+				plan = append(plan, planStep{i, done + k})
+			}
+		}
+	}
+	return plan
+}
+
+// probeGate holds a measured step's stream until the host has enqueued the
+// step (see the top of the file): a word of mapped host memory the stream
+// waits on, raised to the step's ticket when the call returns, or by the
+// watchdog.
+type probeGate struct {
+	waits gpu.StreamWaits
+	mem   gpu.StreamMemOps
+	word  gpu.HostMem
+	// ticket is the last value a stream was told to wait for; only Run
+	// writes it, under the executable's lock.
+	ticket uint64
+	// mu guards the word's value, which the watchdog raises too, and
+	// fired, the last ticket the watchdog opened the gate for.
+	mu     sync.Mutex
+	opened uint64
+	fired  uint64
+}
+
+// newProbeGate makes the gate on dev, or returns nil, nil when the device
+// cannot hold a stream behind one.
+func newProbeGate(b gpu.Backend, dev int) (*probeGate, error) {
+	waits, err := gpu.StreamWaitsOf(b, dev)
+	if err != nil {
+		return nil, ignoreNotSupported(err)
+	}
+	mem, err := gpu.StreamMemOpsOf(b, dev)
+	if err != nil {
+		return nil, ignoreNotSupported(err)
+	}
+	word, err := mem.HostAlloc(8)
+	if err != nil {
+		return nil, ignoreNotSupported(err)
+	}
+	return &probeGate{waits: waits, mem: mem, word: word}, nil
+}
+
+func ignoreNotSupported(err error) error {
+	if errors.Is(err, gpu.ErrNotSupported) {
+		return nil
+	}
+	return fmt.Errorf("probe gate: %w", err)
+}
+
+// hold makes s wait behind the gate for the next ticket, which it returns.
+func (g *probeGate) hold(s gpu.Stream) (uint64, error) {
+	k := g.ticket + 1
+	if err := g.waits.StreamWaitValue64(s, g.word.Ptr, k); err != nil {
+		return 0, fmt.Errorf("hold the stream behind the probe gate: %w", err)
+	}
+	g.ticket = k
+	return k, nil
+}
+
+// open raises the gate to ticket k, if it is not there already, for the
+// host (dog false) or the watchdog. The gate only rises, so a watchdog that
+// fires late cannot hold a later step back.
+func (g *probeGate) open(k uint64, dog bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if int64(k-g.opened) <= 0 {
+		return
+	}
+	g.opened = k
+	g.word.Store64(0, k)
+	if dog {
+		g.fired = k
+	}
+}
+
+// released reports whether the watchdog opened the gate for ticket k.
+func (g *probeGate) released(k uint64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.fired == k
+}
+
+// free frees the gate's word: every ticket handed out is opened, and the
+// caller knows the streams have passed their waits (the fence, or Close).
+func (g *probeGate) free() error {
+	g.open(g.ticket, false)
+	if err := g.mem.HostFree(g.word.Handle); err != nil {
+		return fmt.Errorf("auto: free the probe gate: %w", err)
+	}
+	return nil
+}
+
 // autoProbe is auto while it measures, and after: it then runs the
 // candidate it kept (from the start when it did not probe). It is used,
 // like every strategy, under the executable's lock; its Choice and
@@ -91,8 +240,11 @@ type autoProbe struct {
 	log    *slog.Logger
 	probes []*probe // built, in the model's order
 	model  *probe   // the model's choice: runs while the probes' times are pending
-	cur    int      // the probe running; len(probes) once every probe step ran
-	ran    int      // steps probes[cur] has run
+	// plan is the probe steps (probePlan); at is the next one, len(plan)
+	// once every probe step ran.
+	plan []planStep
+	at   int
+	gate *probeGate // nil: the events go around the call (no stream waits)
 	// mark is recorded after the last probe step; marked once it was.
 	mark   gpu.Event
 	marked bool
@@ -117,12 +269,21 @@ type autoProbe struct {
 
 	// What the steps did, without the probe steps (Counters): acc holds
 	// the steps the model's choice ran while the decision was pending,
-	// and final's work since base, its counters when it was kept, is
-	// added to it. probeSteps counts the steps run to measure a
-	// candidate, whose work is in no counter.
+	// and final's work since base, its counters when it was kept less the
+	// graphs it recorded while probing (still held, so counted), is added
+	// to it. probeSteps counts the steps run to measure a candidate, whose
+	// work is in no counter.
 	acc        Counters
 	base       Counters
 	probeSteps int64
+	// held are the graphs final recorded while probing and holds
+	// (heldGraphs), counted from its first step as the one kept, so that
+	// they show in that step's Stats.Last; finalRan says it ran.
+	held     Counters
+	finalRan bool
+	// less is what Counters subtracts from final's counters once it is
+	// kept: base less acc, and less held once final ran.
+	less Counters
 	// The same for the refusals (Fallbacks): accFalls holds the model's
 	// choice's while the decision was pending (modelFalls: its refusals
 	// already taken), baseFalls final's when it was kept.
@@ -150,9 +311,9 @@ func (a *autoProbe) setLastRan(n Name) {
 	a.info.Unlock()
 }
 
-// newAutoProbe creates the events of the probes of built (two or more
-// candidates, in the model's order). On error it has released the events;
-// the caller closes the candidates.
+// newAutoProbe creates the plan, the gate and the events of the probes of
+// built (two or more candidates, in the model's order). On error it has
+// released what it made; the caller closes the candidates.
 func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *autoProbe, err error) {
 	a := &autoProbe{b: spec.Backend, dev: spec.Ordinal, log: spec.Logger, probes: built, model: built[0], fellBack: fellBack, aliasSafe: allAliasSafe(built),
 		bound: spec.Options.Auto.Bound}
@@ -164,9 +325,14 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 			err = errors.Join(err, a.destroyEvents())
 		}
 	}()
+	if a.gate, err = newProbeGate(a.b, spec.Ordinal); err != nil {
+		return nil, err
+	}
 	steps := spec.Options.Auto.ProbeSteps
-	for _, pr := range built {
+	warm := make([]int, len(built))
+	for i, pr := range built {
 		pr.warm = WarmUpOf(pr.st)
+		warm[i] = pr.warm
 		pr.samples = make([]probeSample, steps)
 		for i := range pr.samples {
 			for _, ev := range []*gpu.Event{&pr.samples[i].start, &pr.samples[i].end} {
@@ -176,6 +342,7 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 			}
 		}
 	}
+	a.plan = probePlan(warm, steps)
 	if a.mark, err = a.b.EventCreate(spec.Ordinal, gpu.EventDisableTiming); err != nil {
 		return nil, fmt.Errorf("probe marker event: %w", err)
 	}
@@ -190,14 +357,18 @@ func newAutoProbe(spec Spec, ch Choice, built []*probe, fellBack string) (_ *aut
 	for _, pr := range built {
 		plan = append(plan, fmt.Sprintf("%s (%d+%d steps)", pr.strategy, pr.warm, steps))
 	}
+	timing := "GPU time behind a gate, apart from the host's"
+	if a.gate == nil {
+		timing = "GPU time by events around the call (no stream waits on this device)"
+	}
 	a.info.live = slices.Clone(built)
 	together := ""
 	if a.coll != nil {
 		together = " with the other ranks (the step holds collectives: the candidates and then the choice are agreed over the ranks)"
 	}
-	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured) before choosing%s; until then the cheapest modelled step: %s%s",
-		strings.Join(plan, ", "), together, othersAfter(a.info.choice.Candidates), fellBack)
-	a.log.Debug("auto: probing", "candidates", plan)
+	a.info.choice.Reason = fmt.Sprintf("probing %s (warm-up+measured, the measured steps in interleaved rounds, %d steps in all; %s) before choosing%s; until then the cheapest modelled step: %s%s",
+		strings.Join(plan, ", "), len(a.plan), timing, together, othersAfter(a.info.choice.Candidates), fellBack)
+	a.log.Debug("auto: probing", "candidates", plan, "steps", len(a.plan))
 	return a, nil
 }
 
@@ -276,11 +447,14 @@ func (a *autoProbe) LeasesOutputs() bool { return LeasesOutputs(a.model.st) }
 // work counts in no counter but ProbeSteps: a candidate measured and not
 // kept leaves no trace in them, and the one kept counts from the step it
 // was kept (and while the decision was pending, if it was the model's
-// choice).
+// choice), with the graphs it recorded while probing and still holds
+// (heldGraphs) counted at its first step as the one kept, so that Records
+// is never 0 for a strategy that runs graphs.
 func (a *autoProbe) Counters() Counters {
 	c := a.acc
 	if a.final != nil {
-		c.add(a.final.st.Counters().Sub(a.base))
+		// One subtraction per call: Executable.Run counts twice a step.
+		c = a.final.st.Counters().Sub(a.less)
 	}
 	c.ProbeSteps = a.probeSteps
 	return c
@@ -291,10 +465,20 @@ func (a *autoProbe) current() *probe {
 	switch {
 	case a.final != nil:
 		return a.final
-	case a.cur < len(a.probes):
-		return a.probes[a.cur]
+	case a.nextPlanned():
+		return a.probes[a.plan[a.at].probe]
 	}
 	return a.model
+}
+
+// nextPlanned skips the planned steps of candidates whose probe failed,
+// or that the ranks agreed to skip, and reports whether a probe step is
+// left.
+func (a *autoProbe) nextPlanned() bool {
+	for a.at < len(a.plan) && (a.probes[a.plan[a.at].probe].failed != nil || a.probes[a.plan[a.at].probe].skip) {
+		a.at++
+	}
+	return a.at < len(a.plan)
 }
 
 // Acquire decides, once the probes' times can be read, and closes the
@@ -327,6 +511,10 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 			a.fenced = true
 		}
 		a.setLastRan(a.final.strategy)
+		if !a.finalRan {
+			a.finalRan = true
+			a.less = a.less.Sub(a.held)
+		}
 		return a.final.st.Run(ctx, s, addrs)
 	}
 	if a.coll != nil {
@@ -334,49 +522,28 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 			return res, err
 		}
 	}
-	if a.cur >= len(a.probes) {
+	if !a.nextPlanned() {
 		res, err := a.runModel(ctx, s, addrs)
 		if !a.marked {
 			err = errors.Join(err, a.recordMark(s))
 		}
 		return res, err
 	}
-	pr := a.probes[a.cur]
+	ps := a.plan[a.at]
+	a.at++
+	pr := a.probes[ps.probe]
 	var smp *probeSample
-	if k := a.ran - pr.warm; k >= 0 {
-		smp = &pr.samples[k]
-	}
-	a.ran++
-	if smp != nil {
-		if rerr := a.b.EventRecord(smp.start, s); rerr != nil {
-			// Nothing of the step is enqueued; the step still counts, so
-			// that probing ends whatever fails.
-			err := fmt.Errorf("auto: probe %s: record the start event: %w", pr.strategy, rerr)
-			if a.ran >= pr.warm+len(pr.samples) {
-				err = errors.Join(err, a.nextProbe(s))
-			}
-			return Result{}, err
-		}
+	if ps.sample >= 0 {
+		smp = &pr.samples[ps.sample]
 	}
 	a.setLastRan(pr.strategy)
 	a.probeSteps++
-	t0 := time.Now()
-	res, err := pr.st.Run(ctx, s, addrs)
-	host := time.Since(t0)
-	if err != nil {
-		// Its probe ends here; it is kept only if earlier steps measured it.
-		pr.failed = err
-		a.log.Debug("auto: probe step failed; next candidate", "candidate", pr.strategy, "err", err)
+	res, err := a.runProbe(ctx, s, addrs, pr, smp)
+	if pr.failed != nil {
+		a.log.Debug("auto: probe step failed; its probe ends", "candidate", pr.strategy, "err", pr.failed)
 	}
-	if smp != nil {
-		if rerr := a.b.EventRecord(smp.end, s); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("auto: probe %s: record the end event: %w", pr.strategy, rerr))
-		} else if err == nil {
-			smp.ok, smp.host = true, host
-		}
-	}
-	if pr.failed != nil || a.ran >= pr.warm+len(pr.samples) {
-		err = errors.Join(err, a.nextProbe(s))
+	if !a.nextPlanned() {
+		err = errors.Join(err, a.recordMark(s))
 	}
 	return res, err
 }
@@ -400,18 +567,56 @@ func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.Devi
 	return res, err
 }
 
-// nextProbe ends the current probe and moves to the next (past those
-// skipped); after the last, it records the marker on s.
-func (a *autoProbe) nextProbe(s gpu.Stream) error {
-	a.cur++
-	for a.cur < len(a.probes) && a.probes[a.cur].skip {
-		a.cur++
+// runProbe runs one step of pr on s, timing it into smp when smp is not
+// nil (see the top of the file); a failure of the step itself marks pr
+// failed.
+func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr, pr *probe, smp *probeSample) (Result, error) {
+	if smp == nil {
+		res, err := pr.st.Run(ctx, s, addrs)
+		if err != nil {
+			pr.failed = err
+		}
+		return res, err
 	}
-	a.ran = 0
-	if a.cur < len(a.probes) {
-		return nil
+	var ticket uint64
+	if a.gate != nil {
+		k, err := a.gate.hold(s)
+		if err != nil {
+			// Nothing of the step is enqueued.
+			return Result{}, fmt.Errorf("auto: probe %s: %w", pr.strategy, err)
+		}
+		ticket = k
 	}
-	return a.recordMark(s)
+	if err := a.b.EventRecord(smp.start, s); err != nil {
+		if a.gate != nil {
+			a.gate.open(ticket, false)
+		}
+		// Nothing of the step is enqueued but the gate's wait.
+		return Result{}, fmt.Errorf("auto: probe %s: record the start event: %w", pr.strategy, err)
+	}
+	var dog *time.Timer
+	if a.gate != nil {
+		dog = time.AfterFunc(probeGateWatchdog, func() { a.gate.open(ticket, true) })
+	}
+	t0 := time.Now()
+	res, err := pr.st.Run(ctx, s, addrs)
+	host := time.Since(t0)
+	released := false
+	if a.gate != nil {
+		dog.Stop() // if it fired, released says so
+		a.gate.open(ticket, false)
+		released = a.gate.released(ticket)
+	}
+	if err != nil {
+		// Its probe ends here; it is kept only if earlier steps measured it.
+		pr.failed = err
+	}
+	if rerr := a.b.EventRecord(smp.end, s); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("auto: probe %s: record the end event: %w", pr.strategy, rerr))
+	} else if err == nil && !released {
+		smp.ok, smp.host = true, host
+	}
+	return res, err
 }
 
 // recordMark records the marker after the last probe step (or, when that
@@ -493,11 +698,23 @@ func (a *autoProbe) readProbes() []error {
 // medians a probe measured on device dev: ranks that measure differently.
 var probeTimesHook func(dev int, strategy Name, gpuUS, hostUS float64) (float64, float64)
 
+// heldGraphs are the graphs a candidate with counters c recorded while
+// probing and holds when it is kept: its first recordings (those that were
+// no re-record) and as many of its uploads. Counted as the strategy's own,
+// they make Records say how many graphs the running strategy recorded; the
+// re-records and every other piece of the probe steps' work stay out.
+func heldGraphs(c Counters) Counters {
+	held := c.Records - c.Rerecords
+	return Counters{Records: held, GraphUploads: min(c.GraphUploads, held)}
+}
+
 // keep makes pr the candidate that runs from now on, the others to be
 // closed once idle, and publishes the choice (first: the candidate listed
 // first; nil keeps the model's order).
 func (a *autoProbe) keep(pr *probe, reason string, first *probe) {
 	a.final, a.base, a.baseFalls = pr, pr.st.Counters(), FallbacksOf(pr.st)
+	a.held = heldGraphs(a.base)
+	a.less = a.base.Sub(a.acc)
 	for _, o := range a.probes {
 		if o != pr {
 			a.losers = append(a.losers, o)
@@ -601,8 +818,9 @@ func (a *autoProbe) publish(reason string, first *probe) {
 	a.info.choice.Reason = reason
 }
 
-// destroyEvents destroys the probe events, reporting every failure; an
-// event whose destruction failed is forgotten.
+// destroyEvents destroys the probe events and frees the gate, reporting
+// every failure; what could not be released is forgotten. The streams have
+// passed every probe step (the fence, or Close).
 func (a *autoProbe) destroyEvents() error {
 	var errs []error
 	destroy := func(ev *gpu.Event) {
@@ -621,6 +839,10 @@ func (a *autoProbe) destroyEvents() error {
 	}
 	destroy(&a.mark)
 	destroy(&a.fence)
+	if a.gate != nil {
+		errs = append(errs, a.gate.free())
+		a.gate = nil
+	}
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -16,14 +17,15 @@ import (
 )
 
 // TestAutoProbesAndDecides: on mlp, train and chain, with fixed, ping-pong
-// and random buffers, auto runs each candidate in turn for its warm-up and
-// measured steps, keeps one and closes the others; every output and every
-// state after every step, during and after probing, equal eager's bit for
-// bit (train updates its weights every step: a candidate that did not see
-// the states the one before it left would diverge at once). The choice
-// reports what it measured, and the memory shrinks to the kept candidate's.
+// and random buffers, auto runs each candidate for its warm-up steps, then
+// in interleaved rounds for its measured steps, keeps one and closes the
+// others; every output and every state after every step, during and after
+// probing, equal eager's bit for bit (train updates its weights every step:
+// a candidate that did not see the states the one before it left would
+// diverge at once). The choice reports what it measured, and the memory
+// shrinks to the kept candidate's.
 func TestAutoProbesAndDecides(t *testing.T) {
-	const steps = 23 // 19 probe steps by default, then the kept one
+	const steps = 48 // 43 probe steps by default, then the kept one
 	for _, name := range []string{"mlp", "train", "chain"} {
 		w := steptest.MustWorkload(t, name, workload.Config{Layers: 3, Width: 16, Batch: 4, K: 12, N: 64})
 		for _, pattern := range workload.Patterns() {
@@ -32,10 +34,34 @@ func TestAutoProbesAndDecides(t *testing.T) {
 				want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, true)
 				got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto}, pattern, steps, true)
 				steptest.SameResults(t, got, want)
-				checkProbes(t, got, 3, 2)
+				checkProbes(t, got, 6, 2)
 			})
 		}
 	}
+}
+
+// probeOrder is the documented plan of auto's probe steps (replay/probe.go,
+// AutoOptions.ProbeSteps): each candidate's warm-up steps in the model's
+// order, then rounds that visit every candidate, each round starting one
+// further on, a visit being one step back at the caller's addresses and up
+// to two measured steps, until each candidate has probeSteps of them. It
+// returns the candidate of each step and whether the step is measured.
+func probeOrder(order []stablegraph.Strategy, warm map[stablegraph.Strategy]int, probeSteps int) (plan []stablegraph.Strategy, measured []bool) {
+	for _, st := range order {
+		for range warm[st] {
+			plan, measured = append(plan, st), append(measured, false)
+		}
+	}
+	for r := 0; 2*r < probeSteps; r++ {
+		for j := range order {
+			st := order[(r+j)%len(order)]
+			plan, measured = append(plan, st), append(measured, false)
+			for range min(2, probeSteps-2*r) {
+				plan, measured = append(plan, st), append(measured, true)
+			}
+		}
+	}
+	return plan, measured
 }
 
 // checkProbes checks the order in which auto ran its candidates, what it
@@ -58,23 +84,28 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 	}
 	warm := map[stablegraph.Strategy]int{stablegraph.StrategyPatch: 2, stablegraph.StrategyDevice: 2, stablegraph.StrategyStable: 1,
 		stablegraph.StrategyPool: poolSlots}
+	plan, _ := probeOrder(order, warm, probeSteps)
+	if !strings.Contains(first.Reason, fmt.Sprintf("%d steps in all", len(plan))) {
+		t.Errorf("the reason at Compile does not give the %d probe steps: %s", len(plan), first.Reason)
+	}
+	if len(tr.Steps) <= len(plan) {
+		t.Fatalf("%d steps run, %d of them probe steps", len(tr.Steps), len(plan))
+	}
 	step := 0
-	for _, st := range order {
-		for range warm[st] + probeSteps {
-			if s := tr.Steps[step].Stats; s.Ran != st || !s.Probing || s.Strategy != first.Strategy {
-				t.Fatalf("step %d ran %s (probing %v, strategy %s), want the probe of %s", step, s.Ran, s.Probing, s.Strategy, st)
-			}
-			// Every candidate's memory is held while probing.
-			if m := tr.Steps[step].Mem; m.Persistent == 0 || m.Slots == 0 || m.SlotCount != poolSlots {
-				t.Fatalf("step %d: memory while probing %+v", step, m)
-			}
-			// What a probe step did counts nowhere (a row of auto that
-			// ran stable once showed patch's 4004 patched nodes).
-			if last := tr.Steps[step].Stats.Last; last != (stablegraph.Counters{ProbeSteps: 1, SlotWaits: last.SlotWaits}) {
-				t.Fatalf("step %d, a probe of %s, counted %+v", step, st, last)
-			}
-			step++
+	for _, st := range plan {
+		if s := tr.Steps[step].Stats; s.Ran != st || !s.Probing || s.Strategy != first.Strategy {
+			t.Fatalf("step %d ran %s (probing %v, strategy %s), want the probe of %s", step, s.Ran, s.Probing, s.Strategy, st)
 		}
+		// Every candidate's memory is held while probing.
+		if m := tr.Steps[step].Mem; m.Persistent == 0 || m.Slots == 0 || m.SlotCount != poolSlots {
+			t.Fatalf("step %d: memory while probing %+v", step, m)
+		}
+		// What a probe step did counts nowhere (a row of auto that ran
+		// stable once showed patch's 4004 patched nodes).
+		if last := tr.Steps[step].Stats.Last; last != (stablegraph.Counters{ProbeSteps: 1, SlotWaits: last.SlotWaits}) {
+			t.Fatalf("step %d, a probe of %s, counted %+v", step, st, last)
+		}
+		step++
 	}
 	// The probes' times are read at the next step (the tests read every
 	// step back, so the device is past them): it runs the one kept.
@@ -89,6 +120,13 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 	}
 	if len(final.Candidates) != 4 || final.Candidates[0].Strategy != final.Strategy {
 		t.Fatalf("final candidates %+v", final.Candidates)
+	}
+	// The graphs the kept candidate recorded while probing are the ones
+	// it runs: they count (a generate under auto said "0 graphs
+	// recorded"), its probe steps' other work does not.
+	if st := tr.Steps[len(tr.Steps)-1].Stats; st.Records < 1 || st.Rerecords != 0 || st.ProbeSteps != int64(len(plan)) {
+		t.Errorf("counters after choosing %s: %d graphs recorded, %d re-recorded, %d probe steps (want at least 1, 0, %d)",
+			final.Strategy, st.Records, st.Rerecords, st.ProbeSteps, len(plan))
 	}
 	for _, c := range final.Candidates {
 		if !c.Usable || c.Probed != probeSteps || c.GPUUS <= 0 || c.HostUS <= 0 || !strings.Contains(final.Reason, string(c.Strategy)+": measured") {
@@ -110,8 +148,8 @@ func checkProbes(t *testing.T, tr steptest.WorkloadRun, probeSteps, poolSlots in
 func TestAutoProbeOptions(t *testing.T) {
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
-	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 15, true)
-	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}, Auto: stablegraph.AutoOptions{ProbeSteps: 1}}}, workload.Random, 15, true)
+	want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, workload.Random, 20, true)
+	got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Pool: stablegraph.PoolOptions{Slots: 3}, Auto: stablegraph.AutoOptions{ProbeSteps: 1}}}, workload.Random, 20, true)
 	steptest.SameResults(t, got, want)
 	checkProbes(t, got, 1, 3)
 
@@ -150,7 +188,7 @@ func TestAutoProbeOptions(t *testing.T) {
 // through and past probing, while another reads its Choice, Memory and
 // Stats; run under -race. Every result must be eager's.
 func TestAutoProbeConcurrent(t *testing.T) {
-	const workers, steps = 4, 10
+	const workers, steps = 4, 14 // past the 43 probe steps
 	w := steptest.MustWorkload(t, "mlp", workload.Config{Layers: 2, Width: 16, Batch: 2})
 	b := simtest.New(t, 1)
 	exe := steptest.Workers{
@@ -186,7 +224,7 @@ func TestAutoProbeFaults(t *testing.T) {
 	ops := []string{"EventRecord", "EventQuery", "EventElapsed", "GraphLaunch", "GraphInstantiate",
 		"GraphExecMemcpyNodeSetParams", "GraphExecKernelNodeSetParams", "StreamWriteValue64", "StreamBeginCapture",
 		"GraphUpload", "GraphKernelNodeSetDeviceUpdatable", "GraphAddKernelNodeBefore", "HostAlloc"}
-	const steps = 23
+	const steps = 20           // 15 probe steps with one measured step each
 	compared := []int{0, 1, 3} // outputs that do not depend on the accumulator
 	b := simtest.New(t, 1)
 	w := steptest.NewMLP(2, 8, 2, 10, 3)
@@ -199,7 +237,7 @@ func TestAutoProbeFaults(t *testing.T) {
 		for at := range steps - 2 {
 			for _, nth := range []int{0, 2} {
 				base := b.LiveHandles()
-				exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto})
+				exe, err := stablegraph.Compile(ctx, b, w.P, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: 1}}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -305,10 +343,10 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 				if err := b.StreamSynchronize(s); err != nil {
 					t.Fatal(err)
 				}
-				// One probe step each (11 steps in all): step 11 decides
-				// and fences, step 12 closes the candidates not kept and
-				// destroys the probe events.
-				if i == 11 || i == 12 {
+				// 15 probe steps (7 of warm-up, a round of two steps per
+				// candidate): step 15 decides and fences, step 16 closes
+				// the candidates not kept and destroys the probe events.
+				if i == 15 || i == 16 {
 					b.InjectFault(c.op, 0, nil)
 				}
 				_, err := exe.Run(ctx, s, bufs)
@@ -318,7 +356,7 @@ func TestAutoDecisionReleaseFaults(t *testing.T) {
 					t.Fatalf("step %d: %v", i, err)
 				case err != nil:
 					failed = true
-					if exe.Choice().Probing || i != 12 {
+					if exe.Choice().Probing || i != 16 {
 						t.Fatalf("step %d failed (probing %v): %v", i, exe.Choice().Probing, err)
 					}
 				}

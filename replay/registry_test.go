@@ -17,9 +17,9 @@ import (
 // movement and demands every output of every step, and the final state,
 // equal to eager's bit for bit.
 func TestStrategiesMatchEager(t *testing.T) {
-	// Enough for auto to probe its four candidates (19 steps) and then
+	// Enough for auto to probe its four candidates (43 steps) and then
 	// run the one it kept.
-	const steps = 23
+	const steps = 48
 	for _, move := range steptest.Movements() {
 		t.Run(string(move), func(t *testing.T) {
 			b := simtest.New(t, 1)
@@ -95,7 +95,10 @@ func checkStats(t *testing.T, st stablegraph.Strategy, move steptest.Movement, r
 				t.Errorf("step %d: %d updates and %d re-records, want %d and 0", i, last.GraphUpdates, last.Rerecords, want)
 			}
 		case stablegraph.StrategyPatch:
-			if last.Rerecords != 0 || last.GraphUpdates != 0 {
+			// Node by node, or, where most of the graph's nodes move and
+			// the costs price it cheaper, one whole-graph update from the
+			// template.
+			if last.Rerecords != 0 || last.GraphUpdates > 1 || (last.GraphUpdates == 1) != (r.Moved && last.GraphUpdates != 0) {
 				t.Errorf("step %d: %d re-records, %d updates under patch", i, last.Rerecords, last.GraphUpdates)
 			}
 			if r.Moved != (last.PatchedNodes > 0) {

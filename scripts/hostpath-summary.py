@@ -94,10 +94,27 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
         if lats and p50(a, "latency_us"):
             bl = min(lats)
             verdicts.append((name, "auto latency <= 1.03x best", p50(a, "latency_us") <= 1.03 * bl[0], "%.1f vs %s %.1f" % (p50(a, "latency_us"), bl[1], bl[0])))
+        # Its own host cost once it has kept one: none but the kept strategy's
+        # (the warm-up must cover the probes: a measured probe step says so).
+        note = a.get("note", "")
+        verdicts.append((name, "auto: no probe step measured", "of the measured steps probed" not in note,
+                         "warm-up covers the probes" if "of the measured steps probed" not in note else "raise --warmup"))
+        kept = note[len("ran "):].split(":")[0] if note.startswith("ran ") else None
+        k = rows.get(kept) if kept else None
+        hs = a.get("host_samples_us") or []
+        if len(hs) >= 20:
+            # A host cost that fades over the measured steps is not auto's
+            # own per step (the collector, the driver after the others
+            # closed): the first and the last ten steps apart.
+            med = lambda v: sorted(v)[len(v) // 2]
+            print("   auto host p50, first 10 measured steps %.2f, last 10 %.2f us" % (med(hs[:10]), med(hs[-10:])))
+        if k and p50(a, "host_us") and p50(k, "host_us"):
+            verdicts.append((name, "auto host <= kept's +10% +1 us", p50(a, "host_us") <= 1.1 * p50(k, "host_us") + 1,
+                             "%.2f vs %s %.2f us" % (p50(a, "host_us"), kept, p50(k, "host_us"))))
 
-for path in ("stephost.log", "gemmupdate.log"):
+for path in ("stephost.log", "autohost.log", "gemmupdate.log"):
     lines = [l.rstrip() for l in open(os.path.join(work, path))] if os.path.exists(os.path.join(work, path)) else []
-    lines = [l for l in lines if l.startswith("Benchmark")]
+    lines = [l for l in lines if l.startswith("Benchmark") or "auto kept" in l]
     if lines:
         print("\n== %s" % path)
         for l in lines:

@@ -232,3 +232,101 @@ func p50(v []float64) float64 {
 	slices.Sort(v)
 	return v[len(v)/2]
 }
+
+// BenchmarkCUDAAutoStepHost: on a GPU, fresh addresses, auto's host time
+// per step once it has kept a candidate (and closed the others) against
+// the kept strategy's own, compiled alone in the same process: Run's p50,
+// its exec updates and its launch, each for auto and for the kept
+// strategy (kept-…). Whatever auto adds after its choice shows as the
+// difference. One iteration runs both, 100 measured steps each.
+func BenchmarkCUDAAutoStepHost(bm *testing.B) {
+	b, _, err := gpu.Open("cuda", gpu.Config{})
+	if err != nil {
+		bm.Skipf("no CUDA here: %v", err)
+	}
+	defer b.Close()
+	cb, ok := b.(*cuda.Backend)
+	if !ok {
+		bm.Skipf("backend %T is not the CUDA backend", b)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"mlp", "mlp-large", "chain-moving"} {
+		bm.Run(name, func(bm *testing.B) {
+			d := &driverClock{Backend: cb}
+			for bm.Loop() {
+				kept, r, u, l := hostSteps(ctx, bm, d, name, sg.Options{Strategy: sg.StrategyAuto}, 100)
+				_, kr, ku, kl := hostSteps(ctx, bm, d, name, sg.Options{Strategy: kept}, 100)
+				bm.ReportMetric(r, "run-µs")
+				bm.ReportMetric(u, "updates-µs")
+				bm.ReportMetric(l, "launch-µs")
+				bm.ReportMetric(kr, "kept-run-µs")
+				bm.ReportMetric(ku, "kept-updates-µs")
+				bm.ReportMetric(kl, "kept-launch-µs")
+				bm.Logf("%s: auto kept %s", name, kept)
+			}
+		})
+	}
+}
+
+// hostSteps compiles name with opts, runs it at fresh addresses until it
+// is no longer probing and 10 steps more, then n measured steps, and
+// returns the strategy that ran them and the p50s of Run's host time, its
+// exec updates and its launch.
+func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, opts sg.Options, n int) (sg.Strategy, float64, float64, float64) {
+	w, err := New(name, Config{})
+	if err != nil {
+		bm.Fatal(err)
+	}
+	c, err := NewCaller(d, 0, w, Random, 1)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer c.Close()
+	exe, err := sg.Compile(ctx, d, w.Program, opts)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer exe.Close()
+	for _, s := range w.States {
+		if err := exe.WriteBuffer(ctx, s.Buffer, s.Data); err != nil {
+			bm.Fatal(err)
+		}
+	}
+	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer d.StreamDestroy(s)
+	var run, upd, launch []float64
+	warm := -1
+	for step := 0; len(run) < n; step++ {
+		if step > 1000 {
+			bm.Fatalf("%s: still probing after %d steps", name, step)
+		}
+		bind, err := c.Bind(step)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		d.update, d.launch, d.updates = 0, 0, 0
+		t0 := time.Now()
+		outs, err := exe.Run(ctx, s, bind)
+		host := time.Since(t0)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		if err := d.StreamSynchronize(s); err != nil {
+			bm.Fatal(err)
+		}
+		outs.Release()
+		if warm < 0 && !exe.Stats().Probing {
+			warm = step + 10
+		}
+		if warm < 0 || step < warm {
+			continue
+		}
+		run = append(run, us(host))
+		upd = append(upd, us(d.update))
+		launch = append(launch, us(d.launch))
+	}
+	return exe.Stats().Strategy, p50(run), p50(upd), p50(launch)
+}

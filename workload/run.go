@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -239,6 +240,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			return nil, err
 		}
 		if step == opts.Warmup {
+			// What Compile and the warm-up left (auto builds and probes
+			// several candidates, and leaves the most) is collected here,
+			// not by a collection that overlaps the first measured steps
+			// of one strategy and not another's.
+			runtime.GC()
 			before = exe.Stats().Counters
 			timer.measure() // releases are counted over the measured steps
 		}

@@ -45,6 +45,8 @@ type frame struct {
 	kp cu.KernelNodeParams
 	cp cu.Memcpy3D
 	mp cu.MemsetNodeParams
+	// upd is cuGraphExecUpdate's output.
+	upd cu.GraphExecUpdateResultInfo
 
 	// deps, words and ptrs are the used parts of the arrays below, or
 	// heap slices when a call needs more.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -861,11 +862,17 @@ func (b *Backend) GraphExecUpdate(x gpu.GraphExec, g gpu.Graph) error {
 	if err := b.updateCheck(x, xi, g); err != nil {
 		return err
 	}
-	var info cu.GraphExecUpdateResultInfo
-	var r cu.Result
-	if err := b.onDevice(xi.dev, func() error { r = b.d.GraphExecUpdate(xi.x, gi.g, &info); return nil }); err != nil {
+	// The result info lives in a pooled frame and the call needs no
+	// closure: a whole-graph update from the host template is a step's
+	// work (patch), which allocates nothing.
+	fr := getFrame()
+	defer fr.release()
+	if err := b.enter(b.devs[xi.dev].ctx, fr); err != nil {
 		return err
 	}
+	r := b.d.GraphExecUpdate(xi.x, gi.g, &fr.upd)
+	runtime.UnlockOSThread()
+	info := fr.upd
 	switch r {
 	case cu.Success:
 		return nil

@@ -31,6 +31,10 @@ type stubSteps struct {
 const sets = 64
 
 func newStubSteps(tb testing.TB, name string, cfg workload.Config, st sg.Strategy, pat workload.Pattern) *stubSteps {
+	return newStubStepsWith(tb, name, cfg, sg.Options{Strategy: st}, pat)
+}
+
+func newStubStepsWith(tb testing.TB, name string, cfg workload.Config, opts sg.Options, pat workload.Pattern) *stubSteps {
 	tb.Helper()
 	b, calls := cuda.OpenHostStub(tb)
 	ctx := context.Background()
@@ -47,7 +51,7 @@ func newStubSteps(tb testing.TB, name string, cfg workload.Config, st sg.Strateg
 			tb.Error(err)
 		}
 	})
-	exe, err := sg.Compile(ctx, b, w.Program, sg.Options{Strategy: st})
+	exe, err := sg.Compile(ctx, b, w.Program, opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -130,20 +134,30 @@ func BenchmarkStubStepHost(bm *testing.B) {
 	}
 }
 
-// TestStubStepAllocatesNothing: once warm, a moving step under patch and
-// device allocates nothing on the host, through the real CUDA backend code.
+// TestStubStepAllocatesNothing: once warm, a moving step under patch (with
+// the default costs, node by node, and by whole-graph updates from its
+// template) and device allocates nothing on the host, through the real
+// CUDA backend code.
 func TestStubStepAllocatesNothing(t *testing.T) {
 	if cuda.RaceEnabled {
 		t.Skip("allocation counts mean nothing under -race (sync.Pool drops what it is given)")
 	}
 	for _, c := range stubCases {
-		for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
-			t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, st), func(t *testing.T) {
+		for _, v := range []struct {
+			name string
+			opts sg.Options
+		}{
+			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
+			{"patch-nodes", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 0.01}}},
+			{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
+			{"device", sg.Options{Strategy: sg.StrategyDevice}},
+		} {
+			t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(t *testing.T) {
 				cfg := c.cfg
 				if c.name == "chain-moving" {
 					cfg.K = 64
 				}
-				e := newStubSteps(t, c.name, cfg, st, c.pat)
+				e := newStubStepsWith(t, c.name, cfg, v.opts, c.pat)
 				i := 0
 				if n := testing.AllocsPerRun(2*sets, func() { e.step(t, i); i++ }); n != 0 {
 					t.Errorf("%v allocations per step", n)
@@ -153,11 +167,13 @@ func TestStubStepAllocatesNothing(t *testing.T) {
 	}
 }
 
-// TestStubPatchOneDriverCallPerMovedNode: a moving patch step makes one
-// exec update per moved node, makes the context current a fixed number of
-// times whatever moves, and launches once.
+// TestStubPatchOneDriverCallPerMovedNode: a moving patch step node by node
+// (the costs price node updates below a whole-graph update) makes one exec
+// update per moved node, makes the context current a fixed number of times
+// whatever moves, and launches once.
 func TestStubPatchOneDriverCallPerMovedNode(t *testing.T) {
-	e := newStubSteps(t, "chain-moving", workload.Config{K: 64}, sg.StrategyPatch, workload.Random)
+	e := newStubStepsWith(t, "chain-moving", workload.Config{K: 64},
+		sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 0.01}}, workload.Random)
 	for i := range 8 {
 		upd, ctx, launch := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
 		e.step(t, 4+i)
