@@ -11,15 +11,42 @@ import (
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/gpu/cuda"
+	"github.com/stablegraph/stablegraph/internal/patchtable"
 )
 
-// driverClock is the CUDA backend with a clock around the two driver calls
-// a replayed step makes on the host: exec updates of kernel nodes and graph
-// launches. It embeds the backend, so every capability stays visible.
+// driverClock is the CUDA backend with a clock around the driver calls a
+// replayed step makes on the host: exec updates of kernel nodes (the inline
+// patcher's apart), graph launches, and the calls every step makes around
+// them (the stream's capture query, the step's event). It embeds the
+// backend, so every capability stays visible.
 type driverClock struct {
 	*cuda.Backend
-	update, launch time.Duration
-	updates        int
+	update, launch, patcher, other time.Duration
+	updates                        int
+}
+
+// reset zeroes the clocks before a step.
+func (d *driverClock) reset() { d.update, d.launch, d.patcher, d.other, d.updates = 0, 0, 0, 0, 0 }
+
+func (d *driverClock) StreamIsCapturing(s gpu.Stream) (bool, error) {
+	t0 := time.Now()
+	c, err := d.Backend.StreamIsCapturing(s)
+	d.other += time.Since(t0)
+	return c, err
+}
+
+func (d *driverClock) EventRecord(e gpu.Event, s gpu.Stream) error {
+	t0 := time.Now()
+	err := d.Backend.EventRecord(e, s)
+	d.other += time.Since(t0)
+	return err
+}
+
+func (d *driverClock) StreamWaitEvent(s gpu.Stream, e gpu.Event) error {
+	t0 := time.Now()
+	err := d.Backend.StreamWaitEvent(s, e)
+	d.other += time.Since(t0)
+	return err
 }
 
 func (d *driverClock) GraphExecKernelNodeSetParams(x gpu.GraphExec, n gpu.GraphNode, p gpu.KernelParams) error {
@@ -37,19 +64,28 @@ func (d *driverClock) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode,
 	if err != nil {
 		return nil, err
 	}
-	return &clockedSet{KernelNodeSet: set, d: d}, nil
+	// The inline patcher's node is prepared alone, and no other kernel
+	// takes its arguments (patchtable.Memory.InlineArgs).
+	patcher := len(params) == 1 && len(params[0].Args) == 4+patchtable.InlineSize/8
+	return &clockedSet{KernelNodeSet: set, d: d, patcher: patcher}, nil
 }
 
-// clockedSet times a node set's Apply as exec updates.
+// clockedSet times a node set's Apply as exec updates, and also apart when
+// the set is the inline patcher's.
 type clockedSet struct {
 	gpu.KernelNodeSet
-	d *driverClock
+	d       *driverClock
+	patcher bool
 }
 
 func (s *clockedSet) Apply(idx []int32) (int, error) {
 	t0 := time.Now()
 	n, err := s.KernelNodeSet.Apply(idx)
-	s.d.update += time.Since(t0)
+	dt := time.Since(t0)
+	s.d.update += dt
+	if s.patcher {
+		s.d.patcher += dt
+	}
 	s.d.updates += n
 	return n, err
 }
@@ -64,11 +100,15 @@ func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 // BenchmarkCUDAStepHost takes a step's host time apart: for patch (node
 // by node, and with whole-graph updates from the host template forced by
 // the costs), device (inline patcher, and with the ring of tables), fixed
-// and fresh addresses, on mlp, mlp-large, train and chain-moving, the p50
-// of Run's host time, of the exec updates it made (and how many), of the
-// graph launch, and of the rest (the runtime's own work and the other
-// driver calls). One iteration is one step: inputs bound (not timed), Run,
-// a stream synchronization. BENCHMARKS.md section 0 quotes it.
+// and fresh addresses, on mlp, mlp-large, train and chain-moving, and on
+// gpt2-decode at batch 1 with fixed and swapping caches (fixed/patch is the
+// bench's floor), the p50 of Run's host time, of the exec updates it made
+// (and how many; the inline patcher's apart), of the graph launch, of the
+// other driver calls every step makes (the stream's capture query, the
+// step's event), and of the rest: the runtime's own work, with the
+// cuCtxGetCurrent of each set of updates and of each call. One iteration
+// is one step: inputs bound (not timed), Run, a stream synchronization.
+// BENCHMARKS.md section 0 quotes it.
 func BenchmarkCUDAStepHost(bm *testing.B) {
 	b, _, err := gpu.Open("cuda", gpu.Config{})
 	if err != nil {
@@ -80,14 +120,38 @@ func BenchmarkCUDAStepHost(bm *testing.B) {
 		bm.Skipf("backend %T is not the CUDA backend", b)
 	}
 	ctx := context.Background()
-	for _, name := range []string{"mlp", "mlp-large", "train", "chain-moving"} {
-		for _, pat := range []Pattern{Fixed, Random} {
+	for _, c := range stepHostCases() {
+		w, err := New(c.workload, c.cfg)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		for _, pat := range []Pattern{Fixed, c.moving} {
 			for _, v := range hostVariants() {
-				bm.Run(fmt.Sprintf("%s/%s/%s", name, pat, v.name), func(bm *testing.B) {
-					stepHost(ctx, bm, &driverClock{Backend: cb}, name, pat, v.opts)
+				bm.Run(fmt.Sprintf("%s/%s/%s", c.name, pat, v.name), func(bm *testing.B) {
+					stepHost(ctx, bm, &driverClock{Backend: cb}, w, pat, v.opts)
 				})
 			}
 		}
+	}
+}
+
+// stepHostCase is a workload of BenchmarkCUDAStepHost and the pattern that
+// moves it.
+type stepHostCase struct {
+	name, workload string
+	cfg            Config
+	moving         Pattern
+}
+
+func stepHostCases() []stepHostCase {
+	return []stepHostCase{
+		{"mlp", "mlp", Config{}, Random},
+		{"mlp-large", "mlp-large", Config{}, Random},
+		{"train", "train", Config{}, Random},
+		{"chain-moving", "chain-moving", Config{}, Random},
+		// The bench's gpt2-b1-swap row: device's host time there is the
+		// furthest over the floor.
+		{"gpt2-b1", "gpt2-decode", Config{Batch: 1}, Swap},
 	}
 }
 
@@ -107,11 +171,7 @@ func hostVariants() []hostVariant {
 	}
 }
 
-func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, pat Pattern, opts sg.Options) {
-	w, err := New(name, Config{})
-	if err != nil {
-		bm.Fatal(err)
-	}
+func stepHost(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, opts sg.Options) {
 	c, err := NewCaller(d, 0, w, pat, 1)
 	if err != nil {
 		bm.Fatal(err)
@@ -132,7 +192,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 		bm.Fatal(err)
 	}
 	defer d.StreamDestroy(s)
-	var run, upd, launch []float64
+	var run, upd, launch, patcher, other []float64
 	updates := 0
 	var before sg.Counters
 	for step := 0; bm.Loop(); step++ {
@@ -140,7 +200,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 		if err != nil {
 			bm.Fatal(err)
 		}
-		d.update, d.launch, d.updates = 0, 0, 0
+		d.reset()
 		t0 := time.Now()
 		outs, err := exe.Run(ctx, s, bind)
 		host := time.Since(t0)
@@ -158,20 +218,24 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, name string, p
 		run = append(run, us(host))
 		upd = append(upd, us(d.update))
 		launch = append(launch, us(d.launch))
+		patcher = append(patcher, us(d.patcher))
+		other = append(other, us(d.other))
 		updates += d.updates
 	}
 	if len(run) == 0 {
 		return
 	}
 	st := exe.Stats().Counters.Sub(before)
-	r, u, l := p50(run), p50(upd), p50(launch)
+	r, u, l, o := p50(run), p50(upd), p50(launch), p50(other)
 	bm.ReportMetric(r, "run-µs")
 	bm.ReportMetric(u, "updates-µs")
+	bm.ReportMetric(p50(patcher), "patcher-µs")
 	bm.ReportMetric(float64(updates)/float64(len(run)), "updates/step")
 	bm.ReportMetric(float64(st.PatchedNodes)/float64(len(run)), "moved/step")
 	bm.ReportMetric(float64(st.GraphUpdates)/float64(len(run)), "whole/step")
 	bm.ReportMetric(l, "launch-µs")
-	bm.ReportMetric(r-u-l, "rest-µs")
+	bm.ReportMetric(o, "other-µs")
+	bm.ReportMetric(r-u-l-o, "rest-µs")
 }
 
 // TestCUDAHostPathMatchesEager: on a GPU, the ways patch and device move a
@@ -307,7 +371,7 @@ func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, 
 		if err != nil {
 			bm.Fatal(err)
 		}
-		d.update, d.launch, d.updates = 0, 0, 0
+		d.reset()
 		t0 := time.Now()
 		outs, err := exe.Run(ctx, s, bind)
 		host := time.Since(t0)

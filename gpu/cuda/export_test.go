@@ -34,3 +34,6 @@ func OpenHostStub(tb testing.TB) (b *Backend, calls func(name string) int64) {
 // RaceEnabled says whether the test binary was built with -race, under
 // which sync.Pool drops what it is given and allocation counts mean nothing.
 const RaceEnabled = raceEnabled
+
+// HostStubHot are the driver calls OpenHostStub's calls counts.
+var HostStubHot = hostStubHot

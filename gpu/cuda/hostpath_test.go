@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -106,12 +107,23 @@ var stubCases = []struct {
 	{"mlp", workload.Config{}, workload.Fixed},
 }
 
+// stubBenchCases are stubCases and GPT-2 small at batch 1 (the bench's
+// gpt2-b1-swap row and its floor), too slow to build for every test.
+var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct {
+	name string
+	cfg  workload.Config
+	pat  workload.Pattern
+}{
+	{"gpt2-decode", workload.Config{Batch: 1}, workload.Swap},
+	{"gpt2-decode", workload.Config{Batch: 1}, workload.Fixed},
+}...)
+
 // BenchmarkStubStepHost is Executable.Run of a moving step over the stubbed
 // driver, per workload, strategy and pattern: ns/op and allocs/op are the
 // runtime's own host cost; the metrics say how many driver calls a step
 // made (node updates, context queries, launches).
 func BenchmarkStubStepHost(bm *testing.B) {
-	for _, c := range stubCases {
+	for _, c := range stubBenchCases {
 		for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
 			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, st), func(bm *testing.B) {
 				e := newStubSteps(bm, c.name, c.cfg, st, c.pat)
@@ -190,5 +202,53 @@ func TestStubPatchOneDriverCallPerMovedNode(t *testing.T) {
 		if d := e.calls("cuGraphLaunch") - launch; d != 1 {
 			t.Errorf("step %d: %d launches", i, d)
 		}
+	}
+}
+
+// TestStubDeviceStepDriverCalls: a moving device step makes the driver
+// calls of the floor (patch on fixed buffers: the capture query, the launch,
+// the step's event) and, on top, the exec updates of the step's first
+// command and of the inline patcher's node with the context made current
+// once for each, and nothing else: no copy, memset or child-graph update, no
+// whole-graph update, no stream write or wait, no event query. On
+// gpt2-decode-tiny with swapping caches and on mlp at fresh addresses,
+// through the real CUDA backend code.
+func TestStubDeviceStepDriverCalls(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		pat  workload.Pattern
+	}{{"gpt2-decode-tiny", workload.Swap}, {"mlp", workload.Random}} {
+		t.Run(c.name, func(t *testing.T) {
+			// step returns the hot calls one step made, by name.
+			step := func(e *stubSteps, i int) map[string]int64 {
+				before := map[string]int64{}
+				for _, n := range cuda.HostStubHot {
+					before[n] = e.calls(n)
+				}
+				e.step(t, i)
+				d := map[string]int64{}
+				for _, n := range cuda.HostStubHot {
+					if k := e.calls(n) - before[n]; k != 0 {
+						d[n] = k
+					}
+				}
+				return d
+			}
+			floor := step(newStubSteps(t, c.name, workload.Config{}, sg.StrategyPatch, workload.Fixed), 4)
+			want := maps.Clone(floor)
+			want["cuGraphExecKernelNodeSetParams_v2"] += 2
+			want["cuCtxGetCurrent"] += 2
+			e := newStubSteps(t, c.name, workload.Config{}, sg.StrategyDevice, c.pat)
+			for i := range 8 {
+				got := step(e, 4+i)
+				last := e.exe.Stats().Last
+				if last.DeviceUpdates == 0 || last.PatchedNodes != 1 {
+					t.Fatalf("step %d did not move as device moves (the lead command from the host, the rest on the device): %+v", i, last)
+				}
+				if !maps.Equal(got, want) {
+					t.Errorf("step %d made the driver calls %v; want the floor's %v and the two exec updates: %v", i, got, floor, want)
+				}
+			}
+		})
 	}
 }
