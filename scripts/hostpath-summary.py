@@ -112,6 +112,31 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
             verdicts.append((name, "auto host <= kept's +10% +1 us", p50(a, "host_us") <= 1.1 * p50(k, "host_us") + 1,
                              "%.2f vs %s %.2f us" % (p50(a, "host_us"), kept, p50(k, "host_us"))))
 
+# The step-host benchmark as a table: per workload, pattern and way, Run's
+# host p50 taken apart (us), and its difference from the floor's (the same
+# workload's fixed/patch row).
+steprows = []
+if os.path.exists(os.path.join(work, "stephost.log")):
+    for l in open(os.path.join(work, "stephost.log")):
+        f = l.split()
+        if not f or not f[0].startswith("BenchmarkCUDAStepHost/"):
+            continue
+        parts = f[0][len("BenchmarkCUDAStepHost/"):].rsplit("-", 1)[0].split("/")
+        if len(parts) != 3:
+            continue
+        m = {f[i + 1]: float(f[i]) for i in range(2, len(f) - 1, 2) if f[i + 1] != "ns/op"}
+        steprows.append((parts, m))
+if steprows:
+    floors = {parts[0]: m.get("run-µs") for parts, m in steprows if parts[1] == "fixed" and parts[2] == "patch"}
+    print("\n== step host p50 taken apart (us; rest = run - updates - launch - other: the runtime's own work)")
+    print("   %-14s %-7s %-14s %7s %7s %7s %7s %8s %6s %6s %7s %7s" % ("workload", "pattern", "way", "run", "-floor", "launch", "updates", "patcher", "n", "other", "rest", "moved"))
+    for (w, pat, way), m in steprows:
+        g = lambda k: m.get(k, float("nan"))
+        fl = floors.get(w)
+        print("   %-14s %-7s %-14s %7.2f %7s %7.2f %7.2f %8.2f %6.1f %6.2f %7.2f %7.1f" % (
+            w, pat, way, g("run-µs"), "%.2f" % (g("run-µs") - fl) if fl else "-", g("launch-µs"), g("updates-µs"),
+            g("patcher-µs"), g("updates/step"), g("other-µs"), g("rest-µs"), g("moved/step")))
+
 for path in ("stephost.log", "autohost.log", "gemmupdate.log"):
     lines = [l.rstrip() for l in open(os.path.join(work, path))] if os.path.exists(os.path.join(work, path)) else []
     lines = [l for l in lines if l.startswith("Benchmark") or "auto kept" in l]
