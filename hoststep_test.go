@@ -35,7 +35,8 @@ func (quietSim) GraphKernelNodeSetParams(gpu.GraphNode, gpu.KernelParams) error 
 // TestStepHostAllocatesNothing: once warm, Executable.Run of a step whose
 // params and outputs are at fresh addresses allocates nothing on the host
 // under patch, node by node and by whole-graph updates from its host
-// template, and device (the model's GEMMs flattened and moved through their
+// template, and device, with its first command moved from the host and on
+// the device (the model's GEMMs flattened and moved through their
 // templates, its copies and memsets, the outputs handed back), on sim, under
 // -race too. TestStubStepAllocatesNothing (package gpu/cuda)
 // checks the same through the CUDA backend's code.
@@ -50,6 +51,7 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 		{"patch", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 0.01}, false},
 		{"patch-whole", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 100}, true},
 		{"device", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
+		{"device-lead", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
 	} {
 		st := c.st
 		t.Run(c.name, func(t *testing.T) {
@@ -57,7 +59,9 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 			s := simtest.Stream(t, b, 0)
 			w := steptest.NewMLP(4, 32, 3, 100, 6)
 			ad := steptest.NewMLPAddresser(t, b, w, steptest.Random)
-			exe := steptest.Compile(t, b, w.P, stablegraph.Options{Strategy: st, Costs: c.costs})
+			opts := stablegraph.Options{Strategy: st, Costs: c.costs}
+			opts.DeviceStrategy.LeadOnDevice = c.name == "device-lead"
+			exe := steptest.Compile(t, b, w.P, opts)
 			w.InitStates(t, exe)
 			var binds []stablegraph.Bindings
 			for i := range 32 {

@@ -25,6 +25,16 @@ type DeviceOptions struct {
 	// exec update of that node per step that moves anything, which costs
 	// the GPU half as much (see device, below). Default false.
 	Tables bool
+	// LeadOnDevice moves the step's first command on the device with the
+	// rest, rather than from the host (hostLead): a moving step then
+	// makes no exec update but the inline patcher's, and none at all with
+	// Tables, so its host time is the floor's launch; the patcher is then
+	// on the step's critical path, in front of the first command, which
+	// costs the GPU its pointer writes (BENCHMARKS.md, section 0). For a
+	// step whose latency the host's driver calls bound (a decode step
+	// awaited before the next), or to measure what a device-updatable
+	// graph's launch costs the host. Default false.
+	LeadOnDevice bool
 }
 
 // device moves the step's pointers on the device: the graph is recorded
@@ -210,6 +220,9 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	// which records afresh (Run).
 	st.opts.Movable = make([]bool, len(spec.Buffers))
 	st.opts.HostLead = hostLead
+	if spec.Options.DeviceStrategy.LeadOnDevice {
+		st.opts.HostLead = 0
+	}
 	for _, i := range spec.classes.Bound {
 		st.opts.Movable[i] = true
 	}
@@ -751,8 +764,12 @@ func modelDevice(spec Spec) Candidate {
 	}
 	c := spec.Costs
 	bound := spec.classes.Bound
-	lead := spec.Commands.MovesIn(bound, 0, hostLead)
-	m := spec.Commands.MovesIn(bound, hostLead, spec.Commands.Len())
+	hl := hostLead
+	if spec.Options.DeviceStrategy.LeadOnDevice {
+		hl = 0
+	}
+	lead := spec.Commands.MovesIn(bound, 0, hl)
+	m := spec.Commands.MovesIn(bound, hl, spec.Commands.Len())
 	kern := 0
 	if spec.Kernels != nil {
 		kern = m.Kernelizable

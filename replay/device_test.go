@@ -27,7 +27,10 @@ import (
 // or uploaded again, and nothing moves from the host but the step's first
 // command (hostLead: a kernel's node, or a GEMM's one or two). Every other
 // pointer moves on the device: the GEMMs' kernels at their templates'
-// slots, the copies of train and dp as copy kernels.
+// slots, the copies of train and dp as copy kernels. With
+// DeviceOptions.LeadOnDevice (with the inline patcher, and with the ring of
+// tables) the first command moves on the device too: nothing moves from the
+// host.
 func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 	const steps = 6
 	for _, c := range []struct {
@@ -48,37 +51,47 @@ func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 			patterns = append(patterns, workload.Swap)
 		}
 		for _, pattern := range patterns {
-			t.Run(c.name+"/"+string(pattern), func(t *testing.T) {
-				b := simtest.New(t, 1)
-				want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, true)
-				got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice}, pattern, steps, true)
-				steptest.SameResults(t, got, want)
-				moves := 0
-				for i, st := range got.Steps {
-					last := st.Stats.Last
-					if i == 0 {
-						if last.Records != 1 || last.GraphLaunches != 1 {
-							t.Errorf("first step: %+v", last)
+			for _, v := range []struct {
+				name string
+				opts stablegraph.DeviceOptions
+			}{
+				{"", stablegraph.DeviceOptions{}},
+				{"/lead", stablegraph.DeviceOptions{LeadOnDevice: true}},
+				{"/tables-lead", stablegraph.DeviceOptions{Tables: true, LeadOnDevice: true}},
+			} {
+				t.Run(c.name+"/"+string(pattern)+v.name, func(t *testing.T) {
+					b := simtest.New(t, 1)
+					want := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyEager}, pattern, steps, true)
+					got := steptest.RunWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice,
+						StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: v.opts}}, pattern, steps, true)
+					steptest.SameResults(t, got, want)
+					moves := 0
+					for i, st := range got.Steps {
+						last := st.Stats.Last
+						if i == 0 {
+							if last.Records != 1 || last.GraphLaunches != 1 {
+								t.Errorf("first step: %+v", last)
+							}
+							continue
 						}
-						continue
+						if last.Records != 0 || last.TracesCaptured != 0 || last.PatchedNodes > 2 || last.GraphUploads != 0 ||
+							last.UpdateFallbacks != 0 || last.GraphLaunches != 1 || last.Launches != 0 ||
+							((pattern == workload.Fixed || v.opts.LeadOnDevice) && last.PatchedNodes != 0) {
+							t.Errorf("step %d: %+v", i, last)
+						}
+						if last.DeviceUpdates > 0 {
+							moves++
+						} else if st.Moved && pattern != workload.Swap {
+							// Under swap only rows of the caches move, and
+							// they may come back where the device holds them.
+							t.Errorf("step %d moved, but nothing moved on the device", i)
+						}
 					}
-					if last.Records != 0 || last.TracesCaptured != 0 || last.PatchedNodes > 2 || last.GraphUploads != 0 ||
-						last.UpdateFallbacks != 0 || last.GraphLaunches != 1 || last.Launches != 0 ||
-						(pattern == workload.Fixed && last.PatchedNodes != 0) {
-						t.Errorf("step %d: %+v", i, last)
+					if pattern != workload.Fixed && moves == 0 {
+						t.Error("no pointer moved on the device")
 					}
-					if last.DeviceUpdates > 0 {
-						moves++
-					} else if st.Moved && pattern != workload.Swap {
-						// Under swap only rows of the caches move, and
-						// they may come back where the device holds them.
-						t.Errorf("step %d moved, but nothing moved on the device", i)
-					}
-				}
-				if pattern != workload.Fixed && moves == 0 {
-					t.Error("no pointer moved on the device")
-				}
-			})
+				})
+			}
 		}
 	}
 }

@@ -161,13 +161,17 @@ type hostVariant struct {
 	opts sg.Options
 }
 
-// hostVariants are the ways patch and device move a step from the host.
+// hostVariants are the ways patch and device move a step from the host
+// (device-lead and device-tables-lead: its first command moved on the
+// device too).
 func hostVariants() []hostVariant {
 	return []hostVariant{
 		{"patch", sg.Options{Strategy: sg.StrategyPatch}},
 		{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
 		{"device", sg.Options{Strategy: sg.StrategyDevice}},
 		{"device-tables", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Tables: true}}}},
+		{"device-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
+		{"device-tables-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Tables: true, LeadOnDevice: true}}}},
 	}
 }
 
@@ -272,6 +276,7 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 			t.Run(c.name+"/"+v.name, func(t *testing.T) {
 				ro := o
 				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound, ro.DeviceTables = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.Auto.Bound, v.opts.DeviceStrategy.Tables
+				ro.DeviceLeadOnDevice = v.opts.DeviceStrategy.LeadOnDevice
 				res, err := Run(ctx, b, w, ro)
 				if errors.Is(err, gpu.ErrNotSupported) {
 					t.Skipf("not on this device: %v", err)

@@ -72,13 +72,15 @@ type RunOptions struct {
 	// probe (24 plus a multiple of 8). Default 360, about a cuBLAS GEMM
 	// kernel's.
 	ProbeParamBytes int
-	// Costs, AutoBound and DeviceTables are the executable options of the
-	// same names (stablegraph.Options): the cost model of auto and patch,
-	// what auto ranks its candidates by, and device's ring of tables for
-	// every step. Zero: the defaults.
-	Costs        sg.Costs
-	AutoBound    sg.AutoBound
-	DeviceTables bool
+	// Costs, AutoBound, DeviceTables and DeviceLeadOnDevice are the
+	// executable options of the same names (stablegraph.Options): the cost
+	// model of auto and patch, what auto ranks its candidates by, device's
+	// ring of tables for every step, and device's first command moved on
+	// the device. Zero: the defaults.
+	Costs              sg.Costs
+	AutoBound          sg.AutoBound
+	DeviceTables       bool
+	DeviceLeadOnDevice bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -211,6 +213,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	sopts.Remap.Memory = caller.Remappable()
 	sopts.Auto.Bound = opts.AutoBound
 	sopts.DeviceStrategy.Tables = opts.DeviceTables
+	sopts.DeviceStrategy.LeadOnDevice = opts.DeviceLeadOnDevice
 	exe, err := sg.Compile(ctx, b, w.Program, sopts)
 	if err != nil {
 		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}

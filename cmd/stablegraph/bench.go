@@ -42,6 +42,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
 	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
+	fs.BoolVar(&f.run.DeviceLeadOnDevice, "device-lead-on-device", false, "the device strategy moves the step's first command on the device too, not from the host (no exec update of it; its patcher then runs in front of the first command)")
 	f.ranks.register(fs)
 	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }

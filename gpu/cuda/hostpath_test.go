@@ -119,14 +119,25 @@ var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct 
 }...)
 
 // BenchmarkStubStepHost is Executable.Run of a moving step over the stubbed
-// driver, per workload, strategy and pattern: ns/op and allocs/op are the
+// driver, per workload, pattern and strategy (device also with its first
+// command moved on the device): ns/op and allocs/op are the
 // runtime's own host cost; the metrics say how many driver calls a step
 // made (node updates, context queries, launches).
 func BenchmarkStubStepHost(bm *testing.B) {
 	for _, c := range stubBenchCases {
-		for _, st := range []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice} {
-			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, st), func(bm *testing.B) {
-				e := newStubSteps(bm, c.name, c.cfg, st, c.pat)
+		for _, v := range []struct {
+			name string
+			opts sg.Options
+		}{
+			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
+			{"device", sg.Options{Strategy: sg.StrategyDevice}},
+			// Not the ring of tables: the stub runs no patcher, so the
+			// ring would fill.
+			{"device-lead", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
+		} {
+			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(bm *testing.B) {
+				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
 				upd0, ctx0, launch0 := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
 				before := e.exe.Stats().Counters
 				bm.ReportAllocs()
@@ -163,6 +174,8 @@ func TestStubStepAllocatesNothing(t *testing.T) {
 			{"patch-nodes", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 0.01}}},
 			{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
 			{"device", sg.Options{Strategy: sg.StrategyDevice}},
+			{"device-lead", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
 		} {
 			t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(t *testing.T) {
 				cfg := c.cfg
@@ -206,49 +219,66 @@ func TestStubPatchOneDriverCallPerMovedNode(t *testing.T) {
 }
 
 // TestStubDeviceStepDriverCalls: a moving device step makes the driver
-// calls of the floor (patch on fixed buffers: the capture query, the launch,
-// the step's event) and, on top, the exec updates of the step's first
-// command and of the inline patcher's node with the context made current
-// once for each, and nothing else: no copy, memset or child-graph update, no
-// whole-graph update, no stream write or wait, no event query. On
-// gpt2-decode-tiny with swapping caches and on mlp at fresh addresses,
-// through the real CUDA backend code.
+// calls of the floor (patch on fixed buffers: the launch, the step's event,
+// the context made current for each) and, on top, one exec update per node
+// the design moves from the host, each set of them with the context made
+// current once, and nothing else: no copy, memset or child-graph update, no
+// whole-graph update, no stream write or wait, no event query. By default
+// those are the step's first command's node and the inline patcher's; with
+// the ring of tables the first command's alone; with LeadOnDevice the inline
+// patcher's alone, and with both none. On gpt2-decode-tiny with swapping
+// caches and on mlp at fresh addresses, through the real CUDA backend code.
 func TestStubDeviceStepDriverCalls(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		pat  workload.Pattern
 	}{{"gpt2-decode-tiny", workload.Swap}, {"mlp", workload.Random}} {
-		t.Run(c.name, func(t *testing.T) {
-			// step returns the hot calls one step made, by name.
-			step := func(e *stubSteps, i int) map[string]int64 {
-				before := map[string]int64{}
-				for _, n := range cuda.HostStubHot {
-					before[n] = e.calls(n)
+		// step returns the counted calls one step made, by name.
+		step := func(t *testing.T, e *stubSteps, i int) map[string]int64 {
+			before := map[string]int64{}
+			for _, n := range cuda.HostStubHot {
+				before[n] = e.calls(n)
+			}
+			e.step(t, i)
+			d := map[string]int64{}
+			for _, n := range cuda.HostStubHot {
+				if k := e.calls(n) - before[n]; k != 0 {
+					d[n] = k
 				}
-				e.step(t, i)
-				d := map[string]int64{}
-				for _, n := range cuda.HostStubHot {
-					if k := e.calls(n) - before[n]; k != 0 {
-						d[n] = k
+			}
+			return d
+		}
+		for _, v := range []struct {
+			name    string
+			opts    sg.DeviceOptions
+			updates int64 // exec updates: each its own set, so a context query each
+			lead    bool  // the first command moves from the host
+		}{
+			{"inline", sg.DeviceOptions{}, 2, true},
+			{"tables", sg.DeviceOptions{Tables: true}, 1, true},
+			{"lead", sg.DeviceOptions{LeadOnDevice: true}, 1, false},
+			{"tables-lead", sg.DeviceOptions{Tables: true, LeadOnDevice: true}, 0, false},
+		} {
+			t.Run(c.name+"/"+v.name, func(t *testing.T) {
+				floor := step(t, newStubSteps(t, c.name, workload.Config{}, sg.StrategyPatch, workload.Fixed), 4)
+				want := maps.Clone(floor)
+				if v.updates > 0 {
+					want["cuGraphExecKernelNodeSetParams_v2"] += v.updates
+					want["cuCtxGetCurrent"] += v.updates
+				}
+				e := newStubStepsWith(t, c.name, workload.Config{},
+					sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: v.opts}}, c.pat)
+				for i := range 8 {
+					got := step(t, e, 4+i)
+					last := e.exe.Stats().Last
+					if hosted := last.PatchedNodes == 1; last.DeviceUpdates == 0 || hosted != v.lead || last.PatchedNodes > 1 {
+						t.Fatalf("step %d did not move as device moves (the first command from the host: %v, the rest on the device): %+v", i, v.lead, last)
+					}
+					if !maps.Equal(got, want) {
+						t.Errorf("step %d made the driver calls %v; want the floor's %v and %d exec updates: %v", i, got, floor, v.updates, want)
 					}
 				}
-				return d
-			}
-			floor := step(newStubSteps(t, c.name, workload.Config{}, sg.StrategyPatch, workload.Fixed), 4)
-			want := maps.Clone(floor)
-			want["cuGraphExecKernelNodeSetParams_v2"] += 2
-			want["cuCtxGetCurrent"] += 2
-			e := newStubSteps(t, c.name, workload.Config{}, sg.StrategyDevice, c.pat)
-			for i := range 8 {
-				got := step(e, 4+i)
-				last := e.exe.Stats().Last
-				if last.DeviceUpdates == 0 || last.PatchedNodes != 1 {
-					t.Fatalf("step %d did not move as device moves (the lead command from the host, the rest on the device): %+v", i, last)
-				}
-				if !maps.Equal(got, want) {
-					t.Errorf("step %d made the driver calls %v; want the floor's %v and the two exec updates: %v", i, got, floor, want)
-				}
-			}
-		})
+			})
+		}
 	}
 }
