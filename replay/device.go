@@ -27,13 +27,16 @@ type DeviceOptions struct {
 	Tables bool
 	// LeadOnDevice moves the step's first command on the device with the
 	// rest, rather than from the host (hostLead): a moving step then
-	// makes no exec update but the inline patcher's, and none at all with
-	// Tables, so its host time is the floor's launch; the patcher is then
-	// on the step's critical path, in front of the first command, which
-	// costs the GPU its pointer writes (BENCHMARKS.md, section 0). For a
-	// step whose latency the host's driver calls bound (a decode step
-	// awaited before the next), or to measure what a device-updatable
-	// graph's launch costs the host. Default false.
+	// makes no exec update of its own but the inline patcher's, and with
+	// Tables none (what cannot move on the device still moves from the
+	// host: copies it could not make kernels, traced commands on the host
+	// path), so its host work is the floor's plus the table's writes. The
+	// patcher is then on the step's critical path, in front of the first
+	// command, which costs the GPU its pointer writes (BENCHMARKS.md,
+	// section 0). For a step whose latency the host's driver calls bound
+	// (a decode step awaited before the next), or to measure what
+	// launching a graph with device-updatable nodes costs the host.
+	// Default false.
 	LeadOnDevice bool
 }
 
@@ -54,7 +57,9 @@ type DeviceOptions struct {
 // GEMM reads x), therefore moves from the host, as patch moves it (one
 // exec update per moved node; it is not opted in, so no upload), and the
 // patcher waits only in front of the first command it moves
-// (graph.DeviceOptions.HostLead, hostLead). That takes the patcher's
+// (graph.DeviceOptions.HostLead, hostLead; DeviceOptions.LeadOnDevice
+// moves the first command on the device too, for a step whose host time
+// matters more than the patcher's writes). That takes the patcher's
 // writes off the critical path (BENCHMARKS.md, section 0, has the
 // figures). What is left is the patcher node itself: any extra node costs
 // a launch-bound step GPU time even with nothing to do, wherever it sits,

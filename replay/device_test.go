@@ -564,7 +564,9 @@ func TestDeviceConcurrentWorkers(t *testing.T) {
 // TestDeviceModel: the model prices the first command's host update (the
 // patcher runs beside it, hidden), the inline patcher's update and the
 // cost per node moved on the device, so that a small graph with few moves
-// keeps patch and a long chain that moves everywhere takes device.
+// keeps patch and a long chain that moves everywhere takes device. With
+// LeadOnDevice the first command moves on the device too: no update of it,
+// and the inline patcher in front of it, its own cost counted.
 func TestDeviceModel(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
@@ -600,6 +602,33 @@ func TestDeviceModel(t *testing.T) {
 			// beside the first kernel.
 			if want := 2*d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
 				t.Errorf("%s: device candidate %+v, want %.3f us", c.name, cand, want)
+			}
+		}
+		opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto}
+		opts.Auto.ProbeSteps = -1
+		opts.DeviceStrategy.LeadOnDevice = true
+		exe, err = stablegraph.Compile(ctx, b, c.w.Program, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch = exe.Choice()
+		if err := exe.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(ch.Candidates, func(c stablegraph.Candidate) bool { return c.Strategy == stablegraph.StrategyDevice }) {
+			t.Errorf("%s: no device candidate: %+v", c.name, ch.Candidates)
+		}
+		for _, cand := range ch.Candidates {
+			if cand.Strategy != stablegraph.StrategyDevice {
+				continue
+			}
+			d := stablegraph.DefaultCosts()
+			nodes := 200
+			if c.name == "chain" {
+				nodes = 2
+			}
+			if want := d.PatcherInlineUS + d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
+				t.Errorf("%s, first command on the device: device candidate %+v, want %.3f us", c.name, cand, want)
 			}
 		}
 	}
