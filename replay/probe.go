@@ -455,6 +455,13 @@ func (a *autoProbe) Counters() Counters {
 	if a.final != nil {
 		// One subtraction per call: Executable.Run counts twice a step.
 		c = a.final.st.Counters().Sub(a.less)
+	} else if a.model != nil {
+		// While the decision is pending the model's choice runs the steps
+		// that count, on the graphs it recorded in its probe steps: they
+		// count as its own, as they will once it is kept, less those its
+		// counted steps recorded.
+		held := heldGraphs(a.model.st.Counters())
+		c.add(Counters{Records: max(held.Records-(c.Records-c.Rerecords), 0)})
 	}
 	c.ProbeSteps = a.probeSteps
 	return c

@@ -498,15 +498,10 @@ func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Output
 	return d, all, nil
 }
 
-// Bench runs w with every strategy in strategies (default
-// stablegraph.Strategies()), eager first whether listed or not, and returns
-// the report. Every strategy's outputs are compared with eager's at every
-// step. A strategy that fails is reported with its error in Note and
-// OutputsMatchEager false, and the others still run; an eager failure ends
-// the bench. When ctx is cancelled Bench returns the report of the
-// strategies finished so far with ctx's error.
-func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (*report.Report, error) {
-	opts = opts.withDefaults()
+// BenchOrder is the order in which Bench runs strategies (nil or empty:
+// stablegraph.Strategies()): eager first, listed or not, then each other
+// strategy once, in the order given.
+func BenchOrder(strategies []sg.Strategy) []sg.Strategy {
 	if len(strategies) == 0 {
 		strategies = sg.Strategies()
 	}
@@ -516,6 +511,23 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 			order = append(order, s)
 		}
 	}
+	return order
+}
+
+// RunsFloor says whether Bench with o adds the floor's run after the
+// strategies': the graph replayed with nothing moving, when buffers move.
+func (o RunOptions) RunsFloor() bool { return o.Pattern != Fixed && !o.NoFloor }
+
+// Bench runs w with every strategy in strategies (default
+// stablegraph.Strategies()), eager first whether listed or not, and returns
+// the report. Every strategy's outputs are compared with eager's at every
+// step. A strategy that fails is reported with its error in Note and
+// OutputsMatchEager false, and the others still run; an eager failure ends
+// the bench. When ctx is cancelled Bench returns the report of the
+// strategies finished so far with ctx's error.
+func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (*report.Report, error) {
+	opts = opts.withDefaults()
+	order := BenchOrder(strategies)
 	props, err := b.DeviceProps(opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("workload: device %d: %w", opts.Device, err)
@@ -566,7 +578,7 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		}
 		rep.Results = append(rep.Results, res.Result)
 	}
-	if opts.Pattern != Fixed && !opts.NoFloor {
+	if opts.RunsFloor() {
 		// The floor every overhead ratio is measured against: the same
 		// step graph replayed with nothing moving, in the same run.
 		o := opts

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -78,17 +77,8 @@ func (f *workloadFlags) build(fs *flag.FlagSet) (*workload.Workload, error) {
 // benchSteps is the number of steps a bench of strats runs with o: eager
 // and each other strategy once, then the floor (see workload.Bench).
 func benchSteps(strats []sg.Strategy, o workload.RunOptions) int {
-	if len(strats) == 0 {
-		strats = sg.Strategies()
-	}
-	runs := []sg.Strategy{sg.StrategyEager}
-	for _, s := range strats {
-		if !slices.Contains(runs, s) {
-			runs = append(runs, s)
-		}
-	}
-	n := len(runs)
-	if o.Pattern != workload.Fixed && !o.NoFloor {
+	n := len(workload.BenchOrder(strats))
+	if o.RunsFloor() {
 		n++
 	}
 	return n * (o.Warmup + o.Steps)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -88,17 +87,8 @@ type benchRuns struct{ full, noWall int }
 
 // runsOf counts the runs of a bench of strats (nil: all) with o.
 func runsOf(strats []sg.Strategy, o workload.RunOptions) benchRuns {
-	if len(strats) == 0 {
-		strats = sg.Strategies()
-	}
-	order := []sg.Strategy{sg.StrategyEager}
-	for _, s := range strats {
-		if !slices.Contains(order, s) {
-			order = append(order, s)
-		}
-	}
-	r := benchRuns{full: len(order)}
-	if o.Pattern != workload.Fixed && !o.NoFloor {
+	r := benchRuns{full: len(workload.BenchOrder(strats))}
+	if o.RunsFloor() {
 		r.full++
 		if o.Pattern == workload.Swap {
 			r.noWall++

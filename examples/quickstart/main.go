@@ -1,5 +1,5 @@
 // Quickstart compiles one layer, y = tanh(x·W + b), with the auto strategy
-// and runs it for 20 steps, x and y at new device addresses every step as a
+// and runs it for 60 steps, x and y at new device addresses every step as a
 // caching allocator would hand them out. It runs on a GPU when one is
 // present, else on the embedded simulator.
 package main
@@ -39,7 +39,7 @@ func main() {
 	check(err)
 	defer exe.Close()
 
-	const steps = 20
+	const steps = 60 // auto measures its candidates over the first ones
 	for step := range steps {
 		xs, err := devbuf.Upload(backend, 0, []float32{1, 2, float32(step), 0}, batch, width) // a new address
 		check(err)
@@ -55,8 +55,8 @@ func main() {
 		check(errors.Join(xs.Free(), ys.Free()))
 	}
 	st := exe.Stats()
-	fmt.Printf("%d steps on %s, strategy %s (auto's choice): %d graph launches, %d re-records\n",
-		st.Steps, backend.Name(), st.Strategy, st.GraphLaunches, st.Rerecords)
+	fmt.Printf("%d steps on %s, strategy %s (auto's choice after %d probe steps): %d graph launches, %d re-records\n",
+		st.Steps, backend.Name(), st.Strategy, st.ProbeSteps, st.GraphLaunches, st.Rerecords)
 }
 
 func check(err error) {

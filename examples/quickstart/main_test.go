@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -37,7 +38,7 @@ func TestQuickstart(t *testing.T) {
 		"step  0: y = [0.905 0.905 0.462 -0.462]",
 		"step  1: y = [0.905 0.905 0.905 -0.462]",
 		"step  2: y = [0.905 0.905 0.987 -0.462]",
-		"step 19: y = [0.905 0.905 1.000 -0.462]",
+		"step 59: y = [0.905 0.905 1.000 -0.462]",
 	}
 	if len(lines) != len(want)+1 {
 		t.Fatalf("output:\n%s", out)
@@ -47,9 +48,15 @@ func TestQuickstart(t *testing.T) {
 			t.Errorf("line %d: %q, want %q", i, lines[i], w)
 		}
 	}
-	last := regexp.MustCompile(`^20 steps on (sim|cuda), strategy (patch|stable|pool) \(auto's choice\): \d+ graph launches, 0 re-records$`)
-	if !last.MatchString(lines[len(want)]) {
-		t.Errorf("last line %q does not match %s", lines[len(want)], last)
+	last := regexp.MustCompile(`^60 steps on (sim|cuda), strategy (patch|stable|pool) \(auto's choice after (\d+) probe steps\): (\d+) graph launches, 0 re-records$`)
+	m := last.FindStringSubmatch(lines[len(want)])
+	if m == nil {
+		t.Fatalf("last line %q does not match %s", lines[len(want)], last)
+	}
+	// Once auto has chosen, every step is one launch of the kept graph.
+	probes, launches := atoi(t, m[3]), atoi(t, m[4])
+	if probes < 1 || probes >= 60 || launches != 60-probes {
+		t.Errorf("%d probe steps and %d graph launches in 60 steps, want one launch a step after probing", probes, launches)
 	}
 }
 
@@ -66,4 +73,13 @@ func TestREADMEShowsIt(t *testing.T) {
 	if !bytes.Contains(readme, []byte("```go\n"+string(src)+"```\n")) {
 		t.Error("README.md does not show examples/quickstart/main.go in full in a go code block: copy it there")
 	}
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

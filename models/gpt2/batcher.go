@@ -219,12 +219,9 @@ type Stats struct {
 	Startup time.Duration
 	// Graphs is the number of executables (one prefill step, one decode
 	// step or one per bucket); Records the graphs recorded over their
-	// lives and Rerecords those recorded again (0 in steady state). Under
-	// StrategyAuto, the graph the strategy that runs recorded while auto
-	// measured it counts in no replay counter (replay.Counters.ProbeSteps),
-	// nor does any step while auto still measures: an executable that runs
-	// a graph strategy counts at least one record; the candidates measured
-	// and dropped count none.
+	// lives and Rerecords those recorded again (0 in steady state); under
+	// StrategyAuto, those of the strategy it kept, not of the candidates
+	// it measured and dropped.
 	Graphs, Records, Rerecords int64
 	// PatchedNodes counts node updates (patch) as sequences joined.
 	PatchedNodes int64
@@ -1042,11 +1039,7 @@ func (bt *Batcher) Stats() Stats {
 			continue
 		}
 		x := se.exe.Stats()
-		rec := x.Records
-		if x.Strategy != sg.StrategyEager && (x.GraphLaunches > 0 || x.ProbeSteps > 0) {
-			rec = max(rec, 1)
-		}
-		st.Records += rec
+		st.Records += x.Records
 		st.Rerecords += x.Rerecords
 		st.PatchedNodes += x.PatchedNodes
 		st.ExecutableBytes += se.exe.Memory().Total()
