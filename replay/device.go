@@ -339,12 +339,29 @@ func (st *device) move(s gpu.Stream, addrs []gpu.DevicePtr) (int, error) {
 			return 0, err
 		}
 	}
-	return st.writeTable(addrs)
+	// Just recorded at addrs: the device holds them, and nothing is
+	// staged unless the inline patcher must stop applying (ApplyHost).
+	writes, err := st.writeTable(addrs)
+	if err != nil {
+		return 0, err
+	}
+	if err := st.cb.ApplyHost(st.x); err != nil {
+		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
+	}
+	return writes, nil
 }
 
 // update moves from the host what does not move on the device
 // (graph.PatchDevice), then writes the next launch's table.
+//
+// The inline patcher's node is in the set of the nodes that move from the
+// host (graph.Exec.SetHostNode): its table is staged first, and one Apply
+// sets it with them.
 func (st *device) update(addrs []gpu.DevicePtr) (int, error) {
+	writes, err := st.writeTable(addrs)
+	if err != nil {
+		return 0, err
+	}
 	if st.cb.Moved(st.x.Addrs(), addrs) {
 		n, err := st.cb.PatchDevice(st.b, st.x, addrs)
 		if err != nil {
@@ -352,8 +369,10 @@ func (st *device) update(addrs []gpu.DevicePtr) (int, error) {
 		}
 		// What moved from the host is no opted-in node: no upload.
 		st.c.PatchedNodes += int64(n)
+	} else if err := st.cb.ApplyHost(st.x); err != nil {
+		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
 	}
-	return st.writeTable(addrs)
+	return writes, nil
 }
 
 // stateMoved reports whether a state is not where the graph was recorded.
@@ -443,15 +462,13 @@ func (st *device) writeInline(addrs []gpu.DevicePtr, moved bool) (int, error) {
 	// patcher reads the header's count of updates and no further, so only
 	// the header and those updates are rewritten: the words past them may
 	// hold an earlier step's, which nothing reads.
+	// The node is staged; the caller applies it (update).
 	base := len(r.args) - patchtable.InlineSize/8
 	used := (patchtable.HeaderSize + patchtable.UpdateSize*int(patchtable.DecodeHeader(r.param).Count)) / 8
 	for k := range used {
-		if err := r.set.SetWord(0, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
+		if err := st.cb.HostNodeWord(st.b, st.x, base+k, 0, binary.LittleEndian.Uint64(r.param[8*k:])); err != nil {
 			return 0, fmt.Errorf("device: write the inline patcher's table: %w", err)
 		}
-	}
-	if _, err := r.set.Apply(r.setNode); err != nil {
-		return 0, fmt.Errorf("device: set the inline patcher's table: %w", err)
 	}
 	r.applying = moved
 	return w.Writes(), nil
@@ -537,11 +554,11 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause,
 	}
 	if rig.mode == patcherInline {
 		// The inline patcher's parameters change every step that moves
-		// something: prepared once, only its table rewritten.
-		if rig.set, err = gpu.PrepareKernelNodes(b, x.X, []gpu.GraphNode{rig.node}, []gpu.KernelParams{p}); err != nil {
-			return errors.Join(fmt.Errorf("device: prepare the inline patcher's node: %w", err), x.Destroy(b))
+		// something: prepared once with the nodes that move from the
+		// host, only its table rewritten.
+		if err = x.SetHostNode(rig.node, p); err != nil {
+			return errors.Join(fmt.Errorf("device: the inline patcher's node: %w", err), x.Destroy(b))
 		}
-		rig.setNode = []int32{0}
 	}
 	if err = st.du.GraphUpload(x.X, s); err != nil {
 		return errors.Join(fmt.Errorf("device: upload: %w", err), x.Destroy(b))
@@ -620,10 +637,6 @@ type patchRig struct {
 	param    []byte
 	args     []gpu.Arg
 	applying bool
-	// set holds the inline patcher's node prepared (setNode: its index);
-	// nil without the inline patcher.
-	set     gpu.KernelNodeSet
-	setNode []int32
 
 	// host's lifetime: a wait reads the mirror without the executable's
 	// lock, while Close may free it (see pool's timeline).
@@ -729,12 +742,6 @@ func (r *patchRig) passed(n uint64) bool {
 // free frees the rig's memory, reporting every failure; it is idempotent.
 func (r *patchRig) free(b gpu.Backend) error {
 	var errs []error
-	if r.set != nil {
-		if err := r.set.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("device: release the inline patcher's node: %w", err))
-		}
-		r.set = nil
-	}
 	if r.dmem != 0 {
 		if err := b.MemFree(r.dmem); err != nil {
 			errs = append(errs, fmt.Errorf("device: free the patcher memory: %w", err))

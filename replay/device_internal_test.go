@@ -79,6 +79,8 @@ type noLaunch struct {
 	words   [patchtable.InlineSize / 8]uint64
 	// Exec updates of other kernel nodes (the lead command's).
 	others int
+	// set is the last node set prepared over it.
+	set *wordCounter
 }
 
 func (b *noLaunch) GraphLaunch(gpu.GraphExec, gpu.Stream) error {
@@ -172,17 +174,10 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 	if want := map[bool]patcherMode{false: patcherInline, true: patcherTables}[tables]; st.rig.mode != want {
 		t.Fatalf("patcher %s with DeviceOptions.Tables %v, want %s", st.rig.mode, tables, want)
 	}
+	// The nodes that move from the host (the first, and the inline
+	// patcher's) are prepared over nl at the first moving step.
 	nl := &noLaunch{Backend: b, inline: st.inline}
 	st.b = nl
-	if !tables {
-		// The inline patcher's node, prepared over nl.
-		set, err := gpu.PrepareKernelNodes(nl, st.x.X, []gpu.GraphNode{st.rig.node},
-			[]gpu.KernelParams{{Func: st.inline, Args: st.rig.args}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		st.rig.set = &wordCounter{KernelNodeSet: set}
-	}
 	ctx := context.Background()
 	before := calls(b)
 	i := 0
@@ -219,7 +214,10 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 		count, total = int(uint32(nl.words[1])), int(nl.words[1]>>32)
 		// Only the header and the updates in it are rewritten, not the
 		// whole table.
-		if w, want := st.rig.set.(*wordCounter).words, i*(patchtable.HeaderSize+3*patchtable.UpdateSize)/8; w != want {
+		if nl.set == nil || nl.set.applies != i {
+			t.Fatalf("the inline patcher and the first node were not applied together, once a step: %+v", nl.set)
+		}
+		if w, want := nl.set.words, i*(patchtable.HeaderSize+3*patchtable.UpdateSize)/8; w != want {
 			t.Errorf("%d words of the inline patcher's table rewritten in %d steps, want %d", w, i, want)
 		}
 	}
@@ -235,14 +233,35 @@ func hostStepAllocatesNothing(t *testing.T, tables bool) {
 }
 
 // wordCounter counts the words a node set rewrites.
+// wordCounter counts the words rewritten in the inline patcher's node of a
+// set (node inline; -1: none) and the set's applies.
 type wordCounter struct {
 	gpu.KernelNodeSet
-	words int
+	inline         int
+	words, applies int
 }
 
 func (c *wordCounter) SetWord(i, arg, off int, v uint64) error {
-	c.words++
+	if i == c.inline {
+		c.words++
+	}
 	return c.KernelNodeSet.SetWord(i, arg, off, v)
+}
+
+func (c *wordCounter) Apply(idx []int32) (int, error) {
+	c.applies++
+	return c.KernelNodeSet.Apply(idx)
+}
+
+// PrepareKernelNodes prepares the sim's node set over b, counting (set).
+func (b *noLaunch) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode, params []gpu.KernelParams) (gpu.KernelNodeSet, error) {
+	// The interface alone: no KernelNodeSets, so the generic set.
+	set, err := gpu.PrepareKernelNodes(struct{ gpu.ExecKernelNodeSetter }{b}, x, nodes, params)
+	if err != nil {
+		return nil, err
+	}
+	b.set = &wordCounter{KernelNodeSet: set, inline: slices.IndexFunc(params, func(p gpu.KernelParams) bool { return p.Func == b.inline })}
+	return b.set, nil
 }
 
 func leUint32(b []byte) int { return int(b[0]) | int(b[1])<<8 | int(b[2])<<16 | int(b[3])<<24 }

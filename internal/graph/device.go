@@ -438,21 +438,19 @@ func naturalLayout(args []gpu.Arg) ([]gpu.ParamInfo, error) {
 // aligned addresses, flattened commands in their template's alignment
 // class), and returns how many nodes it updated from the host. None of
 // them is opted in, so x needs no upload. It changes no opted-in node and
-// allocates nothing when nothing moves on the host.
+// allocates nothing when nothing moves on the host. x's host node, when
+// HostNodeWord staged it, is applied with them (one Apply).
 //
 // On error x is in an unknown state and must be destroyed; an error
 // wrapping gpu.ErrGraphUpdate means recording again at addrs will succeed
 // where this did not (a copy kernel at addresses it cannot take, a new
 // alignment class, an update the driver refused).
 func (cb *CommandBuffer) PatchDevice(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (int, error) {
-	dp := x.dev
-	if dp == nil {
-		return 0, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "the exec was not recorded for device-side patching")
-	}
-	hs, err := x.preparedSet(b, cb, func(i int) bool { return dp.mode[i] == devHost })
+	hs, err := cb.deviceSet(b, x)
 	if err != nil {
 		return 0, fmt.Errorf("patch device: %w", err)
 	}
+	dp := x.dev
 	dirty := x.markDirty(cb.used, dp.watch, addrs)
 	hs.apply = hs.apply[:0]
 	updated, stale := 0, false

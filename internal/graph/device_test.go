@@ -311,3 +311,106 @@ func TestRecordDeviceHostLead(t *testing.T) {
 		t.Errorf("HostLead 2: %d opted in, lead %d, %d slots, before %v; want nothing on the device", opted, rec2.Lead, len(rec2.Slots), rec2.Before)
 	}
 }
+
+// TestHostNode: a kernel node of a device exec that is no command's (the
+// inline patcher's place) moves from the host in the set of the commands'
+// nodes: a word set with HostNodeWord reaches the exec at ApplyHost when
+// nothing else moves, and with the commands' nodes at PatchDevice (one
+// Apply, no driver call of its own); the node is fixed once the set is
+// prepared, and HostNodeWord needs one.
+func TestHostNode(t *testing.T) {
+	m := newMLP(t, 2, 4, 1, trace.Options{})
+	cb, addrs, cp, fill := devStep(t, m)
+	du, err := gpu.DeviceUpdatesOf(m.b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := cb.RecordDevice(m.b, du, addrs, graph.DeviceOptions{Movable: []bool{true, true, true, false}, Copy: cp, Fill: fill, HostLead: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := []gpu.DevicePtr{m.alloc(64, 0), m.alloc(64, 0)}
+	p := gpu.KernelParams{Func: fill, Config: kernels.Elementwise(16), Args: []gpu.Arg{gpu.Ptr(w[0]), gpu.F32(7), gpu.I32(16)}}
+	node, err := du.GraphAddKernelNodeBefore(rec.Graph(), p, rec.Before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := rec.Instantiate(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Destroy(m.b)
+	if err := du.GraphUpload(x.X, m.s); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.HostNodeWord(m.b, x, 0, 0, uint64(w[1])); !errors.Is(err, gpu.ErrIllegalState) {
+		t.Errorf("HostNodeWord with no host node: %v", err)
+	}
+	if err := x.SetHostNode(node, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Args[0] = gpu.Ptr(0) // the exec keeps its own copy
+	// filled launches x and says which of w it filled with 7s.
+	filled := func() [2]bool {
+		t.Helper()
+		for _, b := range w {
+			if err := m.b.Memset(gpu.Memset{Dst: b, ElemSize: 4, Count: 16}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := x.Launch(m.b, m.s); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.b.StreamSynchronize(m.s); err != nil {
+			t.Fatal(err)
+		}
+		var out [2]bool
+		for i, b := range w {
+			raw := make([]byte, 64)
+			if err := m.b.MemcpyDtoH(raw, b); err != nil {
+				t.Fatal(err)
+			}
+			out[i] = gpu.BytesToF32(raw)[15] == 7
+		}
+		return out
+	}
+	if got := filled(); got != [2]bool{true, false} {
+		t.Fatalf("as recorded: filled %v", got)
+	}
+	// Nothing else moves: ApplyHost applies it.
+	if err := cb.HostNodeWord(m.b, x, 0, 0, uint64(w[1])); err != nil {
+		t.Fatal(err)
+	}
+	if got := filled(); got != [2]bool{true, false} {
+		t.Fatalf("staged, not applied: filled %v", got)
+	}
+	if err := cb.ApplyHost(x); err != nil {
+		t.Fatal(err)
+	}
+	if got := filled(); got != [2]bool{false, true} {
+		t.Fatalf("after ApplyHost: filled %v", got)
+	}
+	if err := x.SetHostNode(node, p); !errors.Is(err, gpu.ErrIllegalState) {
+		t.Errorf("SetHostNode once the set is prepared: %v", err)
+	}
+	// With the first command moved: PatchDevice applies both, and
+	// ApplyHost has nothing left to do.
+	if err := cb.HostNodeWord(m.b, x, 0, 0, uint64(w[0])); err != nil {
+		t.Fatal(err)
+	}
+	moved := slices.Clone(addrs)
+	moved[0] = m.alloc(64, 0)
+	if _, err := cb.PatchDevice(m.b, x, moved); err != nil {
+		t.Fatal(err)
+	}
+	before := m.b.Calls("GraphExecKernelNodeSetParams")
+	if err := cb.ApplyHost(x); err != nil {
+		t.Fatal(err)
+	}
+	if d := m.b.Calls("GraphExecKernelNodeSetParams") - before; d != 0 {
+		t.Errorf("ApplyHost after PatchDevice made %d exec updates", d)
+	}
+	if got := filled(); got != [2]bool{true, false} {
+		t.Fatalf("after PatchDevice: filled %v", got)
+	}
+}

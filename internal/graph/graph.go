@@ -397,6 +397,14 @@ type Exec struct {
 	// hs is the kernel nodes moved from the host, prepared at the first
 	// move (hostset.go); nil before and after a change around it.
 	hs *hostSet
+	// host is the kernel node of X that is no command's and moves from
+	// the host in hs (SetHostNode), with its parameters as hs holds them;
+	// hasHost says whether there is one.
+	host struct {
+		n gpu.GraphNode
+		p gpu.KernelParams
+	}
+	hasHost bool
 	// tmpl is what the graph x was instantiated from holds, as the host
 	// template of whole-graph updates (PatchWhole).
 	tmpl template

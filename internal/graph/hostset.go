@@ -1,7 +1,9 @@
 package graph
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
 )
@@ -37,6 +39,10 @@ type hostSet struct {
 	owner []int32
 	// apply is the nodes of the step, in the order staged.
 	apply []int32
+	// host is the set's node of the exec's host node (SetHostNode), -1
+	// for none; hostStaged says whether it is staged for the next apply.
+	host       int32
+	hostStaged bool
 }
 
 // preparedSet returns x's host set, preparing it at the first call: every
@@ -45,7 +51,7 @@ func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, includ
 	if x.hs != nil {
 		return x.hs, nil
 	}
-	hs := &hostSet{cmd: make([]int32, len(cb.cmds)), flat: make([][]int32, len(cb.cmds))}
+	hs := &hostSet{cmd: make([]int32, len(cb.cmds)), flat: make([][]int32, len(cb.cmds)), host: -1}
 	var (
 		nodes  []gpu.GraphNode
 		params []gpu.KernelParams
@@ -85,6 +91,9 @@ func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, includ
 				hs.flat[i][j] = add(i, fc.nodes[j], fc.params[j].Kernel)
 			}
 		}
+	}
+	if x.hasHost {
+		hs.host = add(-1, x.host.n, x.host.p)
 	}
 	set, err := gpu.PrepareKernelNodes(b, x.X, nodes, params)
 	if err != nil {
@@ -172,6 +181,10 @@ func (hs *hostSet) writeFlat(i int32, j int, fc *flatCmd, ops []gpu.DevicePtr) (
 // applyExec applies the staged nodes to the exec, naming the command of the
 // one that failed.
 func (hs *hostSet) applyExec(cb *CommandBuffer) error {
+	if hs.hostStaged {
+		hs.apply = append(hs.apply, hs.host)
+		hs.hostStaged = false
+	}
 	idx := hs.apply
 	hs.apply = hs.apply[:0]
 	if len(idx) == 0 {
@@ -188,5 +201,70 @@ func (hs *hostSet) name(cb *CommandBuffer, idx []int32, k int) string {
 	if k < 0 || k >= len(idx) {
 		return "the exec's kernel nodes"
 	}
+	if idx[k] == hs.host {
+		return "the exec's host node"
+	}
 	return cb.cmds[hs.owner[idx[k]]].Name
+}
+
+// SetHostNode makes kernel node n of x, which is no command's (device's
+// inline patcher), move from the host in the set PatchDevice moves the
+// commands' nodes in, prepared with p: a step that moves both makes one
+// Apply (on CUDA, the context made current once for all of them). Call it
+// before the first PatchDevice, HostNodeWord or ApplyHost; x keeps p's
+// arguments (a copy) as the set holds them.
+func (x *Exec) SetHostNode(n gpu.GraphNode, p gpu.KernelParams) error {
+	if x.dev == nil || x.hs != nil {
+		return gpu.Errorf("graph.SetHostNode", gpu.ErrIllegalState, "the exec was not recorded for device-side patching, or its host nodes are prepared already")
+	}
+	p.Args = slices.Clone(p.Args)
+	for i := range p.Args {
+		p.Args[i].Raw = slices.Clone(p.Args[i].Raw)
+	}
+	x.host.n, x.host.p, x.hasHost = n, p, true
+	return nil
+}
+
+// deviceSet is the host set of device exec x: its host-path commands'
+// kernel nodes and its host node.
+func (cb *CommandBuffer) deviceSet(b gpu.ExecKernelNodeSetter, x *Exec) (*hostSet, error) {
+	dp := x.dev
+	if dp == nil {
+		return nil, gpu.Errorf("graph.PatchDevice", gpu.ErrInvalidValue, "the exec was not recorded for device-side patching")
+	}
+	return x.preparedSet(b, cb, func(i int) bool { return dp.mode[i] == devHost })
+}
+
+// HostNodeWord sets the 8-byte word at byte off of argument arg of x's
+// host node (SetHostNode) to v in its prepared parameters and stages the
+// node: the next PatchDevice or ApplyHost applies it.
+func (cb *CommandBuffer) HostNodeWord(b gpu.ExecKernelNodeSetter, x *Exec, arg, off int, v uint64) error {
+	if !x.hasHost {
+		return gpu.Errorf("graph.HostNodeWord", gpu.ErrIllegalState, "the exec has no host node")
+	}
+	hs, err := cb.deviceSet(b, x)
+	if err != nil {
+		return err
+	}
+	if err := hs.set.SetWord(int(hs.host), arg, off, v); err != nil {
+		return err
+	}
+	// What a set prepared again (after a change around it) starts from.
+	if a := &x.host.p.Args[arg]; off == 0 && a.Kind != gpu.ArgBytes {
+		a.Bits = v
+	} else if off >= 0 && off+8 <= len(a.Raw) {
+		binary.LittleEndian.PutUint64(a.Raw[off:], v)
+	}
+	hs.hostStaged = true
+	return nil
+}
+
+// ApplyHost applies x's host node when it is staged (HostNodeWord) and no
+// PatchDevice has applied it since: for a step in which nothing else moves
+// from the host.
+func (cb *CommandBuffer) ApplyHost(x *Exec) error {
+	if x.hs == nil || !x.hs.hostStaged {
+		return nil
+	}
+	return x.hs.applyExec(cb)
 }
