@@ -247,7 +247,7 @@ func (g *generation) run(weights string) (err error) {
 			err = errors.Join(err, perr)
 		}
 	}()
-	e.progress("generate: %d prompts, %s, on backend %s", len(reqs), w.Source, shortReason(reason))
+	e.progress("generate: %s, %s, on backend %s", plural(len(reqs), "prompt", "prompts"), w.Source, shortReason(reason))
 	if g.opts.Device < 0 || g.opts.Device >= b.DeviceCount() {
 		return usagef("--device %d: backend %s has %d device(s)", g.opts.Device, b.Name(), b.DeviceCount())
 	}
@@ -257,8 +257,9 @@ func (g *generation) run(weights string) (err error) {
 	}
 	defer func() { err = errors.Join(err, bt.Close()) }()
 	st := bt.Stats()
-	e.progress("generate: ready in %v: %d graphs recorded (strategy %s), %d decode rows, %d positions at most, caches from a region of %s",
-		st.Startup.Round(time.Millisecond), st.Records, st.Requested, bt.Options().Rows, bt.Options().MaxPositions, byteSize(st.CacheRegion))
+	e.progress("generate: ready in %v: %s recorded (strategy %s), %s, %s at most, caches from a region of %s",
+		st.Startup.Round(time.Millisecond), plural(int(st.Records), "graph", "graphs"), st.Requested, plural(bt.Options().Rows, "decode row", "decode rows"),
+		plural(bt.Options().MaxPositions, "position", "positions"), byteSize(st.CacheRegion))
 
 	n := len(reqs)
 	g.decs, g.text, g.printed = make([]*tokenizer.Decoder, n), make([]strings.Builder, n), make([]bool, n)
@@ -443,10 +444,12 @@ func (g *generation) printSummary(s genSummary) {
 	if s.Simulated {
 		clock = "sim: the simulator's time on this CPU, not a GPU measurement"
 	}
-	e.progress("generate: %d sequences, %d tokens in %.2f s (%s): %.1f tokens/s", s.Sequences, s.Tokens, s.Seconds, clock, s.TokensPerS)
+	e.progress("generate: %s, %s in %.2f s (%s): %.1f tokens/s", plural(s.Sequences, "sequence", "sequences"), plural(s.Tokens, "token", "tokens"), s.Seconds, clock, s.TokensPerS)
 	e.progress("  time to first token p50 %.2f ms, p90 %.2f ms; per output token p50 %.2f ms, p90 %.2f ms", s.TTFTP50MS, s.TTFTP90MS, s.TPOTP50MS, s.TPOTP90MS)
-	e.progress("  start-up %.0f ms; strategy %s (%s); %d graphs recorded for %d step programs, %d re-recorded, %d nodes patched; %d decode steps (%.1f rows active on average), %d prefill steps",
-		s.StartupMS, s.Strategy, s.Requested, s.Records, s.Graphs, s.Rerecords, s.PatchedNodes, s.DecodeSteps, s.RowsActive, s.PrefillSteps)
+	e.progress("  start-up %.0f ms; strategy %s (%s); %s recorded for %s, %d re-recorded, %s patched; %s (%.1f rows active on average), %s",
+		s.StartupMS, s.Strategy, s.Requested, plural(int(s.Records), "graph", "graphs"), plural(int(s.Graphs), "step program", "step programs"), s.Rerecords,
+		plural(int(s.PatchedNodes), "node", "nodes"), plural(int(s.DecodeSteps), "decode step", "decode steps"), s.RowsActive,
+		plural(int(s.PrefillSteps), "prefill step", "prefill steps"))
 	if s.Tokens > 0 {
 		e.progress("  read back %s a token; sampled tokens drawn: %d on the device, %d from its candidates, %d fell back to the logits, %d on the host",
 			byteSize(s.ReadbackB/uint64(s.Tokens)), s.DeviceDraws, s.CandDraws, s.Fallbacks, s.HostDraws)
