@@ -69,8 +69,10 @@ func ParseStrategy(s string) (Strategy, error) {
 }
 
 // Costs are the per-operation costs, in microseconds of step time, that
-// StrategyAuto weighs (see replay.Costs). The defaults are the H100
-// figures of docs/GPU-MACHINE.md; zero fields of Options.Costs take them.
+// StrategyAuto weighs (see replay.Costs). The defaults are the measured
+// figures of docs/GPU-MACHINE.md (the copies' and the patcher's from an
+// H100, the host's node and graph updates from an H200); zero fields of
+// Options.Costs take them.
 type Costs = replay.Costs
 
 // AutoBound is what bounds a step, by which StrategyAuto ranks its

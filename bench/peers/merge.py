@@ -34,7 +34,7 @@ Columns (microseconds, p50 unless marked):
 
 Floors (the same system with nothing moving): each peer row names its floor
 ("floor"); stablegraph's floor is its "replay-fixed" row when the bench JSON
-has one, else the same strategy in the --movement fixed run (shown as
+has one, else the same strategy in the --pattern fixed run (shown as
 "<strategy>-fixed").
 
 The merged JSON:
