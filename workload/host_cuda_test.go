@@ -176,26 +176,8 @@ func hostVariants() []hostVariant {
 }
 
 func stepHost(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, opts sg.Options) {
-	c, err := NewCaller(d, 0, w, pat, 1)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer c.Close()
-	exe, err := sg.Compile(ctx, d, w.Program, opts)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer exe.Close()
-	for _, s := range w.States {
-		if err := exe.WriteBuffer(ctx, s.Buffer, s.Data); err != nil {
-			bm.Fatal(err)
-		}
-	}
-	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer d.StreamDestroy(s)
+	c, exe, s, done := openRig(ctx, bm, d, w, pat, opts)
+	defer done()
 	var run, upd, launch, patcher, other []float64
 	updates := 0
 	var before sg.Counters
@@ -346,26 +328,8 @@ func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, 
 	if err != nil {
 		bm.Fatal(err)
 	}
-	c, err := NewCaller(d, 0, w, Random, 1)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer c.Close()
-	exe, err := sg.Compile(ctx, d, w.Program, opts)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer exe.Close()
-	for _, s := range w.States {
-		if err := exe.WriteBuffer(ctx, s.Buffer, s.Data); err != nil {
-			bm.Fatal(err)
-		}
-	}
-	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer d.StreamDestroy(s)
+	c, exe, s, done := openRig(ctx, bm, d, w, Random, opts)
+	defer done()
 	var run, upd, launch []float64
 	warm := -1
 	for step := 0; len(run) < n; step++ {
@@ -398,4 +362,37 @@ func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, 
 		launch = append(launch, us(d.launch))
 	}
 	return exe.Stats().Strategy, p50(run), p50(upd), p50(launch)
+}
+
+// openRig is what both host benchmarks step: a caller of w at pat, w
+// compiled with opts, its states written, and a stream; done releases them
+// (the caller benchmarks two rigs in turn, not at once).
+func openRig(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, opts sg.Options) (*Caller, *sg.Executable, gpu.Stream, func()) {
+	c, err := NewCaller(d, 0, w, pat, 1)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	exe, err := sg.Compile(ctx, d, w.Program, opts)
+	if err != nil {
+		c.Close()
+		bm.Fatal(err)
+	}
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			exe.Close()
+			c.Close()
+			bm.Fatal(err)
+		}
+	}
+	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		exe.Close()
+		c.Close()
+		bm.Fatal(err)
+	}
+	return c, exe, s, func() {
+		d.StreamDestroy(s)
+		exe.Close()
+		c.Close()
+	}
 }
