@@ -245,7 +245,8 @@ unless --steps is given, it first times 3 eager steps, then runs as many
 steps per strategy as fit --budget (default 1m0s; fewer warm-up steps and
 wall-time batches with them), and says so on stderr and under the table.
 --budget 0 runs the defaults however long they take. Workloads with
-collectives run the steps the flags say. With --steps N (or no budget),
+collectives, whose ranks must run the same steps, take 5 measured steps per
+strategy instead, and say so. With --steps N (or no budget),
 wall time on sim is measured over at most N back-to-back steps.`,
 		flags: func(fs *flag.FlagSet) func(*env) error {
 			var wf workloadFlags
@@ -295,6 +296,13 @@ wall time on sim is measured over at most N back-to-back steps.`,
 						var err error
 						if o, fitNote, err = fitBudget(e, b, w, o, strats, *budget, given["warmup"]); err != nil {
 							return nil, err
+						}
+					case *budget > 0 && !given["steps"]:
+						// In-process ranks run this at once: the lead alone
+						// writes the note.
+						var note string
+						if o, note = fitCollectives(e, o, given["warmup"], lead); lead {
+							fitNote = note
 						}
 					default:
 						o = capWall(e, "bench", o, lead)

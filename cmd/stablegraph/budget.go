@@ -16,8 +16,11 @@ import (
 // 10 batches of 10 back-to-back steps each) would take an hour. Unless
 // --steps is given, bench on sim first times a few eager steps of the
 // workload, then runs as many steps per strategy as fit --budget, and says
-// so; on a GPU, and for workloads with collectives (whose ranks must agree
-// on their steps), it runs what the flags say.
+// so; on a GPU it runs what the flags say. A workload with collectives
+// cannot fit a budget (each rank would time its own steps and plan apart,
+// and its ranks must run the same steps): on sim it takes a fixed plan of
+// collectiveSimSteps measured steps instead, derived from the flags alone,
+// the same on every rank.
 
 // defaultSimBudget is --budget's default. Besides the budget, bench builds
 // the workload and times its steps, and the plan is an estimate from the
@@ -25,6 +28,11 @@ import (
 // changes, and a machine twice as busy later takes twice as long. A third
 // of 3 minutes leaves room for that.
 const defaultSimBudget = time.Minute
+
+// collectiveSimSteps is the measured steps per strategy of bench on sim for
+// a workload with collectives, unless --steps is given: a tensor-parallel
+// GPT-2 step on sim takes most of a second per rank.
+const collectiveSimSteps = 5
 
 // minBudgetSteps is the fewest measured steps a budget cuts a run to.
 const minBudgetSteps = 1
@@ -223,4 +231,23 @@ func fitBudget(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOption
 	}
 	e.progress("bench: %s", note)
 	return p.apply(o), note, nil
+}
+
+// fitCollectives is bench's plan on sim for a workload with collectives
+// (see above): o cut to collectiveSimSteps measured steps, with its wall
+// time and warm-up cut alike, said on stderr by the rank that reports
+// (lead), which alone gets the note for under the table.
+func fitCollectives(e *env, o workload.RunOptions, warmupGiven, lead bool) (workload.RunOptions, string) {
+	def := planOf(o)
+	if def.steps <= collectiveSimSteps {
+		return capWall(e, "bench", o, lead), ""
+	}
+	p := def.scaled(collectiveSimSteps, warmupGiven)
+	if !lead {
+		return p.apply(o), ""
+	}
+	note := fmt.Sprintf("sim: %d steps per strategy (%d warm-up) instead of %d: a workload with collectives takes a fixed plan on sim, the same on every rank; --steps N runs N",
+		p.steps, p.warmup, def.steps)
+	e.progress("bench: %s", note)
+	return p.apply(o), note
 }

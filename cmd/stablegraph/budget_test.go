@@ -154,3 +154,26 @@ func TestWallCappedBySteps(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchCollectivesFixedPlanOnSim: a workload with collectives under
+// --nproc on sim, without --steps, runs a fixed plan of few steps on every
+// rank and says so (it ran the hundred default steps, which for
+// tensor-parallel GPT-2 took a quarter of an hour); --steps still runs what
+// it says.
+func TestBenchCollectivesFixedPlanOnSim(t *testing.T) {
+	needSim(t)
+	args := []string{"--backend", "sim", "bench", "--workload", "dp", "--nproc", "2", "--strategies", "patch", "--layers", "1", "--width", "16", "--batch-per-rank", "2"}
+	code, out, errs := runCLI(t, args...)
+	if code != exitOK || strings.Contains(out, "NO") {
+		t.Fatalf("%v: code %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
+	}
+	const says = "sim: 5 steps per strategy (1 warm-up) instead of 100: a workload with collectives takes a fixed plan on sim, the same on every rank"
+	if !strings.Contains(errs, "bench: "+says) || !strings.Contains(out, says) || !strings.Contains(out, ", 5 steps") {
+		t.Errorf("%v: the plan is not said or not run:\nstdout:\n%s\nstderr:\n%s", args, out, errs)
+	}
+	args = append(args, "--steps", "3")
+	code, out, errs = runCLI(t, args...)
+	if code != exitOK || strings.Contains(errs, "fixed plan") || !strings.Contains(out, ", 3 steps") {
+		t.Errorf("%v: code %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
+	}
+}
