@@ -182,21 +182,7 @@ func stepHost(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, p
 	updates := 0
 	var before sg.Counters
 	for step := 0; bm.Loop(); step++ {
-		bind, err := c.Bind(step)
-		if err != nil {
-			bm.Fatal(err)
-		}
-		d.reset()
-		t0 := time.Now()
-		outs, err := exe.Run(ctx, s, bind)
-		host := time.Since(t0)
-		if err != nil {
-			bm.Fatal(err)
-		}
-		if err := d.StreamSynchronize(s); err != nil {
-			bm.Fatal(err)
-		}
-		outs.Release()
+		host := timedStep(ctx, bm, d, c, exe, s, step)
 		if step < 10 { // recording, probing templates
 			before = exe.Stats().Counters
 			continue
@@ -336,21 +322,7 @@ func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, 
 		if step > 1000 {
 			bm.Fatalf("%s: still probing after %d steps", name, step)
 		}
-		bind, err := c.Bind(step)
-		if err != nil {
-			bm.Fatal(err)
-		}
-		d.reset()
-		t0 := time.Now()
-		outs, err := exe.Run(ctx, s, bind)
-		host := time.Since(t0)
-		if err != nil {
-			bm.Fatal(err)
-		}
-		if err := d.StreamSynchronize(s); err != nil {
-			bm.Fatal(err)
-		}
-		outs.Release()
+		host := timedStep(ctx, bm, d, c, exe, s, step)
 		if warm < 0 && !exe.Stats().Probing {
 			warm = step + 10
 		}
@@ -395,4 +367,25 @@ func openRig(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pa
 		exe.Close()
 		c.Close()
 	}
+}
+
+// timedStep binds and runs step on s with d's clocks reset, waits for it,
+// and returns Run's host time.
+func timedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, exe *sg.Executable, s gpu.Stream, step int) time.Duration {
+	bind, err := c.Bind(step)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	d.reset()
+	t0 := time.Now()
+	outs, err := exe.Run(ctx, s, bind)
+	host := time.Since(t0)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	if err := d.StreamSynchronize(s); err != nil {
+		bm.Fatal(err)
+	}
+	outs.Release()
+	return host
 }
