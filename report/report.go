@@ -70,20 +70,27 @@ import (
 	"slices"
 )
 
-// SetFloor fills, from the floor row (the step replayed with nothing
-// moving), every other result's HostOverFloorUS and HostUSPerMovedNode.
-// Nothing changes without a floor row.
+// SetFloor fills every other result's HostOverFloorUS and
+// HostUSPerMovedNode: from its PairedFloor where it has one (the median of
+// the per-step differences), else from the floor row (the step replayed
+// with nothing moving). A result with neither is left as it is.
 func (r *Report) SetFloor() {
-	floor, ok := r.Result(FloorRow)
-	if !ok || floor.HostUS.P50 == 0 {
-		return
-	}
+	floor, hasFloor := r.Result(FloorRow)
+	hasFloor = hasFloor && floor.HostUS.P50 != 0
 	for i := range r.Results {
 		res := &r.Results[i]
 		if res.Strategy == FloorRow || res.HostUS.P50 == 0 {
 			continue
 		}
-		over := res.HostUS.P50 - floor.HostUS.P50
+		var over float64
+		switch {
+		case res.PairedFloor != nil:
+			over = res.PairedFloor.HostOverUS
+		case hasFloor:
+			over = res.HostUS.P50 - floor.HostUS.P50
+		default:
+			continue
+		}
 		res.HostOverFloorUS = &over
 		if res.MovedNodesPerStep > 0 {
 			per := over / res.MovedNodesPerStep
@@ -165,6 +172,11 @@ type Result struct {
 	HostOverFloorUS    *float64 `json:"host_over_floor_us,omitempty"`
 	HostUSPerMovedNode *float64 `json:"host_us_per_moved_node,omitempty"`
 
+	// PairedFloor, when the bench paired every row with the floor, is
+	// the floor's step timed right after each of this row's measured
+	// steps; HostOverFloorUS is then its HostOverUS. Nil otherwise.
+	PairedFloor *PairedFloor `json:"paired_floor,omitempty"`
+
 	// Totals over the measured steps.
 	Rerecords    int64 `json:"rerecords"`
 	GraphUpdates int64 `json:"graph_updates"`
@@ -198,6 +210,56 @@ type Result struct {
 	// at all (OutputsMatchEager is then false and says nothing); the table
 	// shows "-". It is not part of the JSON: say so in Note.
 	Unchecked bool `json:"-"`
+}
+
+// PairedFloor is the floor's step (the graph replayed with nothing
+// moving) timed right after each measured step of a row, the same way,
+// and the row against it step by step. The host's clock on a GPU machine
+// moves between regimes that last many steps; a step and the floor step
+// after it share one, so the medians of their differences and ratios
+// compare the two without the regime, where the p50s of rows run seconds
+// apart do not.
+type PairedFloor struct {
+	// HostUS and LatencyUS are the floor steps' own percentiles, and
+	// HostSamplesUS and LatencySamplesUS their samples, in step order,
+	// one for each of the row's.
+	HostUS           Percentiles `json:"host_us"`
+	LatencyUS        Percentiles `json:"latency_us"`
+	HostSamplesUS    []float64   `json:"host_samples_us,omitempty"`
+	LatencySamplesUS []float64   `json:"latency_samples_us,omitempty"`
+	// HostOverUS is the median over the steps of the row's host time
+	// minus the floor's; LatencyRatio the median of the row's latency over
+	// the floor's (0 when either was not measured).
+	HostOverUS   float64 `json:"host_over_us"`
+	LatencyRatio float64 `json:"latency_ratio,omitempty"`
+}
+
+// NewPairedFloor pairs a row's host and latency samples with the floor's
+// taken after each of them (microseconds, step order; the slices of one
+// kind have one length, and latencies may be absent). It returns nil when
+// there is no pair.
+func NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS []float64) *PairedFloor {
+	n := min(len(hostUS), len(floorHostUS))
+	if n == 0 {
+		return nil
+	}
+	p := &PairedFloor{HostUS: Summarize(floorHostUS), HostSamplesUS: floorHostUS}
+	over := make([]float64, n)
+	for i := range n {
+		over[i] = hostUS[i] - floorHostUS[i]
+	}
+	p.HostOverUS = Percentile(over, 50)
+	if m := min(len(latencyUS), len(floorLatencyUS)); m > 0 {
+		p.LatencyUS, p.LatencySamplesUS = Summarize(floorLatencyUS), floorLatencyUS
+		ratio := make([]float64, 0, m)
+		for i := range m {
+			if floorLatencyUS[i] > 0 {
+				ratio = append(ratio, latencyUS[i]/floorLatencyUS[i])
+			}
+		}
+		p.LatencyRatio = Percentile(ratio, 50)
+	}
+	return p
 }
 
 // The values of Result.GPUTiming.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -126,6 +127,9 @@ func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string
 			p.ParamBytes, p.Nodes, FormatUS(p.InFlightUS), FormatUS(p.IdleUS))
 	}
 	fmt.Fprintf(b, "\nagainst the floor (%s) and the driver (%s):\n", FloorRow, probe)
+	if slices.ContainsFunc(r.Results, func(res Result) bool { return res.PairedFloor != nil }) {
+		b.WriteString("(latency and host against the floor's step timed after each of the row's: medians of the per-step ratios and differences)\n")
+	}
 	tw := NewTabWriter(b)
 	fmt.Fprintf(tw, "strategy\t%s ×floor\t%s ×floor\t%s ×floor\t%s over floor µs\tnodes moved/step\t%s µs/moved node\t÷probe\n", wall, step, lat, host, host)
 	ratio := func(x, f float64) string {
@@ -142,7 +146,10 @@ func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string
 		if res.WallUS != nil && floor.WallUS != nil {
 			w = ratio(res.WallUS.P50, floor.WallUS.P50)
 		}
-		if res.LatencyUS != nil && floor.LatencyUS != nil {
+		switch {
+		case res.PairedFloor != nil && res.PairedFloor.LatencyRatio > 0:
+			l = strconv.FormatFloat(res.PairedFloor.LatencyRatio, 'f', 2, 64) + "×"
+		case res.LatencyUS != nil && floor.LatencyUS != nil:
 			l = ratio(res.LatencyUS.P50, floor.LatencyUS.P50)
 		}
 		if res.HostOverFloorUS != nil {

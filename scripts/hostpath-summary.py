@@ -50,6 +50,10 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
     print(hdr % ("strategy", "host p50", "host-flr", "moved/st", "us/node", "÷probe", "lat×flr", "wall×flr", "GPU×flr", "check", "note"))
     p50 = lambda r, k: (r.get(k) or {}).get("p50")
     def ratio(r, k):
+        # Latency against the floor's step timed after each of the row's
+        # (bench --pair-floor): the median of the per-step ratios.
+        if k == "latency_us" and (r.get("paired_floor") or {}).get("latency_ratio"):
+            return r["paired_floor"]["latency_ratio"]
         a, b = p50(r, k), p50(floor, k) if floor else None
         return a / b if a and b else None
     fmt = lambda v, f="%.2f": (f % v) if v is not None else "-"
@@ -90,10 +94,13 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
         if singles and p50(a, "wall_us"):
             bw = min(singles)
             verdicts.append((name, "auto wall <= 1.02x best", p50(a, "wall_us") <= 1.02 * bw[0], "%.1f vs %s %.1f" % (p50(a, "wall_us"), bw[1], bw[0])))
-        lats = [(p50(r, "latency_us"), st) for st, r in rows.items() if st in cands and p50(r, "latency_us")]
-        if lats and p50(a, "latency_us"):
+        # Latency: each row's over the floor's (paired when the bench
+        # paired them), so that rows run seconds apart compare.
+        lats = [(ratio(r, "latency_us"), st) for st, r in rows.items() if st in cands and ratio(r, "latency_us")]
+        if lats and ratio(a, "latency_us"):
             bl = min(lats)
-            verdicts.append((name, "auto latency <= 1.03x best", p50(a, "latency_us") <= 1.03 * bl[0], "%.1f vs %s %.1f" % (p50(a, "latency_us"), bl[1], bl[0])))
+            verdicts.append((name, "auto latency <= 1.03x best", ratio(a, "latency_us") <= 1.03 * bl[0],
+                             "%.3f vs %s %.3f (x floor)" % (ratio(a, "latency_us"), bl[1], bl[0])))
         # Its own host cost once it has kept one: none but the kept strategy's
         # (the warm-up must cover the probes: a measured probe step says so).
         note = a.get("note", "")
@@ -108,9 +115,9 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
             # closed): the first and the last ten steps apart.
             med = lambda v: sorted(v)[len(v) // 2]
             print("   auto host p50, first 10 measured steps %.2f, last 10 %.2f us" % (med(hs[:10]), med(hs[-10:])))
-        if k and p50(a, "host_us") and p50(k, "host_us"):
-            verdicts.append((name, "auto host <= kept's +10% +1 us", p50(a, "host_us") <= 1.1 * p50(k, "host_us") + 1,
-                             "%.2f vs %s %.2f us" % (p50(a, "host_us"), kept, p50(k, "host_us"))))
+        if k and a.get("host_over_floor_us") is not None and k.get("host_over_floor_us") is not None:
+            ao, ko = a["host_over_floor_us"], k["host_over_floor_us"]
+            verdicts.append((name, "auto host-floor <= kept's +1 us", ao <= ko + 1, "%.2f vs %s %.2f us over the floor" % (ao, kept, ko)))
 
 # The step-host benchmark as a table: per workload, pattern and way, Run's
 # host p50 taken apart (us), and its difference from the floor's (the same

@@ -63,6 +63,18 @@ type RunOptions struct {
 	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
 	NoFloor bool
+	// PairFloor makes Bench time, after each measured step of every row,
+	// one step of the floor (the same graph replayed with nothing moving,
+	// an executable of its own kept for the whole bench) the same way:
+	// every row then carries the floor's host time and latency taken at
+	// the same moments as its own (report.PairedFloor), and its host time
+	// over the floor and latency over the floor are the medians of the
+	// per-step differences and ratios. The host clock of a GPU machine
+	// drifts between regimes that last many steps, which shifts rows run
+	// seconds apart by more than the µs a row is judged on; a pair shares
+	// its regime. It doubles the measured steps. Default false (the
+	// bench command turns it on).
+	PairFloor bool
 	// NoProbe leaves out Bench's node update probe (the driver's own
 	// price of a node update, drivercost.MeasureNodeUpdates), measured
 	// before the strategies run so that every row's host time per moved
@@ -91,6 +103,10 @@ type RunOptions struct {
 	Progress func(strategy sg.Strategy, step, total int)
 	// Logger receives debug logs. Default slog.Default().
 	Logger *slog.Logger
+
+	// pair, set by Bench when PairFloor, times the floor's step after
+	// each measured step.
+	pair *floorPair
 }
 
 func (o RunOptions) withDefaults() RunOptions {
@@ -231,6 +247,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	total := opts.Warmup + opts.Steps
 	var (
 		stepUS, hostUS, latencyUS, skewUS []float64
+		floorHostUS, floorLatencyUS       []float64
 		before                            sg.Counters
 		peak                              uint64
 	)
@@ -252,11 +269,23 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			timer.measure() // releases are counted over the measured steps
 		}
 		var outs sg.Outputs
+		if step >= opts.Warmup {
+			// The goroutine keeps its thread for a measured step: the
+			// host clock then times one thread's calls.
+			runtime.LockOSThread()
+		}
 		times, err := timer.step(func() error {
 			var err error
 			outs, err = exe.Run(ctx, s, bind)
 			return err
 		})
+		var paired stepTimes
+		if err == nil && step >= opts.Warmup && opts.pair != nil {
+			paired, err = opts.pair.step(ctx)
+		}
+		if step >= opts.Warmup {
+			runtime.UnlockOSThread()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
 		}
@@ -286,6 +315,10 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			hostUS = append(hostUS, us(times.host))
 			latencyUS = append(latencyUS, us(times.latency))
 			skewUS = append(skewUS, us(times.skew))
+			if opts.pair != nil {
+				floorHostUS = append(floorHostUS, us(paired.host))
+				floorLatencyUS = append(floorLatencyUS, us(paired.latency))
+			}
 		}
 		if opts.Progress != nil {
 			opts.Progress(opts.Strategy, step+1, total)
@@ -307,6 +340,9 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	}
 	r.SetSamples(stepUS, hostUS)
 	r.SetLatency(latencyUS)
+	if opts.pair != nil {
+		r.PairedFloor = report.NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS)
+	}
 	var wallNote string
 	switch {
 	case opts.WallBatches <= 0:
@@ -525,7 +561,7 @@ func (o RunOptions) RunsFloor() bool { return o.Pattern != Fixed && !o.NoFloor }
 // OutputsMatchEager false, and the others still run; an eager failure ends
 // the bench. When ctx is cancelled Bench returns the report of the
 // strategies finished so far with ctx's error.
-func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (*report.Report, error) {
+func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Strategy, opts RunOptions) (_ *report.Report, err error) {
 	opts = opts.withDefaults()
 	order := BenchOrder(strategies)
 	props, err := b.DeviceProps(opts.Device)
@@ -548,6 +584,14 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 			IdleUS: p.IdleUS, InFlightUS: p.InFlightUS}
 	}
 	defer rep.SetFloor()
+	if opts.PairFloor && opts.RunsFloor() && (w.Comm == nil || w.Comm.Size() <= 1) {
+		pair, err := newFloorPair(ctx, b, w, opts)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, pair.close()) }()
+		opts.pair = pair
+	}
 	for _, strat := range order {
 		o := opts
 		o.Strategy = strat
@@ -582,7 +626,7 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		// The floor every overhead ratio is measured against: the same
 		// step graph replayed with nothing moving, in the same run.
 		o := opts
-		o.Strategy, o.Pattern, o.Dump = sg.StrategyPatch, Fixed, ""
+		o.Strategy, o.Pattern, o.Dump, o.pair = sg.StrategyPatch, Fixed, "", nil
 		res, err := floorRun(ctx, b, w, o, opts.Pattern)
 		if err != nil {
 			if ctx.Err() != nil {

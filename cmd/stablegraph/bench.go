@@ -42,6 +42,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
 	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
 	fs.BoolVar(&f.run.DeviceLeadOnDevice, "device-lead-on-device", false, "the device strategy moves the step's first command on the device too, not from the host (no exec update of it; its patcher then runs in front of the first command)")
+	fs.BoolVar(&f.run.NoGate, "no-gate", false, "time every step with events around Run on the idle stream, never holding the stream behind a gate: the GPU column is then the latency; to compare host times with and without the gate")
 	f.ranks.register(fs)
 	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
 }
@@ -228,7 +229,12 @@ p50 over the floor's side by side, host time over the floor's, the nodes it
 moved from the host per step and its host time per moved node, beside the
 driver's own price of one node update (a probe measured first in the same
 run: a chain of 16 kernels with 360-byte parameter blocks, updated while it
-runs) and the ratio of the two. On the sim backend every time is simulated
+runs) and the ratio of the two. On a GPU (--pair-floor, the default there)
+the floor's step is also timed right after each measured step of every
+row, and that table's latency and host columns set each step against the
+floor step after it (medians of the per-step ratios and differences): the
+host clock of a GPU machine moves between regimes lasting many steps, and
+a pair shares one. On the sim backend every time is simulated
 (its model on this CPU), not a GPU measurement, and the table and JSON say
 so.
 
@@ -256,6 +262,7 @@ wall time on sim is measured over at most N back-to-back steps.`,
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
 			budget := fs.Duration("budget", defaultSimBudget, "sim only: the `time` the runs may take; unless --steps is given, the steps per strategy are cut to fit it, and bench says so (0: no budget)")
 			fs.StringVar(&wf.run.Dump, "dump", "", "write eager's last step's inputs and outputs to `file` (safetensors; every strategy matched them)")
+			pairFloor := fs.Bool("pair-floor", true, "time the floor's step after each measured step of every row, and set each row's host time and latency against those (medians of the per-step differences and ratios) rather than against the floor row's, run seconds apart; on sim only when given")
 			return func(e *env) error {
 				if *budget < 0 {
 					return usagef("--budget must not be negative, got %v", *budget)
@@ -290,6 +297,7 @@ wall time on sim is measured over at most N back-to-back steps.`,
 					return err
 				}
 				body := func(e *env, b gpu.Backend, w *workload.Workload, o workload.RunOptions, lead bool) (*report.Report, error) {
+					o.PairFloor = *pairFloor && (given["pair-floor"] || !report.SimulatedBackend(b.Name()))
 					switch {
 					case !report.SimulatedBackend(b.Name()):
 					case *budget > 0 && !given["steps"] && w.Comm == nil:

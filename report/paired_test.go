@@ -1,0 +1,60 @@
+package report
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestPairedFloorIsRegimeFree: a row and its floor move together between
+// a fast and a slow regime of the host's clock, at different moments from
+// the floor row's. The paired median sees the row's own 5 µs over the
+// floor; the floor row's p50 would not.
+func TestPairedFloorIsRegimeFree(t *testing.T) {
+	host := []float64{10, 10, 10, 30, 30}
+	floorHost := []float64{5, 5, 5, 25, 25}
+	lat := []float64{110, 110, 110, 130, 130}
+	floorLat := []float64{100, 100, 100, 125, 125}
+	p := NewPairedFloor(host, lat, floorHost, floorLat)
+	if p == nil || p.HostOverUS != 5 || p.HostUS.P50 != 5 {
+		t.Fatalf("paired floor %+v, want host over 5 and the floor's own p50 5", p)
+	}
+	if p.LatencyRatio != 1.1 {
+		t.Errorf("latency ratio %v, want the median of the per-step ratios 1.1", p.LatencyRatio)
+	}
+	if NewPairedFloor(host, lat, nil, nil) != nil {
+		t.Error("a pair without floor samples")
+	}
+	// The floor row ran in the slow regime: 25 µs.
+	r := &Report{Results: []Result{
+		{Strategy: "patch", MovedNodesPerStep: 2, PairedFloor: p, StepUS: Percentiles{P50: 90}},
+		{Strategy: "device", MovedNodesPerStep: 1, StepUS: Percentiles{P50: 90}},
+		{Strategy: FloorRow, StepUS: Percentiles{P50: 90}, LatencyUS: &Percentiles{P50: 125}},
+	}}
+	r.Results[0].SetSamples([]float64{90, 90, 90, 90, 90}, host)
+	r.Results[0].SetLatency(lat)
+	r.Results[1].SetSamples([]float64{90, 90, 90, 90, 90}, []float64{27, 27, 27, 27, 27})
+	r.Results[2].SetSamples([]float64{90, 90, 90, 90, 90}, []float64{25, 25, 25, 25, 25})
+	r.SetFloor()
+	if o := r.Results[0].HostOverFloorUS; o == nil || *o != 5 || *r.Results[0].HostUSPerMovedNode != 2.5 {
+		t.Errorf("paired row: host over floor %v, want 5 (2.5 a moved node)", o)
+	}
+	if o := r.Results[1].HostOverFloorUS; o == nil || *o != 2 {
+		t.Errorf("unpaired row: host over floor %v, want 2 from the floor row", o)
+	}
+	var b bytes.Buffer
+	r.writeAgainstFloor(&b, "GPU", "host", "latency", "wall")
+	out := b.String()
+	if !strings.Contains(out, "floor's step timed after each of the row's") {
+		t.Errorf("the table does not say its figures are paired:\n%s", out)
+	}
+	patch := ""
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "patch") {
+			patch = l
+		}
+	}
+	if f := strings.Fields(patch); len(f) < 7 || f[3] != "1.10×" || f[4] != "5.00" || f[6] != "2.50" {
+		t.Errorf("patch's row %q: want latency 1.10× the floor (paired) and 5 µs over it", patch)
+	}
+}
