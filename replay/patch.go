@@ -7,6 +7,7 @@ import (
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/graph"
+	"github.com/stablegraph/stablegraph/kernels"
 )
 
 // patch rewrites in place only the nodes whose buffers moved, with
@@ -35,6 +36,14 @@ import (
 // wholeCheaper). stablegraph bench-driver measures the driver's prices,
 // and bench sets every strategy's host time per moved node beside them.
 //
+// A memcpy or memset over a bound buffer is recorded as a copy or fill
+// kernel of package kernels where its size and addresses are whole 4-byte
+// elements (boundCopies, graph.InstantiateOptions), as device records one:
+// the driver charges an exec update of a copy or memset node several times
+// what it charges for a small kernel node, and the kernels copy and fill
+// bit for bit. A move off 4-byte alignment is refused and recorded again,
+// the command then a copy or memset node.
+//
 // # What it counts
 //
 // PatchedNodes (the nodes moved, traced nodes included), GraphUpdates (the
@@ -52,7 +61,33 @@ type patch struct {
 
 func newPatch(spec Spec) (Strategy, error) {
 	_, err := gpu.GraphNodeSetterOf(spec.Backend)
-	return &patch{callerGraph: callerGraph{base: newBase(spec), patchable: true}, costs: spec.Costs, whole: err == nil}, nil
+	return &patch{callerGraph: callerGraph{base: newBase(spec), patchable: true, copies: boundCopies(spec)},
+		costs: spec.Costs, whole: err == nil}, nil
+}
+
+// boundCopies are the copy and fill kernels patch records a memcpy or
+// memset over a bound buffer as (graph.InstantiateOptions), or nil when the
+// executable has none loaded: a kernel node moves for one small exec
+// update, where the driver charges a copy or memset node's several times
+// as much (BENCHMARKS.md, section 0).
+func boundCopies(spec Spec) *graph.InstantiateOptions {
+	if spec.Kernels == nil {
+		return nil
+	}
+	o := &graph.InstantiateOptions{Movable: make([]bool, len(spec.Buffers))}
+	for _, i := range spec.classes.Bound {
+		o.Movable[i] = true
+	}
+	if f, err := spec.Kernels(kernels.Copy); err == nil {
+		o.Copy = f
+	}
+	if f, err := spec.Kernels(kernels.Fill); err == nil {
+		o.Fill = f
+	}
+	if o.Copy == 0 && o.Fill == 0 {
+		return nil
+	}
+	return o
 }
 
 func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Result, error) {

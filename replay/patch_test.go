@@ -146,18 +146,21 @@ func persistentAddresses(exe *stablegraph.Executable) bool {
 // a node update and a copy node update, and checks that the step still
 // runs, by re-recording, and that Stats says why: the refusal counted by
 // its reason, the last one in full, and the full error in the debug log.
+// Patch records the MLP's copy and memset over bound buffers as kernels,
+// so it makes no copy or memset node update to refuse (never).
 func TestRefusedUpdatesFallBack(t *testing.T) {
 	refused := &gpu.UpdateError{Op: "injected", Result: gpu.UpdateNotSupported, Detail: "the test refused it"}
 	for _, c := range []struct {
-		st stablegraph.Strategy
-		op string
+		st    stablegraph.Strategy
+		op    string
+		never bool
 	}{
-		{stablegraph.StrategyUpdate, "GraphExecUpdate"},
-		{stablegraph.StrategyPatch, "GraphExecKernelNodeSetParams"},
-		{stablegraph.StrategyPatch, "GraphExecMemsetNodeSetParams"},
-		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams"},
-		{stablegraph.StrategyStable, "GraphExecMemcpyNodeSetParams"},
-		{stablegraph.StrategyPool, "GraphExecMemcpyNodeSetParams"},
+		{stablegraph.StrategyUpdate, "GraphExecUpdate", false},
+		{stablegraph.StrategyPatch, "GraphExecKernelNodeSetParams", false},
+		{stablegraph.StrategyPatch, "GraphExecMemsetNodeSetParams", true},
+		{stablegraph.StrategyPatch, "GraphExecMemcpyNodeSetParams", true},
+		{stablegraph.StrategyStable, "GraphExecMemcpyNodeSetParams", false},
+		{stablegraph.StrategyPool, "GraphExecMemcpyNodeSetParams", false},
 	} {
 		t.Run(string(c.st)+"/"+c.op, func(t *testing.T) {
 			b := simtest.New(t, 1)
@@ -175,6 +178,13 @@ func TestRefusedUpdatesFallBack(t *testing.T) {
 				}
 			}
 			final := got[len(got)-1].Stats
+			if c.never {
+				if final.UpdateFallbacks != 0 || final.Rerecords != 0 || final.PatchedNodes == 0 {
+					t.Errorf("fallbacks %d, re-records %d, patched nodes %d; want a step with no %s to refuse",
+						final.UpdateFallbacks, final.Rerecords, final.PatchedNodes, c.op)
+				}
+				return
+			}
 			if final.UpdateFallbacks != 1 || final.Rerecords != 1 {
 				t.Errorf("fallbacks %d, re-records %d; want 1 and 1", final.UpdateFallbacks, final.Rerecords)
 			}

@@ -408,6 +408,11 @@ type Exec struct {
 	// tmpl is what the graph x was instantiated from holds, as the host
 	// template of whole-graph updates (PatchWhole).
 	tmpl template
+	// made, when not nil, says per command whether Instantiate recorded
+	// a memcpy or memset as a copy or fill kernel (InstantiateOptions),
+	// and kz makes its parameters at other addresses.
+	made []devMode
+	kz   *kernelizer
 	// Scratch for Patch, kept to allocate nothing per step.
 	mark    []uint32 // mark[c] == gen: command c is in dirty
 	gen     uint32
@@ -419,7 +424,38 @@ type Exec struct {
 // Instantiate records the commands at addrs (see Record) and instantiates
 // the graph.
 func (cb *CommandBuffer) Instantiate(b gpu.Backend, addrs []gpu.DevicePtr, patch bool) (*Exec, error) {
-	r, err := cb.record(b, addrs, patch, nil)
+	return cb.InstantiateWith(b, addrs, InstantiateOptions{Patch: patch})
+}
+
+// InstantiateOptions say how InstantiateWith records.
+type InstantiateOptions struct {
+	// Patch records traced commands for patching (see Record).
+	Patch bool
+	// Movable says, per buffer, whether its address may change between
+	// steps; Copy and Fill are kernels.Copy and kernels.Fill. With all
+	// three, a memcpy or memset command over a movable buffer is recorded
+	// as a copy or fill kernel where its size and addresses allow, as
+	// RecordDevice records one: Patch then moves it as a kernel node, one
+	// exec update of a small parameter block, where a copy or memset
+	// node's exec update costs the driver several times more. A move off
+	// 4-byte alignment is refused (gpu.ErrGraphUpdate): recording again
+	// there keeps the command a copy or memset node. The kernels copy and
+	// fill bit for bit.
+	Movable    []bool
+	Copy, Fill gpu.Function
+}
+
+// InstantiateWith records the commands at addrs as o says and instantiates
+// the graph.
+func (cb *CommandBuffer) InstantiateWith(b gpu.Backend, addrs []gpu.DevicePtr, o InstantiateOptions) (*Exec, error) {
+	var kz *kernelizer
+	if o.Movable != nil && (o.Copy != 0 || o.Fill != 0) {
+		if len(o.Movable) != cb.nbufs {
+			return nil, gpu.Errorf("graph.InstantiateWith", gpu.ErrInvalidValue, "%d movable flags for %d buffers", len(o.Movable), cb.nbufs)
+		}
+		kz = &kernelizer{movable: slices.Clone(o.Movable), copy: o.Copy, fill: o.Fill}
+	}
+	r, err := cb.record(b, addrs, o.Patch, kz)
 	if err != nil {
 		return nil, err
 	}
@@ -428,7 +464,15 @@ func (cb *CommandBuffer) Instantiate(b gpu.Backend, addrs []gpu.DevicePtr, patch
 		return nil, errors.Join(fmt.Errorf("instantiate: %w", err), b.GraphDestroy(r.g))
 	}
 	return &Exec{Graph: r.g, Nodes: r.nodes, X: x, addrs: append([]gpu.DevicePtr(nil), addrs...),
-		flat: r.flat, mark: make([]uint32, len(cb.cmds)), tmpl: newTemplate(r, addrs)}, nil
+		flat: r.flat, mark: make([]uint32, len(cb.cmds)), tmpl: newTemplate(r, addrs), made: r.made, kz: kz}, nil
+}
+
+// madeAt is how command i was recorded, when a copy or fill kernel.
+func (x *Exec) madeAt(i int32) devMode {
+	if x.made == nil {
+		return devNone
+	}
+	return x.made[i]
 }
 
 // Flattened reports, per command, whether x holds it flattened and in how
@@ -488,7 +532,9 @@ func (x *Exec) Destroy(b gpu.Backend) error {
 // to x with a whole-graph exec update. When the driver refuses the update
 // the error wraps gpu.ErrGraphUpdate and x is unchanged and usable.
 func (cb *CommandBuffer) Update(b gpu.Backend, x *Exec, addrs []gpu.DevicePtr) error {
-	r, err := cb.record(b, addrs, false, nil)
+	// Recorded as x was: a copy kernel that cannot be one at addrs is a
+	// copy node there, which the update refuses.
+	r, err := cb.record(b, addrs, false, x.kz)
 	if err != nil {
 		return err
 	}
@@ -590,11 +636,18 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 		case KindKernel:
 			err = hs.stageKernel(c, i, addrs)
 			updated++
-		case KindMemcpy:
-			err = b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
-			updated++
-		case KindMemset:
-			err = b.GraphExecMemsetNodeSetParams(x.X, n, c.memsetParams(addrs))
+		case KindMemcpy, KindMemset:
+			switch m := x.madeAt(i); {
+			case m != devNone:
+				var k int32
+				if k, err = hs.writeMade(c, i, m, n, addrs); err == nil {
+					hs.apply = append(hs.apply, k)
+				}
+			case c.Kind == KindMemcpy:
+				err = b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
+			default:
+				err = b.GraphExecMemsetNodeSetParams(x.X, n, c.memsetParams(addrs))
+			}
 			updated++
 		case KindTraced:
 			x.key = c.operandAddrs(addrs, x.key)

@@ -73,6 +73,14 @@ func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, includ
 			if hasPtr(c.Args) {
 				hs.cmd[i] = add(i, x.Nodes[i], c.kernelParams(x.addrs))
 			}
+		case KindMemcpy, KindMemset:
+			if x.madeAt(int32(i)) != devNone {
+				// A copy or fill kernel (InstantiateWith), at the
+				// addresses it was recorded or last moved at.
+				if p, _, ok := x.kz.kernel(i, c, x.addrs); ok {
+					hs.cmd[i] = add(i, x.Nodes[i], p)
+				}
+			}
 		case KindTraced:
 			fc := x.flatAt(int32(i))
 			if fc == nil || fc.tmpl == nil {
@@ -146,6 +154,36 @@ func (hs *hostSet) writeKernel(c *Command, i int32, addrs []gpu.DevicePtr) (int3
 				return 0, err
 			}
 		}
+	}
+	return k, nil
+}
+
+// writeMade writes the pointers at addrs of command i, a memcpy or memset
+// recorded as a copy or fill kernel (mode), node n, into the set and
+// returns its node there. The kernels work in 4-byte elements: a move off
+// 4-byte alignment is refused (gpu.ErrGraphUpdate), and recording again
+// there makes the command a copy or memset node.
+func (hs *hostSet) writeMade(c *Command, i int32, mode devMode, n gpu.GraphNode, addrs []gpu.DevicePtr) (int32, error) {
+	k := hs.cmd[i]
+	if k < 0 {
+		return 0, gpu.Errorf("graph.Patch", gpu.ErrInvalidValue, "%s has no prepared node", c.Name)
+	}
+	dst := c.Dst.At(addrs)
+	if mode == devCopy {
+		src := c.Src.At(addrs)
+		if (dst|src)%4 != 0 {
+			return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateNotSupported, Node: n,
+				Detail: fmt.Sprintf("%s was recorded as a 4-byte copy kernel, now at %#x and %#x, not 4-byte aligned", c.Name, uint64(dst), uint64(src))}
+		}
+		if err := hs.set.SetWord(int(k), 1, 0, uint64(src)); err != nil {
+			return 0, err
+		}
+	} else if dst%4 != 0 {
+		return 0, &gpu.UpdateError{Op: "graph.Patch", Result: gpu.UpdateNotSupported, Node: n,
+			Detail: fmt.Sprintf("%s was recorded as a 4-byte fill kernel, now at %#x, not 4-byte aligned", c.Name, uint64(dst))}
+	}
+	if err := hs.set.SetWord(int(k), 0, 0, uint64(dst)); err != nil {
+		return 0, err
 	}
 	return k, nil
 }

@@ -189,11 +189,18 @@ func (cb *CommandBuffer) PatchWhole(b gpu.Backend, x *Exec, addrs []gpu.DevicePt
 				onTemplate = append(onTemplate, k)
 			}
 			set++
-		case KindMemcpy:
-			err = gs.GraphMemcpyNodeSetParams(x.Nodes[i], c.memcpyParams(addrs))
-			set++
-		case KindMemset:
-			err = gs.GraphMemsetNodeSetParams(x.Nodes[i], c.memsetParams(addrs))
+		case KindMemcpy, KindMemset:
+			switch m := x.madeAt(i); {
+			case m != devNone:
+				var k int32
+				if k, err = hs.writeMade(c, i, m, x.Nodes[i], addrs); err == nil {
+					onTemplate = append(onTemplate, k)
+				}
+			case c.Kind == KindMemcpy:
+				err = gs.GraphMemcpyNodeSetParams(x.Nodes[i], c.memcpyParams(addrs))
+			default:
+				err = gs.GraphMemsetNodeSetParams(x.Nodes[i], c.memsetParams(addrs))
+			}
 			set++
 		case KindTraced:
 			fc := x.flatAt(i)
@@ -234,6 +241,10 @@ func (cb *CommandBuffer) PatchWhole(b gpu.Backend, x *Exec, addrs []gpu.DevicePt
 		switch c.Kind {
 		case KindKernel:
 			_, err = hs.writeKernel(c, i, addrs)
+		case KindMemcpy, KindMemset:
+			if m := x.madeAt(i); m != devNone {
+				_, err = hs.writeMade(c, i, m, x.Nodes[i], addrs)
+			}
 		case KindTraced:
 			if fc := x.flatAt(i); fc != nil && fc.tmpl != nil {
 				x.key = c.operandAddrs(addrs, x.key)
