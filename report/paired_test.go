@@ -45,7 +45,7 @@ func TestPairedFloorIsRegimeFree(t *testing.T) {
 	var b bytes.Buffer
 	r.writeAgainstFloor(&b, "GPU", "host", "latency", "wall")
 	out := b.String()
-	if !strings.Contains(out, "floor's step timed after each of the row's") {
+	if !strings.Contains(out, "floor's step timed beside each of the row's") {
 		t.Errorf("the table does not say its figures are paired:\n%s", out)
 	}
 	patch := ""

@@ -173,7 +173,7 @@ type Result struct {
 	HostUSPerMovedNode *float64 `json:"host_us_per_moved_node,omitempty"`
 
 	// PairedFloor, when the bench paired every row with the floor, is
-	// the floor's step timed right after each of this row's measured
+	// the floor's step timed beside each of this row's measured
 	// steps; HostOverFloorUS is then its HostOverUS. Nil otherwise.
 	PairedFloor *PairedFloor `json:"paired_floor,omitempty"`
 
@@ -213,12 +213,11 @@ type Result struct {
 }
 
 // PairedFloor is the floor's step (the graph replayed with nothing
-// moving) timed right after each measured step of a row, the same way,
-// and the row against it step by step. The host's clock on a GPU machine
-// moves between regimes that last many steps; a step and the floor step
-// after it share one, so the medians of their differences and ratios
-// compare the two without the regime, where the p50s of rows run seconds
-// apart do not.
+// moving) timed beside each measured step of a row, the same way, and the
+// row against it step by step. The host's clock on a GPU machine moves
+// between regimes that last many steps; a step and the floor step beside
+// it share one, so the medians of their differences and ratios compare the
+// two without the regime, where the p50s of rows run seconds apart do not.
 type PairedFloor struct {
 	// HostUS and LatencyUS are the floor steps' own percentiles, and
 	// HostSamplesUS and LatencySamplesUS their samples, in step order,
@@ -235,7 +234,7 @@ type PairedFloor struct {
 }
 
 // NewPairedFloor pairs a row's host and latency samples with the floor's
-// taken after each of them (microseconds, step order; the slices of one
+// taken beside each of them (microseconds, step order; the slices of one
 // kind have one length, and latencies may be absent). It returns nil when
 // there is no pair.
 func NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS []float64) *PairedFloor {

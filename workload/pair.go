@@ -13,9 +13,10 @@ import (
 // the workload compiled with patch on fixed buffers, warmed up, its step
 // timed by a step timer of its own on a stream of its own, exactly as a
 // row's step is timed (gated where the row's is). Run times one of its
-// steps right after each of its own measured steps, so that a row's host
-// time and latency and the floor's are taken in the same regime of the
-// host's clock. Its outputs are not checked: the floor row checks the same
+// steps beside each of its own measured steps (after it, and before it on
+// odd steps, so that neither side always follows the binding and the last
+// step's readback), so that a row's host time and latency and the floor's
+// are taken in the same regime of the host's clock. Its outputs are not checked: the floor row checks the same
 // executable's.
 type floorPair struct {
 	exe   *sg.Executable

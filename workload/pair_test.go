@@ -11,7 +11,7 @@ import (
 )
 
 // TestBenchPairFloor: with PairFloor every row but the floor's carries the
-// floor's step timed after each of its measured steps, its host time over
+// floor's step timed beside each of its measured steps, its host time over
 // the floor is the paired median, the outputs still match eager, and the
 // pair's executable, stream and buffers are gone when Bench returns
 // (openSim checks the live handles).

@@ -269,21 +269,31 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			timer.measure() // releases are counted over the measured steps
 		}
 		var outs sg.Outputs
-		if step >= opts.Warmup {
+		measured := step >= opts.Warmup
+		if measured {
 			// The goroutine keeps its thread for a measured step: the
 			// host clock then times one thread's calls.
 			runtime.LockOSThread()
 		}
-		times, err := timer.step(func() error {
-			var err error
-			outs, err = exe.Run(ctx, s, bind)
-			return err
-		})
-		var paired stepTimes
-		if err == nil && step >= opts.Warmup && opts.pair != nil {
+		// The paired floor step goes before the row's step on odd steps
+		// and after it on even ones, so that neither is always the one
+		// that follows the binding and the last step's readback.
+		pairFirst := measured && opts.pair != nil && step%2 == 1
+		var paired, times stepTimes
+		if pairFirst {
 			paired, err = opts.pair.step(ctx)
 		}
-		if step >= opts.Warmup {
+		if err == nil {
+			times, err = timer.step(func() error {
+				var err error
+				outs, err = exe.Run(ctx, s, bind)
+				return err
+			})
+		}
+		if err == nil && measured && opts.pair != nil && !pairFirst {
+			paired, err = opts.pair.step(ctx)
+		}
+		if measured {
 			runtime.UnlockOSThread()
 		}
 		if err != nil {

@@ -230,9 +230,9 @@ moved from the host per step and its host time per moved node, beside the
 driver's own price of one node update (a probe measured first in the same
 run: a chain of 16 kernels with 360-byte parameter blocks, updated while it
 runs) and the ratio of the two. On a GPU (--pair-floor, the default there)
-the floor's step is also timed right after each measured step of every
+the floor's step is also timed beside each measured step of every
 row, and that table's latency and host columns set each step against the
-floor step after it (medians of the per-step ratios and differences): the
+floor step beside it (medians of the per-step ratios and differences): the
 host clock of a GPU machine moves between regimes lasting many steps, and
 a pair shares one. On the sim backend every time is simulated
 (its model on this CPU), not a GPU measurement, and the table and JSON say
