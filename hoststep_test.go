@@ -51,7 +51,7 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 		{"patch", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 0.01}, false},
 		{"patch-whole", stablegraph.StrategyPatch, stablegraph.Costs{NodeUpdateUS: 100}, true},
 		{"device", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
-		{"device-lead", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
+		{"device-inline-host-lead", stablegraph.StrategyDevice, stablegraph.Costs{}, false},
 	} {
 		st := c.st
 		t.Run(c.name, func(t *testing.T) {
@@ -60,7 +60,9 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 			w := steptest.NewMLP(4, 32, 3, 100, 6)
 			ad := steptest.NewMLPAddresser(t, b, w, steptest.Random)
 			opts := stablegraph.Options{Strategy: st, Costs: c.costs}
-			opts.DeviceStrategy.LeadOnDevice = c.name == "device-lead"
+			if c.name == "device-inline-host-lead" {
+				opts.DeviceStrategy.Inline, opts.DeviceStrategy.HostLead = true, true
+			}
 			exe := steptest.Compile(t, b, w.P, opts)
 			w.InitStates(t, exe)
 			var binds []stablegraph.Bindings

@@ -16,28 +16,28 @@ import (
 	"github.com/stablegraph/stablegraph/vmm"
 )
 
-// DeviceOptions configure device (Options.DeviceStrategy).
+// DeviceOptions configure device (Options.DeviceStrategy). By default a
+// moving step makes no driver call but its launch: every pointer move goes
+// through the ring of tables in mapped host memory, and the step's first
+// command moves on the device with the rest. Each option trades one exec
+// update per moving step of host time for GPU time (BENCHMARKS.md,
+// section 0, has both sides).
 type DeviceOptions struct {
-	// Tables makes device pass every step's pointer moves through its
-	// ring of tables in mapped host memory, which the patcher reads over
-	// the bus, also when at most kernels.PatchInlineCap buffers move: by
-	// default those go in the patcher node's own parameters, with one
-	// exec update of that node per step that moves anything, which costs
-	// the GPU half as much (see device, below). Default false.
-	Tables bool
-	// LeadOnDevice moves the step's first command on the device with the
-	// rest, rather than from the host (hostLead): a moving step then
-	// makes no exec update of its own but the inline patcher's, and with
-	// Tables none (what cannot move on the device still moves from the
-	// host: copies it could not make kernels, traced commands on the host
-	// path), so its host work is the floor's plus the table's writes. The
-	// patcher is then on the step's critical path, in front of the first
-	// command, which costs the GPU its pointer writes (BENCHMARKS.md,
-	// section 0). For a step whose latency the host's driver calls bound
-	// (a decode step awaited before the next), or to measure what
-	// launching a graph with device-updatable nodes costs the host.
-	// Default false.
-	LeadOnDevice bool
+	// Inline passes a step's pointer moves in the patcher node's own
+	// parameters when at most kernels.PatchInlineCap buffers can move,
+	// set with one exec update of that node per step that moves
+	// anything: the patcher then reads them without a round trip over
+	// the bus, which halves its GPU time. Default false: the ring of
+	// tables, which the patcher reads over the bus, and no exec update.
+	Inline bool
+	// HostLead moves the step's first command from the host when it
+	// points into a bound buffer (hostLead), as patch moves it: one exec
+	// update of its node per moving step, and the patcher runs beside it
+	// instead of in front of it, so its pointer writes leave the step's
+	// critical path, which a launch-bound step (a small graph) feels.
+	// Default false: the first command moves on the device too, and the
+	// patcher runs before it.
+	HostLead bool
 }
 
 // device moves the step's pointers on the device: the graph is recorded
@@ -50,32 +50,31 @@ type DeviceOptions struct {
 // buffers before any node it moves runs, in the same launch. No step
 // allocates.
 //
-// The patcher runs beside the step's first command. A node that must wait
-// for the patcher waits for all of it, so with the patcher before the
-// whole step its pointer writes are on the step's critical path. The
+// What device is for is a moving step whose host work is the floor's:
+// by default a step writes its moves into the next table of a ring in
+// mapped pinned host memory and launches, with no other driver call, and
+// the patcher runs before the step's first command. A node that must wait
+// for the patcher waits for all of it, so the patcher's pointer writes
+// (and its read of the table over the bus) are on the step's critical
+// path: a few µs that a launch-bound step (a small graph) feels and a
+// large one does not, and less than the exec updates they replace cost a
+// step awaited before the next (BENCHMARKS.md, section 0). Two options
+// buy that GPU time back with host time. DeviceOptions.HostLead moves the
 // step's first command, when it points into a bound buffer (mlp's first
-// GEMM reads x), therefore moves from the host, as patch moves it (one
-// exec update per moved node; it is not opted in, so no upload), and the
-// patcher waits only in front of the first command it moves
-// (graph.DeviceOptions.HostLead, hostLead; DeviceOptions.LeadOnDevice
-// moves the first command on the device too, for a step whose host time
-// matters more than the patcher's writes). That takes the patcher's
-// writes off the critical path (BENCHMARKS.md, section 0, has the
-// figures). What is left is the patcher node itself: any extra node costs
-// a launch-bound step GPU time even with nothing to do, wherever it sits,
-// so when nothing is left to move on the device, the graph gets no
-// patcher. Each graph's patcher is thus in one of three modes
-// (patcherMode): inline or tables, as below, or none.
-//
-// Where the updates go: when at most kernels.PatchInlineCap buffers can
-// move, into the inline patcher's own kernel parameters, set with one exec
-// update of that node per step that moves something (the node is not
-// device-updatable, so the graph needs no upload); the patcher then reads
-// them with no round trip over the bus, which halves its GPU time
-// (bench/probes/patcher) for one exec update of host time. Otherwise, or
-// with DeviceOptions.Tables, into the next table of a ring in mapped pinned
-// host memory, which the patcher reads over the bus: a step is then one
-// graph launch and no other driver call but the first command's update.
+// GEMM reads x), from the host, as patch moves it (one exec update per
+// moved node; it is not opted in, so no upload), and the patcher then
+// waits only in front of the first command it moves
+// (graph.DeviceOptions.HostLead, hostLead), beside the first.
+// DeviceOptions.Inline passes the moves, when at most
+// kernels.PatchInlineCap buffers can move, in the patcher's own kernel
+// parameters, set with one exec update of that node per step that moves
+// something (the node is not device-updatable, so the graph needs no
+// upload): the patcher reads them with no round trip over the bus, which
+// halves its GPU time (bench/probes/patcher). What is left is the patcher
+// node itself: any extra node costs a launch-bound step GPU time even
+// with nothing to do, wherever it sits, so when nothing is left to move
+// on the device, the graph gets no patcher. Each graph's patcher is thus
+// in one of three modes (patcherMode): tables, inline, or none.
 //
 // Only nodes with a pointer into a buffer bound every step opt in: an
 // opted-in cuBLAS kernel node costs GPU time even when nothing moves
@@ -155,7 +154,7 @@ type device struct {
 	module  gpu.Module
 	patcher gpu.Function
 	inline  gpu.Function // the inline patcher; 0: the cubins predate it
-	tables  bool         // DeviceOptions.Tables
+	inlined bool         // DeviceOptions.Inline
 	opts    graph.DeviceOptions
 	states  []int // the states: recorded at their addresses, never moved on the device
 	policy  vmm.WaitPolicy
@@ -197,7 +196,7 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: pointers moved on the device need device-updatable graph nodes: %w", err)
 	}
-	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Poll, tables: spec.Options.DeviceStrategy.Tables}
+	st := &device{base: newBase(spec), dev: dev, du: du, policy: spec.Poll, inlined: spec.Options.DeviceStrategy.Inline}
 	m, err := b.ModuleLoad(dev, kernels.PatcherModule())
 	if err != nil {
 		return nil, fmt.Errorf("device: load the patcher: %w", err)
@@ -224,9 +223,8 @@ func newDevice(spec Spec) (_ Strategy, err error) {
 	// node more than a small one), and states move only when rebound,
 	// which records afresh (Run).
 	st.opts.Movable = make([]bool, len(spec.Buffers))
-	st.opts.HostLead = hostLead
-	if spec.Options.DeviceStrategy.LeadOnDevice {
-		st.opts.HostLead = 0
+	if spec.Options.DeviceStrategy.HostLead {
+		st.opts.HostLead = hostLead
 	}
 	for _, i := range spec.classes.Bound {
 		st.opts.Movable[i] = true
@@ -534,7 +532,7 @@ func (st *device) record(s gpu.Stream, addrs []gpu.DevicePtr, cause recordCause,
 		// No patcher, which would cost the step a node's time for
 		// nothing.
 		rig.mode = patcherNone
-	case st.inline != 0 && !st.tables && len(dr.Ranges) <= kernels.PatchInlineCap:
+	case st.inline != 0 && st.inlined && len(dr.Ranges) <= kernels.PatchInlineCap:
 		// Every step's updates fit the patcher's own parameters.
 		rig.mode = patcherInline
 		rig.param = make([]byte, patchtable.InlineSize)
@@ -652,7 +650,7 @@ type patcherMode uint8
 const (
 	// patcherTables: from the next table of the ring in mapped host
 	// memory, read over the bus (more than kernels.PatchInlineCap buffers
-	// with pointers on the device, DeviceOptions.Tables, or cubins that
+	// with pointers on the device, no DeviceOptions.Inline, or cubins that
 	// predate the inline patcher).
 	patcherTables patcherMode = iota
 	// patcherInline: from the patcher node's own parameters, set with one
@@ -776,9 +774,9 @@ func modelDevice(spec Spec) Candidate {
 	}
 	c := spec.Costs
 	bound := spec.classes.Bound
-	hl := hostLead
-	if spec.Options.DeviceStrategy.LeadOnDevice {
-		hl = 0
+	hl := 0
+	if spec.Options.DeviceStrategy.HostLead {
+		hl = hostLead
 	}
 	lead := spec.Commands.MovesIn(bound, 0, hl)
 	m := spec.Commands.MovesIn(bound, hl, spec.Commands.Len())
@@ -790,7 +788,7 @@ func modelDevice(spec Spec) Candidate {
 	// What moves every step fits the inline patcher's parameters, set
 	// with one exec update per step, or it goes through the ring.
 	patcher, update, what := c.PatcherUS, 0.0, "the patcher node"
-	if len(bound) <= kernels.PatchInlineCap && !spec.Options.DeviceStrategy.Tables {
+	if len(bound) <= kernels.PatchInlineCap && spec.Options.DeviceStrategy.Inline {
 		patcher, update, what = c.PatcherInlineUS, c.NodeUpdateUS, "the inline patcher node and its update"
 	}
 	cand.Note = what

@@ -130,7 +130,9 @@ func calls(b *sim.Backend) map[string]int {
 func deviceOnChain(t testing.TB, b *sim.Backend, k int, s gpu.Stream, addrs []gpu.DevicePtr, tables bool) *device {
 	t.Helper()
 	spec := chainSpec(t, b, k, 64)
-	spec.Options.DeviceStrategy.Tables = tables
+	// The first command from the host, as before the defaults turned to
+	// everything on the device: these tests count its updates.
+	spec.Options.DeviceStrategy.Inline, spec.Options.DeviceStrategy.HostLead = !tables, true
 	st, err := New(Device, spec)
 	if err != nil {
 		t.Fatal(err)

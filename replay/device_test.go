@@ -24,13 +24,12 @@ import (
 // workload, small, under every movement of the caller's buffers, fresh
 // addresses every step included: every output and state after every step
 // equals eager's, and after the first step nothing is recorded, captured
-// or uploaded again, and nothing moves from the host but the step's first
-// command (hostLead: a kernel's node, or a GEMM's one or two). Every other
-// pointer moves on the device: the GEMMs' kernels at their templates'
-// slots, the copies of train and dp as copy kernels. With
-// DeviceOptions.LeadOnDevice (with the inline patcher, and with the ring of
-// tables) the first command moves on the device too: nothing moves from the
-// host.
+// or uploaded again, and nothing moves from the host: every pointer moves
+// on the device, the GEMMs' kernels at their templates' slots, the copies
+// of train and dp as copy kernels. With DeviceOptions.HostLead (with the
+// ring of tables, and with the inline patcher) the step's first command
+// moves from the host (hostLead: a kernel's node, or a GEMM's one or two),
+// and nothing else does.
 func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 	const steps = 6
 	for _, c := range []struct {
@@ -56,8 +55,9 @@ func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 				opts stablegraph.DeviceOptions
 			}{
 				{"", stablegraph.DeviceOptions{}},
-				{"/lead", stablegraph.DeviceOptions{LeadOnDevice: true}},
-				{"/tables-lead", stablegraph.DeviceOptions{Tables: true, LeadOnDevice: true}},
+				{"/inline", stablegraph.DeviceOptions{Inline: true}},
+				{"/host-lead", stablegraph.DeviceOptions{HostLead: true}},
+				{"/inline-host-lead", stablegraph.DeviceOptions{Inline: true, HostLead: true}},
 			} {
 				t.Run(c.name+"/"+string(pattern)+v.name, func(t *testing.T) {
 					b := simtest.New(t, 1)
@@ -76,7 +76,7 @@ func TestDeviceMatchesEagerOnWorkloads(t *testing.T) {
 						}
 						if last.Records != 0 || last.TracesCaptured != 0 || last.PatchedNodes > 2 || last.GraphUploads != 0 ||
 							last.UpdateFallbacks != 0 || last.GraphLaunches != 1 || last.Launches != 0 ||
-							((pattern == workload.Fixed || v.opts.LeadOnDevice) && last.PatchedNodes != 0) {
+							((pattern == workload.Fixed || !v.opts.HostLead) && last.PatchedNodes != 0) {
 							t.Errorf("step %d: %+v", i, last)
 						}
 						if last.DeviceUpdates > 0 {
@@ -278,29 +278,35 @@ func simOps() []string {
 
 // TestDeviceOneLaunchPerStep: in steady state with every buffer at a fresh
 // address every step, a step makes one graph launch and, besides, only the
-// executable's own step event, one exec update of the step's first node
-// (hostLead: all three start with a command that reads x) and, when the
-// moves go in the inline patcher's parameters (at most 16 buffers move, as
-// in all three, unless DeviceOptions.Tables), one of the patcher node; no other
-// driver call.
+// executable's own step event: by default no exec update at all; one of the
+// step's first node with HostLead (all three start with a command that
+// reads x), and one of the patcher node with Inline (at most 16 buffers
+// move, as in all three); no other driver call.
 func TestDeviceOneLaunchPerStep(t *testing.T) {
+	none := []string{"EventRecord×1", "GraphLaunch×1"}
+	one := []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}
+	two := []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}
 	for _, tc := range []struct {
-		name   string
-		tables bool
-		want   []string
+		name string
+		opts stablegraph.DeviceOptions
+		want []string
 	}{
-		{"chain-moving", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
-		{"chain-moving", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
-		{"train", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
-		{"mlp", false, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×2", "GraphLaunch×1"}},
-		{"train", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
-		{"mlp", true, []string{"EventRecord×1", "GraphExecKernelNodeSetParams×1", "GraphLaunch×1"}},
+		{"chain-moving", stablegraph.DeviceOptions{}, none},
+		{"chain-moving", stablegraph.DeviceOptions{Inline: true}, one},
+		{"chain-moving", stablegraph.DeviceOptions{HostLead: true}, one},
+		{"chain-moving", stablegraph.DeviceOptions{Inline: true, HostLead: true}, two},
+		{"train", stablegraph.DeviceOptions{}, none},
+		{"train", stablegraph.DeviceOptions{HostLead: true}, one},
+		{"train", stablegraph.DeviceOptions{Inline: true, HostLead: true}, two},
+		{"mlp", stablegraph.DeviceOptions{}, none},
+		{"mlp", stablegraph.DeviceOptions{Inline: true}, one},
+		{"mlp", stablegraph.DeviceOptions{Inline: true, HostLead: true}, two},
 	} {
-		t.Run(fmt.Sprintf("%s/tables=%v", tc.name, tc.tables), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%s/inline=%v/host-lead=%v", tc.name, tc.opts.Inline, tc.opts.HostLead), func(t *testing.T) {
 			name := tc.name
 			b := simtest.New(t, 1)
 			w := steptest.MustWorkload(t, name, workload.Config{K: 50, N: 64, Layers: 2, Width: 16, Batch: 4})
-			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: tc.tables}}}, workload.Random)
+			exe, caller, done := steptest.StartWorkload(t, b, w, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: tc.opts}}, workload.Random)
 			defer done()
 			s := simtest.Stream(t, b, 0)
 			ctx := context.Background()
@@ -446,8 +452,9 @@ func TestDeviceRingWait(t *testing.T) {
 	b := simtest.New(t, 1)
 	const n, ring = 64, 16
 	p, binds, y := ringProgram(t, b, ring+2, n)
-	// The ring is what a step waits on: the inline patcher has none.
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: true}}})
+	// The ring is what a step waits on (the default; the inline patcher
+	// has none).
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{}}})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -502,7 +509,7 @@ func TestDeviceRingWaitTimeout(t *testing.T) {
 	b := simtest.New(t, 1)
 	const n, ring = 16, 16
 	p, binds, y := ringProgram(t, b, ring+3, n)
-	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, SlotWait: 20 * time.Millisecond, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{Tables: true}}})
+	exe := steptest.Compile(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice, SlotWait: 20 * time.Millisecond, StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{}}})
 	s := simtest.Stream(t, b, 0)
 	ctx := context.Background()
 	if _, err := exe.Run(ctx, s, binds[0]); err != nil {
@@ -561,74 +568,60 @@ func TestDeviceConcurrentWorkers(t *testing.T) {
 	}
 }
 
-// TestDeviceModel: the model prices the first command's host update (the
-// patcher runs beside it, hidden), the inline patcher's update and the
-// cost per node moved on the device, so that a small graph with few moves
-// keeps patch and a long chain that moves everywhere takes device. With
-// LeadOnDevice the first command moves on the device too: no update of it,
-// and the inline patcher in front of it, its own cost counted.
+// TestDeviceModel: the model prices the table patcher in front of the
+// first command and the cost per node moved on the device by default, so
+// that a small graph with few moves keeps patch and a long chain that moves
+// everywhere takes device; with HostLead the first command's host update
+// (the patcher beside it, hidden), and with Inline the inline patcher and
+// its update.
 func TestDeviceModel(t *testing.T) {
 	ctx := context.Background()
 	b := simtest.New(t, 1)
+	d := stablegraph.DefaultCosts()
 	for _, c := range []struct {
 		name string
 		w    *workload.Workload
 		want stablegraph.Strategy
+		// nodes: the nodes pointing into x and y (the chain's first and
+		// last kernels, or all of them).
+		nodes int
 	}{
-		{"chain-moving", steptest.MustWorkload(t, "chain-moving", workload.Config{K: 200, N: 64}), stablegraph.StrategyDevice},
-		{"chain", steptest.MustWorkload(t, "chain", workload.Config{K: 200, N: 64}), stablegraph.StrategyPatch},
+		{"chain-moving", steptest.MustWorkload(t, "chain-moving", workload.Config{K: 200, N: 64}), stablegraph.StrategyDevice, 200},
+		{"chain", steptest.MustWorkload(t, "chain", workload.Config{K: 200, N: 64}), stablegraph.StrategyPatch, 2},
 	} {
-		exe, err := stablegraph.Compile(ctx, b, c.w.Program, stablegraph.Options{Strategy: stablegraph.StrategyAuto, StrategyOptions: stablegraph.StrategyOptions{Auto: stablegraph.AutoOptions{ProbeSteps: -1}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch := exe.Choice()
-		if err := exe.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if ch.Strategy != c.want {
-			t.Errorf("%s: chose %s, want %s: %s", c.name, ch.Strategy, c.want, ch.Reason)
-		}
-		for _, cand := range ch.Candidates {
-			if cand.Strategy != stablegraph.StrategyDevice {
-				continue
+		for _, v := range []struct {
+			name string
+			opts stablegraph.DeviceOptions
+			want float64
+		}{
+			{"default", stablegraph.DeviceOptions{}, d.PatcherUS + float64(c.nodes)*d.PatcherNodeUS},
+			// At most 16 buffers move a step: the inline patcher fits.
+			{"inline", stablegraph.DeviceOptions{Inline: true}, d.PatcherInlineUS + d.NodeUpdateUS + float64(c.nodes)*d.PatcherNodeUS},
+			// The first kernel from the host, the patcher beside it.
+			{"host-lead", stablegraph.DeviceOptions{HostLead: true}, d.NodeUpdateUS + float64(c.nodes-1)*d.PatcherNodeUS},
+			{"inline-host-lead", stablegraph.DeviceOptions{Inline: true, HostLead: true}, 2*d.NodeUpdateUS + float64(c.nodes-1)*d.PatcherNodeUS},
+		} {
+			opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto}
+			opts.Auto.ProbeSteps = -1
+			opts.DeviceStrategy = v.opts
+			exe, err := stablegraph.Compile(ctx, b, c.w.Program, opts)
+			if err != nil {
+				t.Fatal(err)
 			}
-			d := stablegraph.DefaultCosts()
-			nodes := 199 // the first kernel moves from the host
-			if c.name == "chain" {
-				nodes = 1 // only the first and last kernels point into x and y
+			ch := exe.Choice()
+			if err := exe.Close(); err != nil {
+				t.Fatal(err)
 			}
-			// Both move at most 16 buffers a step: the inline patcher,
-			// beside the first kernel.
-			if want := 2*d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
-				t.Errorf("%s: device candidate %+v, want %.3f us", c.name, cand, want)
+			if v.name == "default" && ch.Strategy != c.want {
+				t.Errorf("%s: chose %s, want %s: %s", c.name, ch.Strategy, c.want, ch.Reason)
 			}
-		}
-		opts := stablegraph.Options{Strategy: stablegraph.StrategyAuto}
-		opts.Auto.ProbeSteps = -1
-		opts.DeviceStrategy.LeadOnDevice = true
-		exe, err = stablegraph.Compile(ctx, b, c.w.Program, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch = exe.Choice()
-		if err := exe.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.ContainsFunc(ch.Candidates, func(c stablegraph.Candidate) bool { return c.Strategy == stablegraph.StrategyDevice }) {
-			t.Errorf("%s: no device candidate: %+v", c.name, ch.Candidates)
-		}
-		for _, cand := range ch.Candidates {
-			if cand.Strategy != stablegraph.StrategyDevice {
-				continue
+			if !slices.ContainsFunc(ch.Candidates, func(c stablegraph.Candidate) bool { return c.Strategy == stablegraph.StrategyDevice }) {
+				t.Errorf("%s/%s: no device candidate: %+v", c.name, v.name, ch.Candidates)
 			}
-			d := stablegraph.DefaultCosts()
-			nodes := 200
-			if c.name == "chain" {
-				nodes = 2
-			}
-			if want := d.PatcherInlineUS + d.NodeUpdateUS + float64(nodes)*d.PatcherNodeUS; !cand.Usable || math.Abs(cand.StepUS-want) > 1e-9 {
-				t.Errorf("%s, first command on the device: device candidate %+v, want %.3f us", c.name, cand, want)
+			for _, cand := range ch.Candidates {
+				if cand.Strategy == stablegraph.StrategyDevice && (!cand.Usable || math.Abs(cand.StepUS-v.want) > 1e-9) {
+					t.Errorf("%s/%s: device candidate %+v, want %.3f us", c.name, v.name, cand, v.want)
+				}
 			}
 		}
 	}
@@ -710,10 +703,10 @@ func devicePartialMoves(t *testing.T, b gpu.Backend) {
 	}
 }
 
-// TestDeviceNoPatcher: when the step's first command is the only one that
-// points into bound buffers, it moves from the host and the graph gets no
-// patcher (a node that would cost the step its time for nothing); the bits
-// are eager's.
+// TestDeviceNoPatcher: with DeviceOptions.HostLead, when the step's first
+// command is the only one that points into bound buffers, it moves from
+// the host and the graph gets no patcher (a node that would cost the step
+// its time for nothing); the bits are eager's.
 func TestDeviceNoPatcher(t *testing.T) {
 	b := simtest.New(t, 1)
 	p := stablegraph.NewProgram("one-kernel")
@@ -739,7 +732,8 @@ func TestDeviceNoPatcher(t *testing.T) {
 	}{{p, x, y, true}, {q, xq, yq, false}} {
 		before := b.Calls("GraphAddKernelNodeBefore")
 		eager := newStepper(t, b, c.p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
-		dev := newStepper(t, b, c.p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
+		dev := newStepper(t, b, c.p, stablegraph.Options{Strategy: stablegraph.StrategyDevice,
+			StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{HostLead: true}}})
 		for i := range 4 {
 			bind := stablegraph.Bindings{c.x: simtest.Alloc(t, b, 0, 4*n), c.y: simtest.Alloc(t, b, 0, 4*n)}
 			in := map[stablegraph.Buffer][]byte{c.x: gpu.F32ToBytes(simtest.Ramp(n, float32(i)))}

@@ -70,7 +70,7 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
         continue
     base = name.split("-pingpong")[0]
     pingpong = name.endswith("-pingpong")
-    variant = name.endswith(("-tables", "-lead"))  # one strategy with an option: no best-of verdict
+    variant = name.endswith(("-inline", "-lead"))  # one strategy with an option: no best-of verdict
     bad = [st for st, r in rows.items() if not r.get("outputs_match_eager") and "not supported" not in r.get("note", "")]
     verdicts.append((name, "bit-identical to eager", not bad, ",".join(bad) or "all match"))
     if not pingpong:

@@ -518,8 +518,9 @@ func TestDPDevice(t *testing.T) {
 	}
 	for r, rr := range res {
 		c := rr.Stats
-		// The first GEMM reads x: it moves from the host, one node a step.
-		if c.PatchedNodes != 4 || c.GraphUploads != 0 || c.Rerecords != 0 || c.TracesCaptured != 0 || c.DeviceUpdates == 0 ||
+		// Every pointer moves on the device, the first GEMM's too;
+		// the all-reduces' buffers are temps, which never move.
+		if c.PatchedNodes != 0 || c.GraphUploads != 0 || c.Rerecords != 0 || c.TracesCaptured != 0 || c.DeviceUpdates == 0 ||
 			!strings.Contains(rr.Result.Note, "collectives captured in steady state: 0") {
 			t.Errorf("rank %d: %+v; note %q", r, c, rr.Result.Note)
 		}

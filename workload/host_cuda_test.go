@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,16 +163,17 @@ type hostVariant struct {
 }
 
 // hostVariants are the ways patch and device move a step from the host
-// (device-lead and device-tables-lead: its first command moved on the
-// device too).
+// (device: the ring of tables and everything moved on the device;
+// -inline: its moves in the patcher's parameters; -host-lead: its first
+// command moved from the host).
 func hostVariants() []hostVariant {
 	return []hostVariant{
 		{"patch", sg.Options{Strategy: sg.StrategyPatch}},
 		{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
 		{"device", sg.Options{Strategy: sg.StrategyDevice}},
-		{"device-tables", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Tables: true}}}},
-		{"device-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
-		{"device-tables-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Tables: true, LeadOnDevice: true}}}},
+		{"device-inline", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
+		{"device-host-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{HostLead: true}}}},
+		{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice, StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
 	}
 }
 
@@ -243,8 +245,8 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 		for _, v := range vs {
 			t.Run(c.name+"/"+v.name, func(t *testing.T) {
 				ro := o
-				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound, ro.DeviceTables = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.Auto.Bound, v.opts.DeviceStrategy.Tables
-				ro.DeviceLeadOnDevice = v.opts.DeviceStrategy.LeadOnDevice
+				ro.Strategy, ro.Reference, ro.Costs, ro.AutoBound = v.opts.Strategy, ref.Digests, v.opts.Costs, v.opts.Auto.Bound
+				ro.DeviceInline, ro.DeviceHostLead = v.opts.DeviceStrategy.Inline, v.opts.DeviceStrategy.HostLead
 				res, err := Run(ctx, b, w, ro)
 				if errors.Is(err, gpu.ErrNotSupported) {
 					t.Skipf("not on this device: %v", err)
@@ -388,4 +390,117 @@ func timedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, ex
 	}
 	outs.Release()
 	return host
+}
+
+// BenchmarkCUDAHarness times the same moving step (patch at fresh
+// addresses or swapping caches) and its floor (patch, fixed buffers) under
+// the ways a harness may wrap Run, from the bare one (Run, then a stream
+// synchronization: BenchmarkCUDAStepHost's) to bench's own (the step timer
+// gated, the outputs read back and hashed after the step), each element
+// added in turn: run-µs is Run's host p50, updates-µs and launch-µs its
+// exec updates and launch. Whatever bench adds to a moving step's host
+// time and not to the floor's shows as a mode whose difference grows.
+func BenchmarkCUDAHarness(bm *testing.B) {
+	b, _, err := gpu.Open("cuda", gpu.Config{})
+	if err != nil {
+		bm.Skipf("no CUDA here: %v", err)
+	}
+	defer b.Close()
+	cb, ok := b.(*cuda.Backend)
+	if !ok {
+		bm.Skipf("backend %T is not the CUDA backend", b)
+	}
+	ctx := context.Background()
+	modes := []string{"sync", "events", "gated", "gated-digest", "gated-digest-batchsets"}
+	for _, c := range []stepHostCase{{"train", "train", Config{}, Random}, {"gpt2-b1", "gpt2-decode", Config{Batch: 1}, Swap}} {
+		w, err := New(c.workload, c.cfg)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		for _, pat := range []Pattern{Fixed, c.moving} {
+			for _, mode := range modes {
+				bm.Run(fmt.Sprintf("%s/%s/%s", c.name, pat, mode), func(bm *testing.B) {
+					harnessSteps(ctx, bm, &driverClock{Backend: cb}, w, pat, mode)
+				})
+			}
+		}
+	}
+}
+
+func harnessSteps(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, mode string) {
+	copts := CallerOptions{}
+	if mode == "gated-digest-batchsets" && pat == Random {
+		copts.BatchSets = 10
+	}
+	c, err := NewCallerWith(d, 0, w, pat, 1, copts)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer c.Close()
+	exe, err := sg.Compile(ctx, d, w.Program, sg.Options{Strategy: sg.StrategyPatch})
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer exe.Close()
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			bm.Fatal(err)
+		}
+	}
+	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer d.StreamDestroy(s)
+	timer, release, err := newStepTimer(d, 0, s, RunOptions{NoGate: mode == "events", GateWatchdog: DefaultGateWatchdog}, nil)
+	if err != nil {
+		bm.Fatal(err)
+	}
+	defer release()
+	var run, upd, launch []float64
+	for step := 0; bm.Loop(); step++ {
+		bind, err := c.Bind(step)
+		if err != nil {
+			bm.Fatal(err)
+		}
+		var outs sg.Outputs
+		d.reset()
+		var host time.Duration
+		if mode == "sync" {
+			t0 := time.Now()
+			outs, err = exe.Run(ctx, s, bind)
+			host = time.Since(t0)
+			if err == nil {
+				err = d.StreamSynchronize(s)
+			}
+		} else {
+			var times stepTimes
+			times, err = timer.step(func() error {
+				var err error
+				outs, err = exe.Run(ctx, s, bind)
+				return err
+			})
+			host = times.host
+		}
+		if err != nil {
+			bm.Fatal(err)
+		}
+		u, l := d.update, d.launch
+		if strings.HasPrefix(mode, "gated-digest") {
+			if _, _, err := digest(ctx, exe, w, outs); err != nil {
+				bm.Fatal(err)
+			}
+		}
+		outs.Release()
+		if step < 10 {
+			continue
+		}
+		run, upd, launch = append(run, us(host)), append(upd, us(u)), append(launch, us(l))
+	}
+	if len(run) == 0 {
+		return
+	}
+	bm.ReportMetric(p50(run), "run-µs")
+	bm.ReportMetric(p50(upd), "updates-µs")
+	bm.ReportMetric(p50(launch), "launch-µs")
 }

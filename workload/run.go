@@ -84,15 +84,15 @@ type RunOptions struct {
 	// probe (24 plus a multiple of 8). Default 360, about a cuBLAS GEMM
 	// kernel's.
 	ProbeParamBytes int
-	// Costs, AutoBound, DeviceTables and DeviceLeadOnDevice are the
+	// Costs, AutoBound, DeviceInline and DeviceHostLead are the
 	// executable options of the same names (stablegraph.Options): the cost
 	// model of auto and patch, what auto ranks its candidates by, device's
-	// ring of tables for every step, and device's first command moved on
-	// the device. Zero: the defaults.
-	Costs              sg.Costs
-	AutoBound          sg.AutoBound
-	DeviceTables       bool
-	DeviceLeadOnDevice bool
+	// inline patcher and its first command moved from the host
+	// (DeviceOptions.Inline, HostLead). Zero: the defaults.
+	Costs          sg.Costs
+	AutoBound      sg.AutoBound
+	DeviceInline   bool
+	DeviceHostLead bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -228,8 +228,8 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	sopts := sg.Options{Strategy: opts.Strategy, Device: opts.Device, Logger: opts.Logger, Costs: opts.Costs}
 	sopts.Remap.Memory = caller.Remappable()
 	sopts.Auto.Bound = opts.AutoBound
-	sopts.DeviceStrategy.Tables = opts.DeviceTables
-	sopts.DeviceStrategy.LeadOnDevice = opts.DeviceLeadOnDevice
+	sopts.DeviceStrategy.Inline = opts.DeviceInline
+	sopts.DeviceStrategy.HostLead = opts.DeviceHostLead
 	exe, err := sg.Compile(ctx, b, w.Program, sopts)
 	if err != nil {
 		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}

@@ -40,8 +40,8 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.cfg.Weights, "weights", "", "safetensors `file` of gpt2-decode's weights, read when it exists, else written with those drawn from --seed")
 	fs.IntVar(&f.run.Device, "device", 0, "device ordinal")
 	fs.StringVar(&f.autoBound, "auto-bound", "", "what bounds a step, by which the auto strategy ranks its candidates: latency (host + GPU time, the default) or throughput (the larger of the two)")
-	fs.BoolVar(&f.run.DeviceTables, "device-tables", false, "the device strategy writes every step's pointer updates into its ring of tables in host memory, never into its patcher's parameters (no exec update of the patcher node)")
-	fs.BoolVar(&f.run.DeviceLeadOnDevice, "device-lead-on-device", false, "the device strategy moves the step's first command on the device too, not from the host (no exec update of it; its patcher then runs in front of the first command)")
+	fs.BoolVar(&f.run.DeviceInline, "device-inline", false, "the device strategy passes a step's pointer moves in its patcher's own parameters when few buffers move (one exec update of the patcher node per moving step; its patcher then reads no table over the bus)")
+	fs.BoolVar(&f.run.DeviceHostLead, "device-host-lead", false, "the device strategy moves the step's first command from the host (one exec update of it per moving step; its patcher then runs beside that command, not in front of it)")
 	fs.BoolVar(&f.run.NoGate, "no-gate", false, "time every step with events around Run on the idle stream, never holding the stream behind a gate: the GPU column is then the latency; to compare host times with and without the gate")
 	f.ranks.register(fs)
 	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size

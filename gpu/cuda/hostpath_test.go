@@ -130,11 +130,12 @@ func BenchmarkStubStepHost(bm *testing.B) {
 			opts sg.Options
 		}{
 			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
-			{"device", sg.Options{Strategy: sg.StrategyDevice}},
-			// Not the ring of tables: the stub runs no patcher, so the
-			// ring would fill.
-			{"device-lead", sg.Options{Strategy: sg.StrategyDevice,
-				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
+			// Not the ring of tables (device's default): the stub runs no
+			// patcher, so the ring would fill.
+			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
+			{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
 		} {
 			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(bm *testing.B) {
 				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
@@ -173,9 +174,13 @@ func TestStubStepAllocatesNothing(t *testing.T) {
 			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
 			{"patch-nodes", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 0.01}}},
 			{"patch-whole", sg.Options{Strategy: sg.StrategyPatch, Costs: sg.Costs{NodeUpdateUS: 1000}}},
-			{"device", sg.Options{Strategy: sg.StrategyDevice}},
-			{"device-lead", sg.Options{Strategy: sg.StrategyDevice,
-				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{LeadOnDevice: true}}}},
+			// Not the ring of tables (device's default), which the stub's
+			// missing patcher would fill; package replay's
+			// TestDeviceHostStepAllocatesNothing covers the ring on sim.
+			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
+			{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
 		} {
 			t.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(t *testing.T) {
 				cfg := c.cfg
@@ -224,9 +229,10 @@ func TestStubPatchOneDriverCallPerMovedNode(t *testing.T) {
 // the design moves from the host, all in one set with the context made
 // current once, and nothing else: no copy, memset or child-graph update, no
 // whole-graph update, no stream write or wait, no event query. By default
-// those are the step's first command's node and the inline patcher's; with
-// the ring of tables the first command's alone; with LeadOnDevice the inline
-// patcher's alone, and with both none. On gpt2-decode-tiny with swapping
+// (the ring of tables, the first command on the device) none; with
+// HostLead the step's first command's node; with Inline the inline
+// patcher's; with both, both. (The stub runs no patcher: 12 steps stay
+// within the ring's 16 tables.) On gpt2-decode-tiny with swapping
 // caches and on mlp at fresh addresses, through the real CUDA backend code.
 func TestStubDeviceStepDriverCalls(t *testing.T) {
 	for _, c := range []struct {
@@ -254,10 +260,10 @@ func TestStubDeviceStepDriverCalls(t *testing.T) {
 			updates int64 // exec updates, in one set: one context query
 			lead    bool  // the first command moves from the host
 		}{
-			{"inline", sg.DeviceOptions{}, 2, true},
-			{"tables", sg.DeviceOptions{Tables: true}, 1, true},
-			{"lead", sg.DeviceOptions{LeadOnDevice: true}, 1, false},
-			{"tables-lead", sg.DeviceOptions{Tables: true, LeadOnDevice: true}, 0, false},
+			{"default", sg.DeviceOptions{}, 0, false},
+			{"host-lead", sg.DeviceOptions{HostLead: true}, 1, true},
+			{"inline", sg.DeviceOptions{Inline: true}, 1, false},
+			{"inline-host-lead", sg.DeviceOptions{Inline: true, HostLead: true}, 2, true},
 		} {
 			t.Run(c.name+"/"+v.name, func(t *testing.T) {
 				floor := step(t, newStubSteps(t, c.name, workload.Config{}, sg.StrategyPatch, workload.Fixed), 4)
