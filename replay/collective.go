@@ -43,10 +43,43 @@ import (
 // The agreements run eagerly on the step's stream (Agreement.MaxOver) and
 // are read one step later, so that no step waits on its own stream: a
 // caller that holds the stream behind a gate while it enqueues a step
-// (the workload's GPU timing) is never deadlocked by it. A rank whose
-// agreement fails returns the error; its peers then wait in the
-// agreement's collective until their communicator fails or times out, as
-// for any collective a rank leaves.
+// (the workload's GPU timing) is never deadlocked by it.
+//
+// # Failures
+//
+// The ranks' collectives pair by their order alone, and an agreement is
+// not the step's all-reduce: each rank must enqueue each agreement behind
+// as many steps' collectives as its peers do, whatever failed on it. So
+// the decision moves on only with the steps that succeed:
+//
+//   - A step that fails (the model's choice, or a probe step's candidate)
+//     is taken as one that enqueued none of its collectives, the usual
+//     case (a collective that fails to enqueue, or anything failing before
+//     it): no agreement is enqueued behind it, and the phase and the
+//     plan's position stay where they were, so that the next step, a retry
+//     or the caller's next one, runs the planned step, and the agreement
+//     behind it, that the peers ran where this one failed, and pairs with
+//     theirs as under any other strategy. (A step that fails after
+//     enqueuing some of its collectives puts the rank out of step with its
+//     peers under every strategy.) The step's error is returned as it is.
+//   - A candidate whose probe step failed is not dropped from the plan on
+//     this rank alone, as on one rank: its planned steps, the failed one's
+//     included, run the model's choice instead, unmeasured, so that the
+//     plan takes as many steps as on the peers. What it measured before
+//     counts in the times' agreement.
+//   - An agreement that fails to enqueue fails its step with its error,
+//     and ends the decision: the step's collectives went through, and the
+//     peers wait in the agreement, which no later step of this rank can
+//     meet. Every later Run fails with that error and enqueues nothing, so
+//     that the peers fail in the agreement's collective (their
+//     communicator times out or aborts) instead of pairing it with a
+//     step's. Close the executable and the communicators.
+//   - An agreement that cannot be read (Agreement.MaxOver's done fails) is
+//     read again at the next step, and until it is, every Run fails with
+//     that error, enqueuing nothing: a rank that went on without it would
+//     run another plan than its peers. A device fault or an aborted
+//     communicator fails every read: the rank then fails every step, with
+//     the reason.
 //
 // What the ranks must share for this to hold: the same program and the
 // same options (AutoOptions.ProbeSteps, the cost model), so that the model orders
@@ -62,7 +95,8 @@ type Agreement interface {
 	// Every rank calls MaxOver at the same point of its sequence of
 	// collectives, with a v of the same length (at most MaxAgreed).
 	// done waits only for work enqueued on s up to MaxOver's return; it
-	// is called once, before the next MaxOver.
+	// is called before the next MaxOver, and again after it returned an
+	// error, until it returns the maxima.
 	MaxOver(s gpu.Stream, v []float64) (done func() ([]float64, error), err error)
 	// Close releases what MaxOver allocated. The stream has passed every
 	// agreement.
@@ -88,6 +122,9 @@ type agreeing struct {
 	agree   Agreement
 	phase   agreePhase
 	pending func() ([]float64, error)
+	// failed is why the decision ended: an agreement failed to enqueue, or
+	// came back malformed. Every later Run returns it.
+	failed error
 	// names are the strategies the registry models, in its order: the
 	// order of the agreed vectors and of the decision's ties.
 	names []Name
@@ -135,15 +172,22 @@ func (a *autoProbe) collectiveRun(s gpu.Stream, run func() (Result, error)) (res
 				v[i], v[K+i] = 0, float64(pr.warm)
 			}
 		}
-		res, err = run()
-		if g.pending, err = a.startAgreement(s, v, err); err == nil {
-			g.phase = planPending
+		if res, err = run(); err != nil {
+			return res, err, true // no agreement behind a failed step (see the top of the file)
 		}
-		return res, err, true
+		return res, a.startAgreement(s, v, planPending), true
 	case g.phase == agreeProbing && !a.nextPlanned():
 		var errs []error
-		if err := a.b.EventSynchronize(a.mark); err != nil {
-			errs = append(errs, fmt.Errorf("auto: wait for the end of probing: %w", err))
+		if !a.marked {
+			// Its record failed after the last probe step: the executable
+			// orders this step after that one, so a mark recorded now
+			// follows every probe.
+			errs = append(errs, a.recordMark(s))
+		}
+		if a.marked {
+			if err := a.b.EventSynchronize(a.mark); err != nil {
+				errs = append(errs, fmt.Errorf("auto: wait for the end of probing: %w", err))
+			}
 		}
 		errs = append(errs, a.readProbes()...)
 		K := len(g.names)
@@ -163,24 +207,40 @@ func (a *autoProbe) collectiveRun(s gpu.Stream, run func() (Result, error)) (res
 		if err := errors.Join(errs...); err != nil {
 			a.log.Warn("auto: reading the probes", "err", err)
 		}
-		res, err = run()
-		if g.pending, err = a.startAgreement(s, v, err); err == nil {
-			g.phase = decisionPending
+		if res, err = run(); err != nil {
+			return res, err, true
 		}
-		return res, err, true
+		return res, a.startAgreement(s, v, decisionPending), true
 	}
 	return Result{}, nil, false
 }
 
-// startAgreement enqueues v's agreement after a step that returned
-// stepErr (the agreement is enqueued whatever the step did, so that the
-// ranks' collectives stay in step).
-func (a *autoProbe) startAgreement(s gpu.Stream, v []float64, stepErr error) (func() ([]float64, error), error) {
+// startAgreement enqueues v's agreement behind a step that succeeded and
+// moves the decision to next; when it cannot, the decision ends (see the
+// top of the file) and the error is returned.
+func (a *autoProbe) startAgreement(s gpu.Stream, v []float64, next agreePhase) error {
 	done, err := a.coll.agree.MaxOver(s, v)
 	if err != nil {
-		return nil, errors.Join(stepErr, fmt.Errorf("auto: agree with the other ranks: %w", err))
+		return a.endAgreeing(err)
 	}
-	return done, stepErr
+	a.coll.pending, a.coll.phase = done, next
+	return nil
+}
+
+// endAgreeing ends the decision for err: every later Run returns it.
+func (a *autoProbe) endAgreeing(err error) error {
+	g := a.coll
+	g.failed = fmt.Errorf("auto: agree with the other ranks: %w", err)
+	a.info.Lock()
+	a.info.choice.Reason = fmt.Sprintf("the ranks' agreement failed (%v): this rank's collectives would no longer pair with its peers', so every later step fails; close the executable and its communicators", err)
+	a.info.Unlock()
+	a.log.Warn("auto: the ranks' agreement failed; no later step runs", "err", err)
+	return g.failed
+}
+
+// afterAgreeingEnded is a Run's error once the decision ended.
+func (a *autoProbe) afterAgreeingEnded() error {
+	return fmt.Errorf("auto: no step runs after the ranks' agreement failed (this rank's collectives would pair wrongly with its peers'): %w", a.coll.failed)
 }
 
 // collectiveAcquire reads an agreement in flight, at the step after the
@@ -188,21 +248,17 @@ func (a *autoProbe) startAgreement(s gpu.Stream, v []float64, stepErr error) (fu
 // next run to report.
 func (a *autoProbe) collectiveAcquire() error {
 	g := a.coll
-	if g.phase != planPending && g.phase != decisionPending {
+	if g.failed != nil || (g.phase != planPending && g.phase != decisionPending) {
 		return nil
 	}
 	vals, err := g.pending()
-	g.pending = nil
-	if err == nil && len(vals) != 2*len(g.names) {
-		err = fmt.Errorf("%d values agreed, %d sent", len(vals), 2*len(g.names))
-	}
 	if err != nil {
-		err = fmt.Errorf("auto: agree with the other ranks: %w", err)
-		g.phase = agreed
-		a.keep(a.model, fmt.Sprintf("the ranks' agreement failed (%v); the model's choice: %s%s",
-			err, othersAfter(a.candidatesNow(a.model)), a.fellBack), a.model)
-		a.markAgreed()
-		return err
+		// Read again at the next step (see the top of the file).
+		return fmt.Errorf("auto: read the agreement with the other ranks (read again at the next step): %w", err)
+	}
+	g.pending = nil
+	if len(vals) != 2*len(g.names) {
+		return a.endAgreeing(fmt.Errorf("%d values agreed, %d sent", len(vals), 2*len(g.names)))
 	}
 	K := len(g.names)
 	if g.phase == planPending {

@@ -62,7 +62,10 @@ import (
 // sample. A failed event record or gate wait fails the step (before the
 // candidate runs, for those before it). Errors of the decision itself
 // (reading the events, closing a loser) are returned by the next Run before
-// it enqueues anything, so a retry is safe.
+// it enqueues anything, so a retry is safe. When the ranks decide together
+// the plan must take the same steps on every rank: a failed step does not
+// move it on, and a failed candidate's planned steps run the model's
+// choice instead of being skipped (collective.go).
 
 // Ties: two measured times closer than probeTieFraction of the smaller, or
 // than probeTieUS, are equal (the next criterion decides: host time, then
@@ -473,16 +476,25 @@ func (a *autoProbe) current() *probe {
 	case a.final != nil:
 		return a.final
 	case a.nextPlanned():
-		return a.probes[a.plan[a.at].probe]
+		if pr := a.probes[a.plan[a.at].probe]; pr.failed == nil {
+			return pr
+		}
+		// (Ranks deciding together: the model's choice runs in the failed
+		// candidate's place.)
 	}
 	return a.model
 }
 
-// nextPlanned skips the planned steps of candidates whose probe failed,
-// or that the ranks agreed to skip, and reports whether a probe step is
-// left.
+// nextPlanned skips the planned steps of candidates that the ranks agreed
+// to skip, and, on one rank, of those whose probe failed (ranks deciding
+// together run the model's choice in their place: collective.go), and
+// reports whether a probe step is left.
 func (a *autoProbe) nextPlanned() bool {
-	for a.at < len(a.plan) && (a.probes[a.plan[a.at].probe].failed != nil || a.probes[a.plan[a.at].probe].skip) {
+	for a.at < len(a.plan) {
+		pr := a.probes[a.plan[a.at].probe]
+		if !pr.skip && (pr.failed == nil || a.coll != nil) {
+			break
+		}
 		a.at++
 	}
 	return a.at < len(a.plan)
@@ -494,6 +506,8 @@ func (a *autoProbe) nextPlanned() bool {
 func (a *autoProbe) Acquire() func(context.Context) error {
 	switch {
 	case a.deferred != nil:
+	case a.coll != nil && a.coll.failed != nil:
+		return nil // Run fails at once
 	case a.coll != nil && a.final == nil:
 		a.deferred = a.collectiveAcquire()
 	case a.final == nil && a.marked:
@@ -509,6 +523,9 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 		// Nothing of this step is enqueued: a retry runs it.
 		a.deferred = nil
 		return Result{}, err
+	}
+	if a.coll != nil && a.coll.failed != nil {
+		return Result{}, a.afterAgreeingEnded()
 	}
 	if a.final != nil {
 		if len(a.losers) > 0 && !a.fenced {
@@ -537,15 +554,32 @@ func (a *autoProbe) Run(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr
 		return res, err
 	}
 	ps := a.plan[a.at]
-	a.at++
 	pr := a.probes[ps.probe]
+	if pr.failed != nil {
+		// Ranks deciding together: the model's choice runs in the failed
+		// candidate's place, and the plan moves on only if it ran.
+		res, err := a.runModel(ctx, s, addrs)
+		if err == nil {
+			a.at++
+			if !a.nextPlanned() {
+				err = a.recordMark(s)
+			}
+		}
+		return res, err
+	}
+	if a.coll == nil {
+		a.at++
+	}
 	var smp *probeSample
 	if ps.sample >= 0 {
 		smp = &pr.samples[ps.sample]
 	}
 	a.setLastRan(pr.strategy)
 	a.probeSteps++
-	res, err := a.runProbe(ctx, s, addrs, pr, smp)
+	res, err, ran := a.runProbe(ctx, s, addrs, pr, smp)
+	if a.coll != nil && ran {
+		a.at++ // its collectives are enqueued: the peers' plan moves on too
+	}
 	if pr.failed != nil {
 		a.log.Debug("auto: probe step failed; its probe ends", "candidate", pr.strategy, "err", pr.failed)
 	}
@@ -576,21 +610,22 @@ func (a *autoProbe) runModel(ctx context.Context, s gpu.Stream, addrs []gpu.Devi
 
 // runProbe runs one step of pr on s, timing it into smp when smp is not
 // nil (see the top of the file); a failure of the step itself marks pr
-// failed.
-func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr, pr *probe, smp *probeSample) (Result, error) {
+// failed. ran says pr's Run returned without error (the step's work, its
+// collectives included, is enqueued), whatever failed around it.
+func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.DevicePtr, pr *probe, smp *probeSample) (_ Result, _ error, ran bool) {
 	if smp == nil {
 		res, err := pr.st.Run(ctx, s, addrs)
 		if err != nil {
 			pr.failed = err
 		}
-		return res, err
+		return res, err, err == nil
 	}
 	var ticket uint64
 	if a.gate != nil {
 		k, err := a.gate.hold(s)
 		if err != nil {
 			// Nothing of the step is enqueued.
-			return Result{}, fmt.Errorf("auto: probe %s: %w", pr.strategy, err)
+			return Result{}, fmt.Errorf("auto: probe %s: %w", pr.strategy, err), false
 		}
 		ticket = k
 	}
@@ -599,7 +634,7 @@ func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.Devi
 			a.gate.open(ticket, false)
 		}
 		// Nothing of the step is enqueued but the gate's wait.
-		return Result{}, fmt.Errorf("auto: probe %s: record the start event: %w", pr.strategy, err)
+		return Result{}, fmt.Errorf("auto: probe %s: record the start event: %w", pr.strategy, err), false
 	}
 	var dog *time.Timer
 	if a.gate != nil {
@@ -614,6 +649,7 @@ func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.Devi
 		a.gate.open(ticket, false)
 		released = a.gate.released(ticket)
 	}
+	ran = err == nil
 	if err != nil {
 		// Its probe ends here; it is kept only if earlier steps measured it.
 		pr.failed = err
@@ -623,7 +659,7 @@ func (a *autoProbe) runProbe(ctx context.Context, s gpu.Stream, addrs []gpu.Devi
 	} else if err == nil && !released {
 		smp.ok, smp.host = true, host
 	}
-	return res, err
+	return res, err, ran
 }
 
 // recordMark records the marker after the last probe step (or, when that
