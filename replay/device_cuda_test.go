@@ -2,6 +2,7 @@ package replay_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stablegraph/stablegraph"
@@ -45,12 +46,13 @@ func openDeviceCUDA(tb testing.TB) gpu.Backend {
 }
 
 // TestDeviceCUDA: mlp (the GEMMs' cuBLAS kernels flattened and moved on
-// the device) and chain-moving (1000 kernels, every pointer moving) with
-// fresh addresses every step, bit for bit against eager; in the measured
-// steps nothing is captured, recorded or uploaded, nothing moves from the
-// host but the first command (hostLead), and on chain-moving the patcher
-// moves the other 999 nodes' 1998 pointers every step.
-// DEVICE-STATS lines give the counters.
+// the device), chain-moving (1000 kernels, every pointer moving) and train
+// with fresh addresses every step, bit for bit against eager; in the
+// measured steps nothing is captured, recorded or uploaded, and by default
+// nothing moves from the host (on chain-moving the patcher moves all 1000
+// nodes' 2000 pointers every step); with DeviceOptions.HostLead the first
+// command moves from the host every step, the rest on the device (1998
+// pointers). DEVICE-STATS lines give the counters.
 func TestDeviceCUDA(t *testing.T) {
 	b := openDeviceCUDA(t)
 	ctx := context.Background()
@@ -63,33 +65,39 @@ func TestDeviceCUDA(t *testing.T) {
 		{"chain-moving", workload.Config{}},
 		{"train", workload.Config{}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			w, err := workload.New(c.name, c.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o := workload.RunOptions{Strategy: stablegraph.StrategyEager, Steps: steps, Warmup: 2, Pattern: workload.Random, WallBatches: -1}
-			ref, err := workload.Run(ctx, b, w, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o.Strategy, o.Reference = stablegraph.StrategyDevice, ref.Digests
-			res, err := workload.Run(ctx, b, w, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st := res.Stats
-			t.Logf("DEVICE-STATS %s: %+v; GPU p50 %.1f us, host p50 %.2f us", c.name, st, res.Result.StepUS.P50, res.Result.HostUS.P50)
-			if res.Mismatch >= 0 {
-				t.Fatalf("outputs differ from eager from step %d", res.Mismatch)
-			}
-			if st.Records != 0 || st.TracesCaptured != 0 || st.PatchedNodes != steps || st.GraphUploads != 0 || st.DeviceUpdates == 0 {
-				t.Errorf("measured steps: %+v; want the first command's node from the host every step, the rest on the device", st)
-			}
-			if c.name == "chain-moving" && st.DeviceUpdates != 2*999*steps {
-				t.Errorf("chain-moving: %d pointers moved in %d steps, want %d", st.DeviceUpdates, steps, 2*999*steps)
-			}
-		})
+		for _, hostLead := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/host-lead=%v", c.name, hostLead), func(t *testing.T) {
+				w, err := workload.New(c.name, c.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				o := workload.RunOptions{Strategy: stablegraph.StrategyEager, Steps: steps, Warmup: 2, Pattern: workload.Random, WallBatches: -1}
+				ref, err := workload.Run(ctx, b, w, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.Strategy, o.Reference, o.DeviceHostLead = stablegraph.StrategyDevice, ref.Digests, hostLead
+				res, err := workload.Run(ctx, b, w, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := res.Stats
+				t.Logf("DEVICE-STATS %s host-lead=%v: %+v; GPU p50 %.1f us, host p50 %.2f us", c.name, hostLead, st, res.Result.StepUS.P50, res.Result.HostUS.P50)
+				if res.Mismatch >= 0 {
+					t.Fatalf("outputs differ from eager from step %d", res.Mismatch)
+				}
+				hosted, pointers := int64(0), int64(2*1000*steps)
+				if hostLead {
+					hosted, pointers = steps, 2*999*steps
+				}
+				if st.Records != 0 || st.TracesCaptured != 0 || st.PatchedNodes != hosted || st.GraphUploads != 0 || st.DeviceUpdates == 0 {
+					t.Errorf("measured steps: %+v; want %d nodes from the host, the rest on the device", st, hosted)
+				}
+				if c.name == "chain-moving" && st.DeviceUpdates != pointers {
+					t.Errorf("chain-moving: %d pointers moved in %d steps, want %d", st.DeviceUpdates, steps, pointers)
+				}
+			})
+		}
 	}
 }
 
