@@ -116,6 +116,8 @@ var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct 
 }{
 	{"gpt2-decode", workload.Config{Batch: 1}, workload.Swap},
 	{"gpt2-decode", workload.Config{Batch: 1}, workload.Fixed},
+	{"mlp-large", workload.Config{}, workload.Random},
+	{"mlp-large", workload.Config{}, workload.Fixed},
 }...)
 
 // BenchmarkStubStepHost is Executable.Run of a moving step over the stubbed
