@@ -198,9 +198,10 @@ func freshSets(tb testing.TB, b gpu.Backend, w *workload.Workload, n int) []stab
 	return sets
 }
 
-// TestDevicePartialMovesCUDA is TestDevicePartialMoves on the GPU: a
-// host-side exec update of the first command's nodes (not device-updatable)
-// leaves what the patcher set in the others, with no upload.
+// TestDevicePartialMovesCUDA is TestDevicePartialMoves on the GPU: by
+// default, and with a host-side exec update of the first command's nodes
+// (HostLead: not device-updatable), which leaves what the patcher set in
+// the others, with no upload.
 func TestDevicePartialMovesCUDA(t *testing.T) {
 	devicePartialMoves(t, openDeviceCUDA(t))
 }

@@ -660,8 +660,9 @@ func TestDeviceLibraryKernelRefused(t *testing.T) {
 }
 
 // TestDevicePartialMoves: buffers move one or two at a time, so that the
-// device holds some where the patcher put them steps ago while the first
-// command (a GEMM, moved from the host with no upload) and others move;
+// device holds some where the patcher put them steps ago while others
+// move, the first command (a GEMM) on the device and, with HostLead, from
+// the host with no upload;
 // every step's outputs are eager's. A host-side change that reset the
 // device-side parameters, or a patcher that rewrote buffers that did not
 // move, would show here and not with every buffer moving every step.
@@ -682,23 +683,31 @@ func devicePartialMoves(t *testing.T, b gpu.Backend) {
 	p.Launch(kernels.Add, kernels.Elementwise(m*n), stablegraph.Out(y.All()), stablegraph.In(tmp.All()), stablegraph.In(u.All()), stablegraph.I32(m*n))
 	p.Launch(kernels.Axpb, kernels.Elementwise(m*n), stablegraph.Out(v.All()), stablegraph.In(u.All()), stablegraph.F32(0.5), stablegraph.F32(3), stablegraph.I32(m*n))
 	eager := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyEager})
-	dev := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice})
-	bufs := []stablegraph.Buffer{x, u, y, v}
-	bind := stablegraph.Bindings{}
-	for i, moves := range [][]stablegraph.Buffer{bufs, nil, {x}, {u}, {y}, nil, {v, x}, {u, y}, bufs, {v}, {x}} {
-		for _, buf := range moves {
-			bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size())) // fresh, and never freed during the test
-		}
-		in := map[stablegraph.Buffer][]byte{x: gpu.F32ToBytes(simtest.Ramp(m*k, float32(i))), u: gpu.F32ToBytes(simtest.Ramp(m*n, -float32(i)))}
-		want := eager.step(bind, in, y, v)
-		got := dev.step(bind, in, y, v)
-		for j := range want {
-			if !slices.Equal(got[j], want[j]) {
-				t.Fatalf("step %d (moved %v): output %d differs from eager", i, moves, j)
+	// By default everything moves on the device; with HostLead the GEMM
+	// moves from the host beside the patcher's moves.
+	for _, hostLead := range []bool{false, true} {
+		dev := newStepper(t, b, p, stablegraph.Options{Strategy: stablegraph.StrategyDevice,
+			StrategyOptions: stablegraph.StrategyOptions{DeviceStrategy: stablegraph.DeviceOptions{HostLead: hostLead}}})
+		bufs := []stablegraph.Buffer{x, u, y, v}
+		bind := stablegraph.Bindings{}
+		for i, moves := range [][]stablegraph.Buffer{bufs, nil, {x}, {u}, {y}, nil, {v, x}, {u, y}, bufs, {v}, {x}} {
+			for _, buf := range moves {
+				bind[buf] = simtest.Alloc(t, b, 0, uint64(buf.Size())) // fresh, and never freed during the test
 			}
-		}
-		if last := dev.exe.Stats().Last; i > 0 && (last.Records != 0 || last.GraphUploads != 0 || (len(moves) == 0) != (last.DeviceUpdates == 0 && last.PatchedNodes == 0)) {
-			t.Errorf("step %d (moved %v): %+v", i, moves, last)
+			in := map[stablegraph.Buffer][]byte{x: gpu.F32ToBytes(simtest.Ramp(m*k, float32(i))), u: gpu.F32ToBytes(simtest.Ramp(m*n, -float32(i)))}
+			want := eager.step(bind, in, y, v)
+			got := dev.step(bind, in, y, v)
+			for j := range want {
+				if !slices.Equal(got[j], want[j]) {
+					t.Fatalf("host lead %v, step %d (moved %v): output %d differs from eager", hostLead, i, moves, j)
+				}
+			}
+			last := dev.exe.Stats().Last
+			hosted := hostLead && slices.Contains(moves, x)
+			if i > 0 && (last.Records != 0 || last.GraphUploads != 0 || (len(moves) == 0) != (last.DeviceUpdates == 0 && last.PatchedNodes == 0) ||
+				(last.PatchedNodes > 0) != hosted) {
+				t.Errorf("host lead %v, step %d (moved %v): %+v", hostLead, i, moves, last)
+			}
 		}
 	}
 }
