@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -288,5 +289,58 @@ func TestBench(t *testing.T) {
 	code, out, _ = runCLI(t, "--backend", "sim", "bench", "--workload", "chain", "-k", "3", "--steps", "2", "--strategies", "patch")
 	if code != exitOK || !strings.Contains(out, "\neager ") || !strings.Contains(out, "\npatch ") || strings.Contains(out, "\nrecord ") {
 		t.Errorf("--strategies patch: code %d:\n%s", code, out)
+	}
+}
+
+// TestBenchDeviceOptionsAndPairFloor: bench's device flags reach the
+// strategy (by default nothing moves from the host; --device-host-lead
+// moves the first command from it, --device-inline changes nothing the
+// report counts), and --pair-floor, off on sim unless given, pairs every
+// row with the floor.
+func TestBenchDeviceOptionsAndPairFloor(t *testing.T) {
+	needSim(t)
+	dir := t.TempDir()
+	type row struct {
+		Strategy          string          `json:"strategy"`
+		Note              string          `json:"note"`
+		PatchedNodes      int64           `json:"patched_nodes"`
+		OutputsMatchEager bool            `json:"outputs_match_eager"`
+		PairedFloor       json.RawMessage `json:"paired_floor"`
+	}
+	bench := func(flags ...string) map[string]row {
+		t.Helper()
+		path := filepath.Join(dir, fmt.Sprintf("b%d.json", len(flags)))
+		args := append([]string{"--backend", "sim", "bench", "--workload", "mlp", "--layers", "2", "--width", "16", "--batch", "4",
+			"--pattern", "random", "--steps", "3", "--warmup", "2", "--strategies", "device", "--json", path}, flags...)
+		if code, _, errs := runCLI(t, args...); code != exitOK {
+			t.Fatalf("%v: code %d, stderr:\n%s", flags, code, errs)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep struct {
+			Results []row `json:"results"`
+		}
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		rows := map[string]row{}
+		for _, r := range rep.Results {
+			rows[r.Strategy] = r
+		}
+		return rows
+	}
+	plain := bench()
+	if d := plain["device"]; !d.OutputsMatchEager || d.PatchedNodes != 0 || d.PairedFloor != nil {
+		t.Errorf("default: device row %+v; want eager's bits, nothing from the host, no pair on sim", d)
+	}
+	led := bench("--device-host-lead", "--device-inline", "--pair-floor")
+	d := led["device"]
+	if !d.OutputsMatchEager || d.PatchedNodes != 3 || d.PairedFloor == nil {
+		t.Errorf("--device-host-lead --device-inline --pair-floor: device row %+v; want eager's bits, the first command from the host each of 3 steps, a paired floor", d)
+	}
+	if f := led["replay-fixed"]; f.PairedFloor != nil {
+		t.Errorf("the floor row is paired with itself: %+v", f)
 	}
 }
