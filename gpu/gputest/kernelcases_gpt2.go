@@ -191,9 +191,10 @@ func makeKVAppend(r *rand.Rand, nseq int) kernelInst {
 
 func makeDecodeAttention(r *rand.Rand, nseq int) kernelInst {
 	heads, hd, npos := kvShape(r)
-	// A head dimension of 1 makes the scale 1, which would hide a kernel
-	// that ignores it.
-	hd = max(hd, 2)
+	// A head dimension of 1 makes the scale 1, and a single position makes
+	// every softmax 1 whatever the scale: either would hide a kernel that
+	// ignores it.
+	hd, npos = max(hd, 2), max(npos, 2)
 	d := heads * hd
 	layers, layer, stride := kvLayers(r, d)
 	pos := randPositions(r, nseq, npos)
