@@ -195,7 +195,12 @@ func (h hushSim) EventQuery(e gpu.Event) (bool, error) {
 // same backend, and the backend.
 func autoKept(t testing.TB) (auto, alone func(), kept stablegraph.Strategy, h hushSim) {
 	h = hushSim{simtest.New(t, 1), new(bool), new(int)}
-	exe, auto, s := stepper(t, h, stablegraph.Options{Strategy: stablegraph.StrategyAuto})
+	// Hushed launches run no patcher, so device's ring of tables would
+	// fill: its candidate takes the inline patcher here, which needs none.
+	var opts stablegraph.Options
+	opts.DeviceStrategy.Inline = true
+	opts.Strategy = stablegraph.StrategyAuto
+	exe, auto, s := stepper(t, h, opts)
 	for range 200 {
 		auto()
 		if err := h.StreamSynchronize(s); err != nil {
@@ -215,11 +220,23 @@ func autoKept(t testing.TB) (auto, alone func(), kept stablegraph.Strategy, h hu
 			t.Fatal(err)
 		}
 	}
-	_, alone, _ = stepper(t, h, stablegraph.Options{Strategy: kept})
+	opts.Strategy = kept
+	_, alone, sAlone := stepper(t, h, opts)
 	for range 4 {
 		alone()
 	}
 	*h.hush = true
+	// Hushed, a step records no event, so the executables' Close would not
+	// wait for the work the hushed steps still enqueue (pool's timeline
+	// writes): the streams drain first (cleanups run newest first).
+	t.Cleanup(func() {
+		*h.hush = false
+		for _, st := range []gpu.Stream{s, sAlone} {
+			if err := h.StreamSynchronize(st); err != nil {
+				t.Error(err)
+			}
+		}
+	})
 	return auto, alone, kept, h
 }
 

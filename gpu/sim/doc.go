@@ -47,6 +47,13 @@
 // for those operations), the first bad address, the access size, the device
 // and the reason: "unmapped", "freed", "no access from device N".
 //
+// An event's time (EventElapsed) is when its stream reached it, as a
+// device's: the later of its EventRecord and the end of the command before
+// it on the stream. An event recorded on an idle stream is thus timed at
+// its recording, however late the stream's worker goroutine runs on a busy
+// host, and the time between two events covers the host's work between
+// their records.
+//
 // Faults are sticky per device, as on a GPU: the device's later work is
 // skipped (event records still complete, so nobody waits forever), and every
 // later synchronizing or submitting call on that device (StreamSynchronize,

@@ -97,7 +97,10 @@ type stream struct {
 	head      int
 	submitted uint64
 	done      uint64
-	stop      bool
+	// lastEnd is when the worker finished the stream's last command: an
+	// event completes at the later of it and its own enqueueing (record).
+	lastEnd time.Time
+	stop    bool
 	exited    chan struct{}
 }
 
@@ -182,8 +185,14 @@ func (st *stream) loop() {
 		if c.kind == cmdRecord {
 			// Completed under mu after done counts it, so that whoever
 			// sees the event complete also sees the stream past it
-			// (EventSynchronize then StreamQuery reports idle).
-			c.rec.complete()
+			// (EventSynchronize then StreamQuery reports idle). Its time
+			// is when the stream reached it, as a device's: the later of
+			// its enqueueing and the end of the command before it, not
+			// when this worker, which a busy host may leave unscheduled
+			// for milliseconds, got to it.
+			c.rec.completeAt(later(c.rec.enqueued, st.lastEnd))
+		} else {
+			st.lastEnd = time.Now()
 		}
 		st.idle.Broadcast()
 		st.mu.Unlock()
@@ -408,17 +417,28 @@ type event struct {
 }
 
 // record is one EventRecord: done is closed when the stream reaches it, and
-// at is set just before.
+// at is set just before; enqueued is when EventRecord enqueued it.
 type record struct {
-	done chan struct{}
-	at   time.Time
+	done     chan struct{}
+	at       time.Time
+	enqueued time.Time
 }
 
-func newRecord() *record { return &record{done: make(chan struct{})} }
+func newRecord() *record { return &record{done: make(chan struct{}), enqueued: time.Now()} }
 
-func (r *record) complete() {
-	r.at = time.Now()
+func (r *record) complete() { r.completeAt(time.Now()) }
+
+func (r *record) completeAt(t time.Time) {
+	r.at = t
 	close(r.done)
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func (r *record) isDone() bool {
