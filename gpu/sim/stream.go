@@ -101,7 +101,7 @@ type stream struct {
 	// event completes at the later of it and its own enqueueing (record).
 	lastEnd time.Time
 	stop    bool
-	exited    chan struct{}
+	exited  chan struct{}
 }
 
 func (b *Backend) StreamCreate(dev int, flags gpu.StreamFlags, priority int) (gpu.Stream, error) {
