@@ -14,9 +14,10 @@ type callerGraph struct {
 	// patchable records traced commands so that they can be patched
 	// (patch): differential tracing proves their templates.
 	patchable bool
-	// copies, when set, records memcpy and memset commands over bound
-	// buffers as copy and fill kernels (patch: graph.InstantiateOptions).
-	copies *graph.InstantiateOptions
+	// copies, when it names kernels, records memcpy and memset commands
+	// over bound buffers as copy and fill kernels (patch:
+	// graph.InstantiateOptions; its Patch is patchable's).
+	copies graph.InstantiateOptions
 	x      *graph.Exec // nil before the first step and after a failed patch
 }
 
@@ -26,10 +27,8 @@ type callerGraph struct {
 // the first is counted as a re-record for cause (refusal: the refused
 // update, for causeRefused).
 func (st *callerGraph) record(addrs []gpu.DevicePtr, cause recordCause, refusal error) error {
-	o := graph.InstantiateOptions{Patch: st.patchable}
-	if st.copies != nil {
-		o.Movable, o.Copy, o.Fill = st.copies.Movable, st.copies.Copy, st.copies.Fill
-	}
+	o := st.copies
+	o.Patch = st.patchable
 	x, err := st.cb.InstantiateWith(st.b, addrs, o)
 	if err != nil {
 		return err

@@ -66,15 +66,15 @@ func newPatch(spec Spec) (Strategy, error) {
 }
 
 // boundCopies are the copy and fill kernels patch records a memcpy or
-// memset over a bound buffer as (graph.InstantiateOptions), or nil when the
-// executable has none loaded: a kernel node moves for one small exec
+// memset over a bound buffer as (graph.InstantiateOptions), or none when
+// the executable has none loaded: a kernel node moves for one small exec
 // update, where the driver charges a copy or memset node's several times
 // as much (BENCHMARKS.md, section 0).
-func boundCopies(spec Spec) *graph.InstantiateOptions {
+func boundCopies(spec Spec) graph.InstantiateOptions {
 	if spec.Kernels == nil {
-		return nil
+		return graph.InstantiateOptions{}
 	}
-	o := &graph.InstantiateOptions{Movable: make([]bool, len(spec.Buffers))}
+	o := graph.InstantiateOptions{Movable: make([]bool, len(spec.Buffers))}
 	for _, i := range spec.classes.Bound {
 		o.Movable[i] = true
 	}
@@ -83,9 +83,6 @@ func boundCopies(spec Spec) *graph.InstantiateOptions {
 	}
 	if f, err := spec.Kernels(kernels.Fill); err == nil {
 		o.Fill = f
-	}
-	if o.Copy == 0 && o.Fill == 0 {
-		return nil
 	}
 	return o
 }

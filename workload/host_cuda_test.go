@@ -100,7 +100,8 @@ func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 
 // BenchmarkCUDAStepHost takes a step's host time apart: for patch (node
 // by node, and with whole-graph updates from the host template forced by
-// the costs), device (inline patcher, and with the ring of tables), fixed
+// the costs), device (its ring of tables, the inline patcher, each with the
+// first command on the device and from the host), fixed
 // and fresh addresses, on mlp, mlp-large, train and chain-moving, and on
 // gpt2-decode at batch 1 with fixed and swapping caches (fixed/patch is the
 // bench's floor), the p50 of Run's host time, of the exec updates it made
@@ -111,15 +112,7 @@ func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 // is one step: inputs bound (not timed), Run, a stream synchronization.
 // BENCHMARKS.md section 0 quotes it.
 func BenchmarkCUDAStepHost(bm *testing.B) {
-	b, _, err := gpu.Open("cuda", gpu.Config{})
-	if err != nil {
-		bm.Skipf("no CUDA here: %v", err)
-	}
-	defer b.Close()
-	cb, ok := b.(*cuda.Backend)
-	if !ok {
-		bm.Skipf("backend %T is not the CUDA backend", b)
-	}
+	cb := openCUDABench(bm)
 	ctx := context.Background()
 	for _, c := range stepHostCases() {
 		w, err := New(c.workload, c.cfg)
@@ -279,15 +272,7 @@ func p50(v []float64) float64 {
 // strategy (kept-…). Whatever auto adds after its choice shows as the
 // difference. One iteration runs both, 100 measured steps each.
 func BenchmarkCUDAAutoStepHost(bm *testing.B) {
-	b, _, err := gpu.Open("cuda", gpu.Config{})
-	if err != nil {
-		bm.Skipf("no CUDA here: %v", err)
-	}
-	defer b.Close()
-	cb, ok := b.(*cuda.Backend)
-	if !ok {
-		bm.Skipf("backend %T is not the CUDA backend", b)
-	}
+	cb := openCUDABench(bm)
 	ctx := context.Background()
 	for _, name := range []string{"mlp", "mlp-large", "chain-moving"} {
 		bm.Run(name, func(bm *testing.B) {
@@ -338,25 +323,38 @@ func hostSteps(ctx context.Context, bm *testing.B, d *driverClock, name string, 
 	return exe.Stats().Strategy, p50(run), p50(upd), p50(launch)
 }
 
-// openRig is what both host benchmarks step: a caller of w at pat, w
+// openCUDABench opens the CUDA backend for a benchmark, closed when it
+// ends, or skips it.
+func openCUDABench(bm *testing.B) *cuda.Backend {
+	b, _, err := gpu.Open("cuda", gpu.Config{})
+	if err != nil {
+		bm.Skipf("no CUDA here: %v", err)
+	}
+	bm.Cleanup(func() { b.Close() })
+	cb, ok := b.(*cuda.Backend)
+	if !ok {
+		bm.Skipf("backend %T is not the CUDA backend", b)
+	}
+	return cb
+}
+
+// openRig is what the host benchmarks step: a caller of w at pat, w
 // compiled with opts, its states written, and a stream; done releases them
 // (the caller benchmarks two rigs in turn, not at once).
 func openRig(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, opts sg.Options) (*Caller, *sg.Executable, gpu.Stream, func()) {
-	c, err := NewCaller(d, 0, w, pat, 1)
+	return openRigWith(ctx, bm, d, w, pat, CallerOptions{}, opts)
+}
+
+// openRigWith is openRig with a caller made with copts.
+func openRigWith(ctx context.Context, bm *testing.B, d *driverClock, w *Workload, pat Pattern, copts CallerOptions, opts sg.Options) (*Caller, *sg.Executable, gpu.Stream, func()) {
+	c, err := NewCallerWith(d, 0, w, pat, 1, copts)
 	if err != nil {
 		bm.Fatal(err)
 	}
-	exe, err := sg.Compile(ctx, d, w.Program, opts)
+	exe, err := compileWorkload(ctx, d, w, opts)
 	if err != nil {
 		c.Close()
 		bm.Fatal(err)
-	}
-	for _, st := range w.States {
-		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-			exe.Close()
-			c.Close()
-			bm.Fatal(err)
-		}
 	}
 	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
 	if err != nil {
@@ -401,15 +399,7 @@ func timedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, ex
 // exec updates and launch. Whatever bench adds to a moving step's host
 // time and not to the floor's shows as a mode whose difference grows.
 func BenchmarkCUDAHarness(bm *testing.B) {
-	b, _, err := gpu.Open("cuda", gpu.Config{})
-	if err != nil {
-		bm.Skipf("no CUDA here: %v", err)
-	}
-	defer b.Close()
-	cb, ok := b.(*cuda.Backend)
-	if !ok {
-		bm.Skipf("backend %T is not the CUDA backend", b)
-	}
+	cb := openCUDABench(bm)
 	ctx := context.Background()
 	modes := []string{"sync", "events", "gated", "gated-digest", "gated-digest-batchsets"}
 	for _, c := range []stepHostCase{{"train", "train", Config{}, Random}, {"gpt2-b1", "gpt2-decode", Config{Batch: 1}, Swap}} {
@@ -432,26 +422,8 @@ func harnessSteps(ctx context.Context, bm *testing.B, d *driverClock, w *Workloa
 	if mode == "gated-digest-batchsets" && pat == Random {
 		copts.BatchSets = 10
 	}
-	c, err := NewCallerWith(d, 0, w, pat, 1, copts)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer c.Close()
-	exe, err := sg.Compile(ctx, d, w.Program, sg.Options{Strategy: sg.StrategyPatch})
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer exe.Close()
-	for _, st := range w.States {
-		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-			bm.Fatal(err)
-		}
-	}
-	s, err := d.StreamCreate(0, gpu.StreamNonBlocking, 0)
-	if err != nil {
-		bm.Fatal(err)
-	}
-	defer d.StreamDestroy(s)
+	c, exe, s, done := openRigWith(ctx, bm, d, w, pat, copts, sg.Options{Strategy: sg.StrategyPatch})
+	defer done()
 	timer, release, err := newStepTimer(d, 0, s, RunOptions{NoGate: mode == "events", GateWatchdog: DefaultGateWatchdog}, nil)
 	if err != nil {
 		bm.Fatal(err)

@@ -57,15 +57,10 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 	p.timer = timer
 	p.undo = append(p.undo, releaseTimer)
 	sopts := sg.Options{Strategy: sg.StrategyPatch, Device: opts.Device, Logger: opts.Logger, Costs: opts.Costs}
-	if p.exe, err = sg.Compile(ctx, b, w.Program, sopts); err != nil {
-		return nil, fmt.Errorf("compile with %s: %w", sg.StrategyPatch, err)
+	if p.exe, err = compileWorkload(ctx, b, w, sopts); err != nil {
+		return nil, err
 	}
 	p.undo = append(p.undo, p.exe.Close)
-	for _, st := range w.States {
-		if err := p.exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-			return nil, fmt.Errorf("initialise %s: %w", st.Buffer.Name(), err)
-		}
-	}
 	if p.bind, err = caller.Bind(0); err != nil {
 		return nil, err
 	}

@@ -230,18 +230,13 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	sopts.Auto.Bound = opts.AutoBound
 	sopts.DeviceStrategy.Inline = opts.DeviceInline
 	sopts.DeviceStrategy.HostLead = opts.DeviceHostLead
-	exe, err := sg.Compile(ctx, b, w.Program, sopts)
+	exe, err := compileWorkload(ctx, b, w, sopts)
 	if err != nil {
-		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
+		return nil, err
 	}
 	// Closing the executable waits for its last step; the stream is
 	// synchronized before it is destroyed (cleanup runs newest first).
 	cleanup = append(cleanup, exe.Close)
-	for _, st := range w.States {
-		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
-			return nil, fmt.Errorf("workload %s: initialise %s: %w", w.Name, st.Buffer.Name(), err)
-		}
-	}
 
 	res := &RunResult{Mismatch: -1}
 	total := opts.Warmup + opts.Steps
@@ -667,6 +662,22 @@ func floorRun(ctx context.Context, b gpu.Backend, w *Workload, o RunOptions, mov
 		o.Reference = ref.Digests
 	}
 	return Run(ctx, b, w, o)
+}
+
+// compileWorkload compiles w with opts on b and writes its states' first
+// values; on error nothing is left open. A failed Compile is a
+// compileError.
+func compileWorkload(ctx context.Context, b gpu.Backend, w *Workload, opts sg.Options) (*sg.Executable, error) {
+	exe, err := sg.Compile(ctx, b, w.Program, opts)
+	if err != nil {
+		return nil, compileError{fmt.Errorf("workload %s: compile with %s: %w", w.Name, opts.Strategy, err)}
+	}
+	for _, st := range w.States {
+		if err := exe.WriteBuffer(ctx, st.Buffer, st.Data); err != nil {
+			return nil, errors.Join(fmt.Errorf("workload %s: initialise %s: %w", w.Name, st.Buffer.Name(), err), exe.Close())
+		}
+	}
+	return exe, nil
 }
 
 // compileError is Run's error when Compile failed.
