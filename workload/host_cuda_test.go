@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +25,12 @@ type driverClock struct {
 	*cuda.Backend
 	update, launch, patcher, other time.Duration
 	updates                        int
+	// The last step's exec updates (its last Apply) and launch, which
+	// BenchmarkCUDARunAgainstRaw makes again without Run.
+	lastSet gpu.KernelNodeSet
+	lastIdx []int32
+	lastX   gpu.GraphExec
+	lastS   gpu.Stream
 }
 
 // reset zeroes the clocks before a step.
@@ -88,6 +95,7 @@ func (s *clockedSet) Apply(idx []int32) (int, error) {
 		s.d.patcher += dt
 	}
 	s.d.updates += n
+	s.d.lastSet, s.d.lastIdx = s.KernelNodeSet, append(s.d.lastIdx[:0], idx...)
 	return n, err
 }
 
@@ -95,6 +103,7 @@ func (d *driverClock) GraphLaunch(x gpu.GraphExec, s gpu.Stream) error {
 	t0 := time.Now()
 	err := d.Backend.GraphLaunch(x, s)
 	d.launch += time.Since(t0)
+	d.lastX, d.lastS = x, s
 	return err
 }
 
@@ -259,6 +268,123 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 	}
 }
 
+// BenchmarkCUDARunAgainstRaw sets a moving patch step's Run beside the
+// same driver calls made without it, in one process, on mlp and mlp-large
+// with fresh addresses: whatever Run adds to the driver's price of a move
+// shows as the difference of the differences. Steps of four kinds take
+// turns, each after its inputs are written as the bench's caller writes
+// them: Run of the moving step (run-µs, and within it its exec updates
+// and its launch), its last exec updates and launch made again through
+// the backend (raw-µs, raw-launch-µs: the updates set what the exec
+// already holds, which the driver may price lower than a move; the C probe
+// bench/probes/movelatency prices real moves), the launch alone
+// (launch-µs), and Run of the same workload on fixed buffers (floor-µs).
+// Where the platform has a per-thread CPU clock, *-cpu-µs are the thread's
+// CPU time over the same spans and switches/step its context switches:
+// CPU time equal to the wall time says the time is spent running (in our
+// code or the driver's), not waiting. A CPU profile cannot split it: the
+// samples it takes inside the driver are a small fraction of the time
+// spent there.
+func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
+	cb := openCUDABench(bm)
+	ctx := context.Background()
+	runtime.LockOSThread() // the thread clock and switch counts are this thread's
+	defer runtime.UnlockOSThread()
+	for _, name := range []string{"mlp", "mlp-large"} {
+		w, err := New(name, Config{})
+		if err != nil {
+			bm.Fatal(err)
+		}
+		bm.Run(name, func(bm *testing.B) {
+			d, fd := &driverClock{Backend: cb}, &driverClock{Backend: cb}
+			c, exe, s, done := openRig(ctx, bm, d, w, Random, sg.Options{Strategy: sg.StrategyPatch})
+			defer done()
+			fc, fexe, fs, fdone := openRig(ctx, bm, fd, w, Fixed, sg.Options{Strategy: sg.StrategyPatch})
+			defer fdone()
+			for i := range 30 { // recording, proving the templates, preparing the node sets
+				timedStep(ctx, bm, d, c, exe, s, i)
+				timedStep(ctx, bm, fd, fc, fexe, fs, i)
+			}
+			if d.lastSet == nil || d.lastX == 0 {
+				bm.Fatal("no exec update or launch was seen in a moving step")
+			}
+			var t [4]spanTimes // run, raw, launch, floor
+			var runUpd, runLaunch, rawLaunch []float64
+			for step := 0; bm.Loop(); step++ {
+				switch k := step % 4; k {
+				case 0:
+					spannedStep(ctx, bm, d, c, exe, s, 30+step, &t[k])
+					runUpd, runLaunch = append(runUpd, us(d.update)), append(runLaunch, us(d.launch))
+				case 1, 2:
+					if _, err := c.Bind(30 + step); err != nil {
+						bm.Fatal(err)
+					}
+					var l time.Duration
+					t[k].time(func() {
+						if k == 1 {
+							if _, err := d.lastSet.Apply(d.lastIdx); err != nil {
+								bm.Fatal(err)
+							}
+						}
+						t0 := time.Now()
+						if err := cb.GraphLaunch(d.lastX, d.lastS); err != nil {
+							bm.Fatal(err)
+						}
+						l = time.Since(t0)
+					})
+					if k == 1 {
+						rawLaunch = append(rawLaunch, us(l))
+					}
+					if err := cb.StreamSynchronize(d.lastS); err != nil {
+						bm.Fatal(err)
+					}
+				case 3:
+					spannedStep(ctx, bm, fd, fc, fexe, fs, 30+step, &t[k])
+				}
+			}
+			if len(t[3].wall) == 0 {
+				return
+			}
+			for k, n := range []string{"run", "raw", "launch", "floor"} {
+				bm.ReportMetric(p50(t[k].wall), n+"-µs")
+				if len(t[k].cpu) > 0 {
+					bm.ReportMetric(p50(t[k].cpu), n+"-cpu-µs")
+					bm.ReportMetric(float64(t[k].switches)/float64(len(t[k].wall)), n+"-switches/step")
+				}
+			}
+			bm.ReportMetric(p50(runUpd), "run-updates-µs")
+			bm.ReportMetric(p50(runLaunch), "run-launch-µs")
+			bm.ReportMetric(p50(rawLaunch), "raw-launch-µs")
+			bm.ReportMetric(float64(len(d.lastIdx)), "updates/step")
+		})
+	}
+}
+
+// spanTimes collects the wall time of spans, and where the platform has a
+// per-thread CPU clock (threadclock_linux_test.go) their CPU time and the
+// thread's context switches.
+type spanTimes struct {
+	wall, cpu []float64
+	switches  int64
+}
+
+// time runs f, which must not leave the thread, and records its span.
+func (t *spanTimes) time(f func()) time.Duration {
+	sw0, swok := threadSwitches()
+	c0, cok := threadCPU()
+	t0 := time.Now()
+	f()
+	wall := time.Since(t0)
+	c1, _ := threadCPU()
+	sw1, _ := threadSwitches()
+	t.wall = append(t.wall, us(wall))
+	if cok && swok {
+		t.cpu = append(t.cpu, us(c1-c0))
+		t.switches += sw1 - sw0
+	}
+	return wall
+}
+
 func p50(v []float64) float64 {
 	v = slices.Clone(v)
 	slices.Sort(v)
@@ -372,14 +498,27 @@ func openRigWith(ctx context.Context, bm *testing.B, d *driverClock, w *Workload
 // timedStep binds and runs step on s with d's clocks reset, waits for it,
 // and returns Run's host time.
 func timedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, exe *sg.Executable, s gpu.Stream, step int) time.Duration {
+	return spannedStep(ctx, bm, d, c, exe, s, step, nil)
+}
+
+// spannedStep is timedStep with Run's span also recorded in span, when not
+// nil (with the thread's clock read around it).
+func spannedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, exe *sg.Executable, s gpu.Stream, step int, span *spanTimes) time.Duration {
 	bind, err := c.Bind(step)
 	if err != nil {
 		bm.Fatal(err)
 	}
 	d.reset()
-	t0 := time.Now()
-	outs, err := exe.Run(ctx, s, bind)
-	host := time.Since(t0)
+	var outs sg.Outputs
+	run := func() { outs, err = exe.Run(ctx, s, bind) }
+	var host time.Duration
+	if span != nil {
+		host = span.time(run)
+	} else {
+		t0 := time.Now()
+		run()
+		host = time.Since(t0)
+	}
 	if err != nil {
 		bm.Fatal(err)
 	}
