@@ -22,7 +22,8 @@
 // are medians of the per-step differences and ratios against the floor's step beside it.
 // H2D=1 writes the input before each step as the bench's caller does, GATE=1 holds the
 // stream behind a word of mapped memory while the host moves and launches (the bench's
-// gated timing): README.md has what they changed (nothing).
+// gated timing): README.md has what they changed (nothing). NBUF=N cycles the moving ways
+// through N pairs of x and y (default 2; the floor keeps the first).
 //
 // The moved nodes and their pointer words are found as stablegraph finds them: two captures
 // at different x and y, parameters compared word by word (cuFuncGetParamInfo). cuBLAS gets a
@@ -139,8 +140,11 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&n.z[l], act));
     if (l < n.L) CK(cudaMalloc(&n.a[l], act));
   }
-  float *x[2], *y[2];
-  for (int i = 0; i < 2; i++) {
+  // NBUF pairs of x and y (default 2): the moving ways cycle through them, the floor keeps the
+  // first. Many pairs are fresh addresses to the GPU's caches as well as to the graph.
+  const int nbuf = getenv("NBUF") ? std::max(2, atoi(getenv("NBUF"))) : 2;
+  std::vector<float*> x(nbuf), y(nbuf);
+  for (int i = 0; i < nbuf; i++) {
     CK(cudaMalloc(&x[i], act)); CK(cudaMalloc(&y[i], act));
     CK(cudaMemcpy(x[i], hx.data(), act, cudaMemcpyHostToDevice));
   }
@@ -148,8 +152,9 @@ int main(int argc, char** argv) {
   {
     cudaGraph_t g0 = capture(n, x[0], y[0]); CK(cudaGraphDestroy(g0));
   }
-  cudaGraph_t g[2] = {capture(n, x[0], y[0]), capture(n, x[1], y[1])};
-  std::vector<CUgraphNode> k[2] = {kernelNodes(g[0]), kernelNodes(g[1])};
+  std::vector<cudaGraph_t> g(nbuf);
+  std::vector<std::vector<CUgraphNode>> k(nbuf);
+  for (int i = 0; i < nbuf; i++) { g[i] = capture(n, x[i], y[i]); k[i] = kernelNodes(g[i]); }
   if (k[0].size() != k[1].size()) { printf("FAIL: captures differ in kernel nodes\n"); return 1; }
   std::vector<Moved> moved;
   for (size_t i = 0; i < k[0].size(); i++) {
@@ -215,7 +220,7 @@ int main(int argc, char** argv) {
   unsigned long long* gw; CK(cudaHostAlloc(&gw, 8, cudaHostAllocMapped)); *gw = 0;
   CUdeviceptr dgw; CU(cuMemHostGetDevicePointer(&dgw, gw, 0));
   unsigned long long ticket = 0;
-  printf("harness: H2D=%d GATE=%d\n", h2d, gate);
+  printf("harness: H2D=%d GATE=%d NBUF=%d\n", h2d, gate, nbuf);
   auto step = [&](int way, int t, double* host, double* lat, double* launch) {
     if (h2d) CK(cudaMemcpy(x[t], hx.data(), act, cudaMemcpyHostToDevice));
     if (gate) CU(cuStreamWaitValue64((CUstream)n.s, dgw, ++ticket, CU_STREAM_WAIT_VALUE_GEQ));
@@ -278,14 +283,14 @@ int main(int argc, char** argv) {
     }
     printf("check: every way moved to the other x and y wrote the floor's y, bit for bit\n");
   }
-  for (int r = 0; r < 50; r++) for (int way = 0; way < nways; way++) { double h, l, la; step(way, r & 1, &h, &l, &la); }
+  for (int r = 0; r < 50; r++) for (int way = 0; way < nways; way++) { double h, l, la; step(way, r % nbuf, &h, &l, &la); }
   // Each round runs every way once beside a floor step (before it on odd rounds, after on even).
   std::vector<double> host[nways], lat[nways], dh[nways], rl[nways], lau[nways];
   for (int r = 0; r < steps; r++) {
     for (int way = 1; way < nways; way++) {
       double hf, lf, hw, lw, af, aw;
-      if (r & 1) { step(0, 0, &hf, &lf, &af); step(way, r & 1, &hw, &lw, &aw); }
-      else { step(way, r & 1, &hw, &lw, &aw); step(0, 0, &hf, &lf, &af); }
+      if (r & 1) { step(0, 0, &hf, &lf, &af); step(way, r % nbuf, &hw, &lw, &aw); }
+      else { step(way, r % nbuf, &hw, &lw, &aw); step(0, 0, &hf, &lf, &af); }
       lau[0].push_back(af); lau[way].push_back(aw);
       host[0].push_back(hf); lat[0].push_back(lf);
       host[way].push_back(hw); lat[way].push_back(lw);
