@@ -7,23 +7,32 @@ import (
 )
 
 // TestPairedFloorIsRegimeFree: a row and its floor move together between
-// a fast and a slow regime of the host's clock, at different moments from
-// the floor row's. The paired median sees the row's own 5 µs over the
-// floor; the floor row's p50 would not.
+// a fast and a slow regime of the host's clock (and of the card's), at
+// different moments from the floor row's. The paired median sees the row's
+// own 5 µs over the floor and its 5% of GPU time; the floor row's p50
+// would not.
 func TestPairedFloorIsRegimeFree(t *testing.T) {
 	host := []float64{10, 10, 10, 30, 30}
 	floorHost := []float64{5, 5, 5, 25, 25}
 	lat := []float64{110, 110, 110, 130, 130}
 	floorLat := []float64{100, 100, 100, 125, 125}
-	p := NewPairedFloor(host, lat, floorHost, floorLat)
+	gpuUS := []float64{105, 105, 105, 126, 126}
+	floorGPU := []float64{100, 100, 100, 120, 120}
+	p := NewPairedFloor(host, lat, gpuUS, floorHost, floorLat, floorGPU)
 	if p == nil || p.HostOverUS != 5 || p.HostUS.P50 != 5 {
 		t.Fatalf("paired floor %+v, want host over 5 and the floor's own p50 5", p)
 	}
 	if p.LatencyRatio != 1.1 {
 		t.Errorf("latency ratio %v, want the median of the per-step ratios 1.1", p.LatencyRatio)
 	}
-	if NewPairedFloor(host, lat, nil, nil) != nil {
+	if p.GPURatio != 1.05 || p.GPUUS.P50 != 100 || len(p.GPUSamplesUS) != 5 {
+		t.Errorf("GPU ratio %v (floor p50 %v), want the median of the per-step ratios 1.05 and the floor's own p50 100", p.GPURatio, p.GPUUS.P50)
+	}
+	if NewPairedFloor(host, lat, gpuUS, nil, nil, nil) != nil {
 		t.Error("a pair without floor samples")
+	}
+	if q := NewPairedFloor(host, nil, nil, floorHost, floorLat, floorGPU); q == nil || q.LatencyRatio != 0 || q.GPURatio != 0 {
+		t.Errorf("a pair without the row's latency and GPU samples: %+v, want host alone", q)
 	}
 	// The floor row ran in the slow regime: 25 µs.
 	r := &Report{Results: []Result{
@@ -54,7 +63,7 @@ func TestPairedFloorIsRegimeFree(t *testing.T) {
 			patch = l
 		}
 	}
-	if f := strings.Fields(patch); len(f) < 7 || f[3] != "1.10×" || f[4] != "5.00" || f[6] != "2.50" {
-		t.Errorf("patch's row %q: want latency 1.10× the floor (paired) and 5 µs over it", patch)
+	if f := strings.Fields(patch); len(f) < 7 || f[2] != "1.05×" || f[3] != "1.10×" || f[4] != "5.00" || f[6] != "2.50" {
+		t.Errorf("patch's row %q: want GPU 1.05× and latency 1.10× the floor (paired) and 5 µs over it", patch)
 	}
 }

@@ -219,25 +219,31 @@ type Result struct {
 // it share one, so the medians of their differences and ratios compare the
 // two without the regime, where the p50s of rows run seconds apart do not.
 type PairedFloor struct {
-	// HostUS and LatencyUS are the floor steps' own percentiles, and
-	// HostSamplesUS and LatencySamplesUS their samples, in step order,
-	// one for each of the row's.
+	// HostUS, LatencyUS and GPUUS are the floor steps' own percentiles,
+	// and HostSamplesUS, LatencySamplesUS and GPUSamplesUS their samples,
+	// in step order, one for each of the row's.
 	HostUS           Percentiles `json:"host_us"`
 	LatencyUS        Percentiles `json:"latency_us"`
+	GPUUS            Percentiles `json:"gpu_us"`
 	HostSamplesUS    []float64   `json:"host_samples_us,omitempty"`
 	LatencySamplesUS []float64   `json:"latency_samples_us,omitempty"`
+	GPUSamplesUS     []float64   `json:"gpu_samples_us,omitempty"`
 	// HostOverUS is the median over the steps of the row's host time
-	// minus the floor's; LatencyRatio the median of the row's latency over
-	// the floor's (0 when either was not measured).
+	// minus the floor's; LatencyRatio and GPURatio the medians of the
+	// row's latency and GPU time over the floor's (0 when either side was
+	// not measured). The card's clock moves between rows run seconds
+	// apart as the host's does, so the GPU time of a step is set against
+	// the floor's taken beside it too.
 	HostOverUS   float64 `json:"host_over_us"`
 	LatencyRatio float64 `json:"latency_ratio,omitempty"`
+	GPURatio     float64 `json:"gpu_ratio,omitempty"`
 }
 
-// NewPairedFloor pairs a row's host and latency samples with the floor's
-// taken beside each of them (microseconds, step order; the slices of one
-// kind have one length, and latencies may be absent). It returns nil when
-// there is no pair.
-func NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS []float64) *PairedFloor {
+// NewPairedFloor pairs a row's host, latency and GPU samples with the
+// floor's taken beside each of them (microseconds, step order; the slices
+// of one kind have one length, and latencies and GPU times may be absent).
+// It returns nil when there is no pair.
+func NewPairedFloor(hostUS, latencyUS, gpuUS, floorHostUS, floorLatencyUS, floorGPUUS []float64) *PairedFloor {
 	n := min(len(hostUS), len(floorHostUS))
 	if n == 0 {
 		return nil
@@ -248,17 +254,30 @@ func NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS []float64) *P
 		over[i] = hostUS[i] - floorHostUS[i]
 	}
 	p.HostOverUS = Percentile(over, 50)
-	if m := min(len(latencyUS), len(floorLatencyUS)); m > 0 {
+	if len(latencyUS) > 0 && len(floorLatencyUS) > 0 {
 		p.LatencyUS, p.LatencySamplesUS = Summarize(floorLatencyUS), floorLatencyUS
-		ratio := make([]float64, 0, m)
-		for i := range m {
-			if floorLatencyUS[i] > 0 {
-				ratio = append(ratio, latencyUS[i]/floorLatencyUS[i])
-			}
-		}
-		p.LatencyRatio = Percentile(ratio, 50)
+		p.LatencyRatio = medianRatio(latencyUS, floorLatencyUS)
+	}
+	if len(gpuUS) > 0 && len(floorGPUUS) > 0 {
+		p.GPUUS, p.GPUSamplesUS = Summarize(floorGPUUS), floorGPUUS
+		p.GPURatio = medianRatio(gpuUS, floorGPUUS)
 	}
 	return p
+}
+
+// medianRatio is the median of x[i]/f[i] over the pairs whose f is
+// positive; 0 when there is none.
+func medianRatio(x, f []float64) float64 {
+	ratio := make([]float64, 0, min(len(x), len(f)))
+	for i := range min(len(x), len(f)) {
+		if f[i] > 0 {
+			ratio = append(ratio, x[i]/f[i])
+		}
+	}
+	if len(ratio) == 0 {
+		return 0
+	}
+	return Percentile(ratio, 50)
 }
 
 // The values of Result.GPUTiming.

@@ -128,7 +128,7 @@ func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string
 	}
 	fmt.Fprintf(b, "\nagainst the floor (%s) and the driver (%s):\n", FloorRow, probe)
 	if slices.ContainsFunc(r.Results, func(res Result) bool { return res.PairedFloor != nil }) {
-		b.WriteString("(latency and host against the floor's step timed beside each of the row's: medians of the per-step ratios and differences)\n")
+		b.WriteString("(GPU, latency and host against the floor's step timed beside each of the row's: medians of the per-step ratios and differences)\n")
 	}
 	tw := NewTabWriter(b)
 	fmt.Fprintf(tw, "strategy\t%s ×floor\t%s ×floor\t%s ×floor\t%s over floor µs\tnodes moved/step\t%s µs/moved node\t÷probe\n", wall, step, lat, host, host)
@@ -161,7 +161,11 @@ func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string
 				vs = ratio(*res.HostUSPerMovedNode, p.InFlightUS)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", res.Strategy, w, ratio(res.StepUS.P50, floor.StepUS.P50), l, over,
+		g := ratio(res.StepUS.P50, floor.StepUS.P50)
+		if res.PairedFloor != nil && res.PairedFloor.GPURatio > 0 {
+			g = strconv.FormatFloat(res.PairedFloor.GPURatio, 'f', 2, 64) + "×"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", res.Strategy, w, g, l, over,
 			strconv.FormatFloat(res.MovedNodesPerStep, 'f', -1, 64), per, vs)
 	}
 	tw.Flush()

@@ -50,10 +50,13 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
     print(hdr % ("strategy", "host p50", "host-flr", "moved/st", "us/node", "÷probe", "lat×flr", "wall×flr", "GPU×flr", "check", "note"))
     p50 = lambda r, k: (r.get(k) or {}).get("p50")
     def ratio(r, k):
-        # Latency against the floor's step timed after each of the row's
-        # (bench --pair-floor): the median of the per-step ratios.
+        # Latency and GPU time against the floor's step timed beside each
+        # of the row's (bench --pair-floor): the medians of the per-step
+        # ratios.
         if k == "latency_us" and (r.get("paired_floor") or {}).get("latency_ratio"):
             return r["paired_floor"]["latency_ratio"]
+        if k == "step_us" and (r.get("paired_floor") or {}).get("gpu_ratio"):
+            return r["paired_floor"]["gpu_ratio"]
         a, b = p50(r, k), p50(floor, k) if floor else None
         return a / b if a and b else None
     fmt = lambda v, f="%.2f": (f % v) if v is not None else "-"

@@ -42,8 +42,8 @@ func TestBenchPairFloor(t *testing.T) {
 			if !r.OutputsMatchEager {
 				t.Errorf("%s/%s: outputs differ from eager: %s", pat, r.Strategy, r.Note)
 			}
-			if len(p.HostSamplesUS) != 4 || len(p.LatencySamplesUS) != 4 || p.HostUS.P50 <= 0 || p.LatencyRatio <= 0 {
-				t.Errorf("%s/%s: paired floor %+v, want 4 host and latency samples of the floor's step", pat, r.Strategy, p)
+			if len(p.HostSamplesUS) != 4 || len(p.LatencySamplesUS) != 4 || len(p.GPUSamplesUS) != 4 || p.HostUS.P50 <= 0 || p.LatencyRatio <= 0 || p.GPURatio <= 0 {
+				t.Errorf("%s/%s: paired floor %+v, want 4 host, latency and GPU samples of the floor's step", pat, r.Strategy, p)
 			}
 			if r.HostOverFloorUS == nil || *r.HostOverFloorUS != p.HostOverUS {
 				t.Errorf("%s/%s: host over floor %v, want the paired median %v", pat, r.Strategy, r.HostOverFloorUS, p.HostOverUS)

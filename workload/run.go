@@ -241,10 +241,10 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	res := &RunResult{Mismatch: -1}
 	total := opts.Warmup + opts.Steps
 	var (
-		stepUS, hostUS, latencyUS, skewUS []float64
-		floorHostUS, floorLatencyUS       []float64
-		before                            sg.Counters
-		peak                              uint64
+		stepUS, hostUS, latencyUS, skewUS       []float64
+		floorHostUS, floorLatencyUS, floorGPUUS []float64
+		before                                  sg.Counters
+		peak                                    uint64
 	)
 	for step := range total {
 		if err := ctx.Err(); err != nil {
@@ -323,6 +323,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			if opts.pair != nil {
 				floorHostUS = append(floorHostUS, us(paired.host))
 				floorLatencyUS = append(floorLatencyUS, us(paired.latency))
+				floorGPUUS = append(floorGPUUS, us(paired.gpu))
 			}
 		}
 		if opts.Progress != nil {
@@ -346,7 +347,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	r.SetSamples(stepUS, hostUS)
 	r.SetLatency(latencyUS)
 	if opts.pair != nil {
-		r.PairedFloor = report.NewPairedFloor(hostUS, latencyUS, floorHostUS, floorLatencyUS)
+		r.PairedFloor = report.NewPairedFloor(hostUS, latencyUS, stepUS, floorHostUS, floorLatencyUS, floorGPUUS)
 	}
 	var wallNote string
 	switch {
