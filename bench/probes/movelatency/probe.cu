@@ -13,6 +13,9 @@
 //            nodes cost with no move at all
 //   node-fn  as node, each node named by its CUfunction alone (no CUkernel, no context), as
 //            stablegraph's prepared node sets name it
+//   expl-node node-fn on the captured kernels added one by one to a graph of their own (each
+//            after the one before, named by its CUfunction), as stablegraph builds its graphs
+//   expl-idle that graph launched unchanged
 //
 // host: from the first driver call of the step to the launch's return; launch: the launch
 // call alone; lat: from the first call to the return of a stream synchronization (a step
@@ -178,6 +181,17 @@ int main(int argc, char** argv) {
   cudaGraphExec_t fl, nd, wh, nf; CK(cudaGraphInstantiate(&fl, g[0], 0)); CK(cudaGraphInstantiate(&nd, g[0], 0)); CK(cudaGraphInstantiate(&wh, g[0], 0)); CK(cudaGraphInstantiate(&nf, g[0], 0));
   cudaGraph_t tmpl; CK(cudaGraphClone(&tmpl, g[0]));
   std::vector<CUgraphNode> kt = kernelNodes(tmpl);
+  // expl: the captured kernels added one by one to a graph of their own, each after the one
+  // before and named by its CUfunction, as stablegraph builds its graphs.
+  cudaGraph_t ge; CU(cuGraphCreate((CUgraph*)&ge, 0));
+  std::vector<CUgraphNode> ke;
+  for (auto nd0 : k[0]) {
+    CUDA_KERNEL_NODE_PARAMS p; CU(cuGraphKernelNodeGetParams(nd0, &p));
+    p.func = funcOf(p); p.kern = nullptr; p.ctx = nullptr;
+    CUgraphNode e; CU(cuGraphAddKernelNode(&e, (CUgraph)ge, ke.empty() ? nullptr : &ke.back(), ke.empty() ? 0 : 1, &p));
+    ke.push_back(e);
+  }
+  cudaGraphExec_t xe, xi; CK(cudaGraphInstantiate(&xe, ge, 0)); CK(cudaGraphInstantiate(&xi, ge, 0));
   // dev: a third capture, the moved nodes device-updatable, the patcher before the first node.
   cudaGraph_t gd[2];
   cudaGraphExec_t dx[2];  // 0: inline, 1: table
@@ -256,6 +270,15 @@ int main(int argc, char** argv) {
         CU(cuGraphExecKernelNodeSetParams((CUgraphExec)nf, k[0][m.idx], &p));
       }
       break;
+    case 7:  // node-fn on the graph built node by node
+      ex = xe;
+      for (auto& m : moved) {
+        CUDA_KERNEL_NODE_PARAMS p; CU(cuGraphKernelNodeGetParams(k[t][m.idx], &p));
+        p.func = funcOf(p); p.kern = nullptr; p.ctx = nullptr;
+        CU(cuGraphExecKernelNodeSetParams((CUgraphExec)xe, ke[m.idx], &p));
+      }
+      break;
+    case 8: ex = xi; break;  // the graph built node by node, unchanged
     }
     double tl = now_us();
     CK(cudaGraphLaunch(ex, n.s));
@@ -266,15 +289,15 @@ int main(int argc, char** argv) {
     double t2 = now_us();
     *host = t1 - t0; *lat = t2 - t0;
   };
-  const char* names[] = {"floor", "node", "whole", "dev-inl", "dev-tbl", "dev-idle", "node-fn"};
-  const int nways = 7;
+  const char* names[] = {"floor", "node", "whole", "dev-inl", "dev-tbl", "dev-idle", "node-fn", "expl-node", "expl-idle"};
+  const int nways = 9;
   // Check: every way, moved to buffers 1, writes the floor's y (x[0] and x[1] hold the same values).
   {
     std::vector<float> want(act / 4), got(act / 4);
     double h, l, la;
     step(0, 0, &h, &l, &la); CK(cudaMemcpy(want.data(), y[0], act, cudaMemcpyDeviceToHost));
     for (int way = 1; way < nways; way++) {
-      int t = way == 5 ? 0 : 1;
+      int t = (way == 5 || way == 8) ? 0 : 1;  // the ways that never move write the floor's y
       CK(cudaMemset(y[t], 0, act));
       step(way, t, &h, &l, &la);
       CK(cudaMemcpy(got.data(), y[t], act, cudaMemcpyDeviceToHost));
@@ -302,7 +325,7 @@ int main(int argc, char** argv) {
   for (int way = 0; way < nways; way++) {
     gpu[way] = -1;
     if (way == 4) continue;
-    cudaGraphExec_t ex = way == 0 ? fl : way == 1 ? nd : way == 2 ? wh : way == 3 ? dx[0] : way == 6 ? nf : dx[1];
+    cudaGraphExec_t ex = way == 0 ? fl : way == 1 ? nd : way == 2 ? wh : way == 3 ? dx[0] : way == 6 ? nf : way == 7 ? xe : way == 8 ? xi : dx[1];
     cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     std::vector<double> v;
     for (int rep = 0; rep < 5; rep++) {
