@@ -288,14 +288,16 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 	cb := openCUDABench(bm)
 	ctx := context.Background()
-	runtime.LockOSThread() // the thread clock and switch counts are this thread's
-	defer runtime.UnlockOSThread()
 	for _, name := range []string{"mlp", "mlp-large"} {
 		w, err := New(name, Config{})
 		if err != nil {
 			bm.Fatal(err)
 		}
 		bm.Run(name, func(bm *testing.B) {
+			// The thread clock and switch counts are the thread's: the
+			// sub-benchmark's goroutine keeps one.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
 			d, fd := &driverClock{Backend: cb}, &driverClock{Backend: cb}
 			c, exe, s, done := openRig(ctx, bm, d, w, Random, sg.Options{Strategy: sg.StrategyPatch})
 			defer done()
