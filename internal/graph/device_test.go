@@ -54,6 +54,22 @@ func devStep(t *testing.T, m *mlp) (*graph.CommandBuffer, []gpu.DevicePtr, gpu.F
 // copy as a copy kernel among them; the memset it cannot make a kernel and
 // the host-path traced command are not opted in, and PatchDevice moves
 // them from the host, touching no opted-in node.
+// uploaded instantiates rec and uploads it on m's stream, as a device
+// exec must be before its first launch; the exec is destroyed when the
+// test ends.
+func uploaded(t *testing.T, m *mlp, du gpu.DeviceUpdates, rec *graph.DeviceRecording) *graph.Exec {
+	t.Helper()
+	x, err := rec.Instantiate(m.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Destroy(m.b) })
+	if err := du.GraphUpload(x.X, m.s); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
 func TestRecordDevice(t *testing.T) {
 	m := newMLP(t, 2, 4, 1, trace.Options{})
 	cb, addrs, cp, fill := devStep(t, m)
@@ -102,15 +118,8 @@ func TestRecordDevice(t *testing.T) {
 	if opted != 2 || len(nodes) != 4 {
 		t.Errorf("%d nodes, %d opted in; want 4 and 2 (not the memset, not the traced command's kernel)", len(nodes), opted)
 	}
-	x, err := rec.Instantiate(m.b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Destroy(m.b)
+	x := uploaded(t, m, du, rec)
 	s := m.s
-	if err := du.GraphUpload(x.X, s); err != nil {
-		t.Fatal(err)
-	}
 	// Nothing moved: nothing to do. x, y and z moved: the memset and the
 	// traced command from the host; the opted-in nodes stay as recorded,
 	// so the exec needs no upload to launch.
@@ -266,14 +275,7 @@ func TestRecordDeviceHostLead(t *testing.T) {
 		Args: []gpu.Arg{gpu.Ptr(z), gpu.F32(-1), gpu.I32(16)}}, rec.Before); err != nil {
 		t.Fatal(err)
 	}
-	x, err := rec.Instantiate(m.b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Destroy(m.b)
-	if err := du.GraphUpload(x.X, m.s); err != nil {
-		t.Fatal(err)
-	}
+	x := uploaded(t, m, du, rec)
 	// x and y move: the first command from the host, and the host-path
 	// traced command (it reads y); z stays, and so do the copy kernel and
 	// the memset.
@@ -335,14 +337,7 @@ func TestHostNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, err := rec.Instantiate(m.b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer x.Destroy(m.b)
-	if err := du.GraphUpload(x.X, m.s); err != nil {
-		t.Fatal(err)
-	}
+	x := uploaded(t, m, du, rec)
 	if err := cb.HostNodeWord(m.b, x, 0, 0, uint64(w[1])); !errors.Is(err, gpu.ErrIllegalState) {
 		t.Errorf("HostNodeWord with no host node: %v", err)
 	}
