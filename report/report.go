@@ -71,8 +71,8 @@ import (
 )
 
 // SetFloor fills every other result's HostOverFloorUS and
-// HostUSPerMovedNode: from its PairedFloor where it has one (the median of
-// the per-step differences), else from the floor row (the step replayed
+// HostUSPerMovedNode: from its PairedFloor where it has one (the median
+// over its blocks of the differences), else from the floor row (the step replayed
 // with nothing moving). A result with neither is left as it is.
 func (r *Report) SetFloor() {
 	floor, hasFloor := r.Result(FloorRow)
@@ -213,12 +213,28 @@ type Result struct {
 }
 
 // PairedFloor is the floor's step (the graph replayed with nothing
-// moving) timed beside each measured step of a row, the same way, and the
-// row against it step by step. The host's clock on a GPU machine moves
-// between regimes that last many steps; a step and the floor step beside
-// it share one, so the medians of their differences and ratios compare the
-// two without the regime, where the p50s of rows run seconds apart do not.
+// moving) timed beside a row's measured steps, the same way, and the row
+// against it block by block. The host's clock on a GPU machine moves
+// between regimes that last many steps; a block of the row's steps and the
+// floor's block beside it share one, so the medians over the blocks of
+// their differences and ratios compare the two without the regime, where
+// the p50s of rows run seconds apart do not.
+//
+// The steps go in blocks, not one by one, because each side pays for
+// following the other: the floor is an executable of its own, with its own
+// weights, and a workload whose two sets of weights do not fit in the
+// card's L2 together finds its own evicted after the other's step
+// (BENCHMARKS.md, section 00). Taken step by step, the per-step figures
+// were two populations, and which side paid depended on the order. So
+// after every Block steps of the row the floor runs a step untimed and then
+// Block timed ones; the row's first step of a block, which follows the
+// floor's, is left out of the comparison with the floor's step beside it
+// (not out of the row's own percentiles), and every figure compares warm
+// steps with warm steps, as a loop of steps runs them.
 type PairedFloor struct {
+	// Block is how many of the row's steps each floor block follows (the
+	// last block may hold fewer).
+	Block int `json:"block"`
 	// HostUS, LatencyUS and GPUUS are the floor steps' own percentiles,
 	// and HostSamplesUS, LatencySamplesUS and GPUSamplesUS their samples,
 	// in step order, one for each of the row's.
@@ -228,56 +244,75 @@ type PairedFloor struct {
 	HostSamplesUS    []float64   `json:"host_samples_us,omitempty"`
 	LatencySamplesUS []float64   `json:"latency_samples_us,omitempty"`
 	GPUSamplesUS     []float64   `json:"gpu_samples_us,omitempty"`
-	// HostOverUS is the median over the steps of the row's host time
+	// HostOverUS is the median over the blocks of the row's mean host time
 	// minus the floor's; LatencyRatio and GPURatio the medians of the
-	// row's latency and GPU time over the floor's (0 when either side was
-	// not measured). The card's clock moves between rows run seconds
-	// apart as the host's does, so the GPU time of a step is set against
-	// the floor's taken beside it too.
+	// row's mean latency and GPU time over the floor's (0 when either side
+	// was not measured). The card's clock moves between rows run seconds
+	// apart as the host's does, so the GPU time is set against the floor's
+	// taken beside it too.
 	HostOverUS   float64 `json:"host_over_us"`
 	LatencyRatio float64 `json:"latency_ratio,omitempty"`
 	GPURatio     float64 `json:"gpu_ratio,omitempty"`
 }
 
 // NewPairedFloor pairs a row's host, latency and GPU samples with the
-// floor's taken beside each of them (microseconds, step order; the slices
-// of one kind have one length, and latencies and GPU times may be absent).
-// It returns nil when there is no pair.
-func NewPairedFloor(hostUS, latencyUS, gpuUS, floorHostUS, floorLatencyUS, floorGPUUS []float64) *PairedFloor {
+// floor's taken beside them in blocks of block steps (microseconds, step
+// order; the slices of one kind have one length, and latencies and GPU
+// times may be absent). It returns nil when there is no pair.
+func NewPairedFloor(block int, hostUS, latencyUS, gpuUS, floorHostUS, floorLatencyUS, floorGPUUS []float64) *PairedFloor {
 	n := min(len(hostUS), len(floorHostUS))
 	if n == 0 {
 		return nil
 	}
-	p := &PairedFloor{HostUS: Summarize(floorHostUS), HostSamplesUS: floorHostUS}
-	over := make([]float64, n)
-	for i := range n {
-		over[i] = hostUS[i] - floorHostUS[i]
-	}
-	p.HostOverUS = Percentile(over, 50)
+	block = max(block, 1)
+	p := &PairedFloor{Block: block, HostUS: Summarize(floorHostUS), HostSamplesUS: floorHostUS}
+	p.HostOverUS = blockMedian(block, hostUS, floorHostUS, func(x, f float64) (float64, bool) { return x - f, true })
 	if len(latencyUS) > 0 && len(floorLatencyUS) > 0 {
 		p.LatencyUS, p.LatencySamplesUS = Summarize(floorLatencyUS), floorLatencyUS
-		p.LatencyRatio = medianRatio(latencyUS, floorLatencyUS)
+		p.LatencyRatio = medianRatio(block, latencyUS, floorLatencyUS)
 	}
 	if len(gpuUS) > 0 && len(floorGPUUS) > 0 {
 		p.GPUUS, p.GPUSamplesUS = Summarize(floorGPUUS), floorGPUUS
-		p.GPURatio = medianRatio(gpuUS, floorGPUUS)
+		p.GPURatio = medianRatio(block, gpuUS, floorGPUUS)
 	}
 	return p
 }
 
-// medianRatio is the median of x[i]/f[i] over the pairs whose f is
-// positive; 0 when there is none.
-func medianRatio(x, f []float64) float64 {
-	ratio := make([]float64, 0, min(len(x), len(f)))
-	for i := range min(len(x), len(f)) {
-		if f[i] > 0 {
-			ratio = append(ratio, x[i]/f[i])
+// medianRatio is blockMedian of the ratio of the means, over the blocks
+// whose floor mean is positive; 0 when there is none.
+func medianRatio(block int, x, f []float64) float64 {
+	return blockMedian(block, x, f, func(x, f float64) (float64, bool) { return x / f, f > 0 })
+}
+
+// blockMedian is the median over blocks of block steps of cmp(the mean of
+// the row's x, the mean of the floor's f), both without the block's first
+// step (a block of one step keeps it), leaving out a block cmp refuses; 0
+// when cmp takes none.
+func blockMedian(block int, x, f []float64, cmp func(x, f float64) (float64, bool)) float64 {
+	n := min(len(x), len(f))
+	var figs []float64
+	for lo := 0; lo < n; lo += block {
+		hi := min(lo+block, n)
+		first := lo
+		if hi-lo > 1 {
+			first++ // it follows the floor's block
+		}
+		if v, ok := cmp(mean(x[first:hi]), mean(f[first:hi])); ok {
+			figs = append(figs, v)
 		}
 	}
-	if len(ratio) == 0 {
+	if len(figs) == 0 {
 		return 0
 	}
-	return Percentile(ratio, 50)
+	return Percentile(figs, 50)
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
 }
 
 // The values of Result.GPUTiming.

@@ -128,7 +128,7 @@ func (r *Report) writeAgainstFloor(b *bytes.Buffer, step, host, lat, wall string
 	}
 	fmt.Fprintf(b, "\nagainst the floor (%s) and the driver (%s):\n", FloorRow, probe)
 	if slices.ContainsFunc(r.Results, func(res Result) bool { return res.PairedFloor != nil }) {
-		b.WriteString("(GPU, latency and host against the floor's step timed beside each of the row's: medians of the per-step ratios and differences)\n")
+		b.WriteString("(GPU, latency and host against the floor's step timed beside each of the row's: medians over blocks of steps of the ratios and differences of their means)\n")
 	}
 	tw := NewTabWriter(b)
 	fmt.Fprintf(tw, "strategy\t%s ×floor\t%s ×floor\t%s ×floor\t%s over floor µs\tnodes moved/step\t%s µs/moved node\t÷probe\n", wall, step, lat, host, host)

@@ -12,17 +12,19 @@ import (
 // floorPair is the floor Bench times beside every row (RunOptions.PairFloor):
 // the workload compiled with patch on fixed buffers, warmed up, its step
 // timed by a step timer of its own on a stream of its own, exactly as a
-// row's step is timed (gated where the row's is). Run times one of its
-// steps beside each of its own measured steps (after it, and before it on
-// odd steps, so that neither side always follows the binding and the last
-// step's readback), so that a row's host time and latency and the floor's
-// are taken in the same regime of the host's clock. Its outputs are not checked: the floor row checks the same
-// executable's.
+// row's step is timed (gated where the row's is). After every pairBlock of
+// its own measured steps, Run times a block of as many of the floor's
+// behind one untimed step (block), so that a row's host time, latency and
+// GPU time and the floor's are taken in the same regime of the host's
+// clock, and each side's steps follow one of its own. Its outputs are read
+// as a row's are, not checked: the floor row checks the same executable's.
 type floorPair struct {
-	exe   *sg.Executable
-	bind  sg.Bindings
-	s     gpu.Stream
-	timer *stepTimer
+	exe    *sg.Executable
+	w      *Workload
+	caller *Caller
+	steps  int // the steps bound so far
+	s      gpu.Stream
+	timer  *stepTimer
 	// undo releases what newFloorPair made, newest first.
 	undo []func() error
 }
@@ -31,10 +33,17 @@ type floorPair struct {
 // timed: the first records the graph, the next replay it.
 const pairWarmup = 3
 
+// pairBlock is how many of a row's measured steps each block of the
+// floor's follows (RunOptions.PairFloor): short enough that a block and
+// the floor's beside it share the host's regime, which lasts many steps,
+// and long enough that the first step of each, which follows the other
+// executable's block, is a small part of it.
+const pairBlock = 8
+
 // newFloorPair builds the pair for w with opts (its device, seed, gate) and
 // runs its warm-up. On error everything made so far is released.
 func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *floorPair, err error) {
-	p := &floorPair{}
+	p := &floorPair{w: w}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fmt.Errorf("workload %s: the paired floor: %w", w.Name, err), p.close())
@@ -45,6 +54,7 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 		return nil, err
 	}
 	p.undo = append(p.undo, caller.Close)
+	p.caller = caller
 	if p.s, err = b.StreamCreate(opts.Device, gpu.StreamNonBlocking, 0); err != nil {
 		return nil, fmt.Errorf("stream: %w", err)
 	}
@@ -61,9 +71,6 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 		return nil, err
 	}
 	p.undo = append(p.undo, p.exe.Close)
-	if p.bind, err = caller.Bind(0); err != nil {
-		return nil, err
-	}
 	for range pairWarmup {
 		if _, err := p.step(ctx); err != nil {
 			return nil, err
@@ -72,18 +79,48 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 	return p, nil
 }
 
-// step times one floor step and waits for it, as Run times its own.
+// block runs one untimed floor step, then times n, each as Run times its
+// own: the untimed one runs after the row's block, as the row's first step
+// after this block runs after it.
+func (p *floorPair) block(ctx context.Context, n int) ([]stepTimes, error) {
+	if _, err := p.step(ctx); err != nil {
+		return nil, err
+	}
+	times := make([]stepTimes, n)
+	for i := range times {
+		t, err := p.step(ctx)
+		if err != nil {
+			return nil, err
+		}
+		times[i] = t
+	}
+	return times, nil
+}
+
+// step times one floor step and waits for it, as Run times its own, with
+// the same work around it: the step's inputs written before it (its
+// caller's Bind) and its outputs read back and hashed after it, which a
+// row's step has too and which leave the host's caches as the next step
+// finds them.
 func (p *floorPair) step(ctx context.Context) (stepTimes, error) {
+	bind, err := p.caller.Bind(p.steps)
+	if err != nil {
+		return stepTimes{}, fmt.Errorf("the paired floor's step %d: %w", p.steps, err)
+	}
+	p.steps++
 	var outs sg.Outputs
 	times, err := p.timer.step(func() error {
 		var err error
-		outs, err = p.exe.Run(ctx, p.s, p.bind)
+		outs, err = p.exe.Run(ctx, p.s, bind)
 		return err
 	})
 	if err != nil {
 		return stepTimes{}, fmt.Errorf("the paired floor's step: %w", err)
 	}
-	outs.Release()
+	defer outs.Release()
+	if _, _, err := digest(ctx, p.exe, p.w, outs); err != nil {
+		return stepTimes{}, fmt.Errorf("the paired floor's step: %w", err)
+	}
 	return times, nil
 }
 

@@ -11,16 +11,18 @@ import (
 )
 
 // TestBenchPairFloor: with PairFloor every row but the floor's carries the
-// floor's step timed beside each of its measured steps, its host time over
-// the floor is the paired median, the outputs still match eager, and the
-// pair's executable, stream and buffers are gone when Bench returns
-// (openSim checks the live handles).
+// floor's steps timed in blocks beside its measured steps (two blocks, the
+// second short), its host time over the floor is the paired median, the
+// outputs still match eager, and the pair's executable, stream and buffers
+// are gone when Bench returns (openSim checks the live handles).
 func TestBenchPairFloor(t *testing.T) {
 	b := openSim(t)
 	for _, pat := range []Pattern{Random, PingPong} {
 		w := small(t, "mlp")
 		strats := []sg.Strategy{sg.StrategyPatch, sg.StrategyDevice}
-		rep, err := Bench(context.Background(), b, w, strats, RunOptions{Steps: 4, Warmup: 1, Pattern: pat, WallBatches: 1, WallBatchSize: 2, PairFloor: true, NoProbe: true})
+		// Two blocks beside the row's: pairBlock steps, then the rest.
+		const steps = pairBlock + 2
+		rep, err := Bench(context.Background(), b, w, strats, RunOptions{Steps: steps, Warmup: 1, Pattern: pat, WallBatches: 1, WallBatchSize: 2, PairFloor: true, NoProbe: true})
 		if err != nil {
 			t.Fatalf("%s: %v", pat, err)
 		}
@@ -42,8 +44,11 @@ func TestBenchPairFloor(t *testing.T) {
 			if !r.OutputsMatchEager {
 				t.Errorf("%s/%s: outputs differ from eager: %s", pat, r.Strategy, r.Note)
 			}
-			if len(p.HostSamplesUS) != 4 || len(p.LatencySamplesUS) != 4 || len(p.GPUSamplesUS) != 4 || p.HostUS.P50 <= 0 || p.LatencyRatio <= 0 || p.GPURatio <= 0 {
-				t.Errorf("%s/%s: paired floor %+v, want 4 host, latency and GPU samples of the floor's step", pat, r.Strategy, p)
+			if len(p.HostSamplesUS) != steps || len(p.LatencySamplesUS) != steps || len(p.GPUSamplesUS) != steps || p.HostUS.P50 <= 0 || p.LatencyRatio <= 0 || p.GPURatio <= 0 {
+				t.Errorf("%s/%s: paired floor %+v, want %d host, latency and GPU samples of the floor's step", pat, r.Strategy, p, steps)
+			}
+			if p.Block != pairBlock {
+				t.Errorf("%s/%s: blocks of %d steps, want %d", pat, r.Strategy, p.Block, pairBlock)
 			}
 			if r.HostOverFloorUS == nil || *r.HostOverFloorUS != p.HostOverUS {
 				t.Errorf("%s/%s: host over floor %v, want the paired median %v", pat, r.Strategy, r.HostOverFloorUS, p.HostOverUS)

@@ -63,16 +63,19 @@ type RunOptions struct {
 	GateWatchdog time.Duration
 	// NoFloor leaves out Bench's replay-fixed row.
 	NoFloor bool
-	// PairFloor makes Bench time, after each measured step of every row,
-	// one step of the floor (the same graph replayed with nothing moving,
-	// an executable of its own kept for the whole bench) the same way:
-	// every row then carries the floor's host time and latency taken at
-	// the same moments as its own (report.PairedFloor), and its host time
-	// over the floor and latency over the floor are the medians of the
-	// per-step differences and ratios. The host clock of a GPU machine
-	// drifts between regimes that last many steps, which shifts rows run
-	// seconds apart by more than the µs a row is judged on; a pair shares
-	// its regime. It doubles the measured steps. Default false (the
+	// PairFloor makes Bench time, after every pairBlock measured steps of
+	// every row, as many steps of the floor (the same graph replayed with
+	// nothing moving, an executable of its own kept for the whole bench)
+	// the same way, behind one untimed step of it: every row then carries
+	// the floor's host time, latency and GPU time taken at the same
+	// moments as its own (report.PairedFloor), and its figures over the
+	// floor are medians over the blocks of the differences and ratios of
+	// their means, without each block's first step (the row's follows the
+	// floor's block, whose weights may have evicted its own from the
+	// card's L2). The host clock of a GPU machine drifts between regimes
+	// that last many steps, which shifts rows run seconds apart by more
+	// than the µs a row is judged on; a block and the floor's beside it
+	// share a regime. It doubles the measured steps. Default false (the
 	// bench command turns it on).
 	PairFloor bool
 	// NoProbe leaves out Bench's node update probe (the driver's own
@@ -104,8 +107,7 @@ type RunOptions struct {
 	// Logger receives debug logs. Default slog.Default().
 	Logger *slog.Logger
 
-	// pair, set by Bench when PairFloor, times the floor's step after
-	// each measured step.
+	// pair, set by Bench when PairFloor, times the floor's blocks.
 	pair *floorPair
 }
 
@@ -270,24 +272,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			// host clock then times one thread's calls.
 			runtime.LockOSThread()
 		}
-		// The paired floor step goes before the row's step on odd steps
-		// and after it on even ones, so that neither is always the one
-		// that follows the binding and the last step's readback.
-		pairFirst := measured && opts.pair != nil && step%2 == 1
-		var paired, times stepTimes
-		if pairFirst {
-			paired, err = opts.pair.step(ctx)
-		}
-		if err == nil {
-			times, err = timer.step(func() error {
-				var err error
-				outs, err = exe.Run(ctx, s, bind)
-				return err
-			})
-		}
-		if err == nil && measured && opts.pair != nil && !pairFirst {
-			paired, err = opts.pair.step(ctx)
-		}
+		times, err := timer.step(func() error {
+			var err error
+			outs, err = exe.Run(ctx, s, bind)
+			return err
+		})
 		if measured {
 			runtime.UnlockOSThread()
 		}
@@ -320,10 +309,20 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 			hostUS = append(hostUS, us(times.host))
 			latencyUS = append(latencyUS, us(times.latency))
 			skewUS = append(skewUS, us(times.skew))
-			if opts.pair != nil {
-				floorHostUS = append(floorHostUS, us(paired.host))
-				floorLatencyUS = append(floorLatencyUS, us(paired.latency))
-				floorGPUUS = append(floorGPUUS, us(paired.gpu))
+		}
+		if n := step - opts.Warmup + 1; opts.pair != nil && n > 0 && (n%pairBlock == 0 || step == total-1) {
+			// The floor's block beside the row's last (pairBlock steps,
+			// or what the last block holds).
+			runtime.LockOSThread()
+			paired, err := opts.pair.block(ctx, (n-1)%pairBlock+1)
+			runtime.UnlockOSThread()
+			if err != nil {
+				return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
+			}
+			for _, p := range paired {
+				floorHostUS = append(floorHostUS, us(p.host))
+				floorLatencyUS = append(floorLatencyUS, us(p.latency))
+				floorGPUUS = append(floorGPUUS, us(p.gpu))
 			}
 		}
 		if opts.Progress != nil {
@@ -347,7 +346,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	r.SetSamples(stepUS, hostUS)
 	r.SetLatency(latencyUS)
 	if opts.pair != nil {
-		r.PairedFloor = report.NewPairedFloor(hostUS, latencyUS, stepUS, floorHostUS, floorLatencyUS, floorGPUUS)
+		r.PairedFloor = report.NewPairedFloor(pairBlock, hostUS, latencyUS, stepUS, floorHostUS, floorLatencyUS, floorGPUUS)
 	}
 	var wallNote string
 	switch {

@@ -230,11 +230,15 @@ moved from the host per step and its host time per moved node, beside the
 driver's own price of one node update (a probe measured first in the same
 run: a chain of 16 kernels with 360-byte parameter blocks, updated while it
 runs) and the ratio of the two. On a GPU (--pair-floor, the default there)
-the floor's step is also timed beside each measured step of every
-row, and that table's GPU, latency and host columns set each step against
-the floor step beside it (medians of the per-step ratios and differences):
-the host clock of a GPU machine moves between regimes lasting many steps,
-and so does the card's, and a pair shares one. On the sim backend every time is simulated
+the floor's step is also timed beside the measured steps of every row, in
+blocks of 8 after each 8 of the row's, and that table's GPU, latency and
+host columns set each block against the floor's beside it (medians over the
+blocks): the host clock of a GPU machine moves between regimes lasting many
+steps, and so does the card's, and a block and the floor's beside it share
+one. Each side may pay for following the other (the floor's weights are its
+own, and can evict the row's from the card's L2), so the floor's block
+starts with an untimed step and each block's first step is left out of the
+comparison. On the sim backend every time is simulated
 (its model on this CPU), not a GPU measurement, and the table and JSON say
 so.
 
@@ -262,7 +266,7 @@ wall time on sim is measured over at most N back-to-back steps.`,
 			plotPath := fs.String("plot", "", "draw each strategy's time per step against the floor to `file` (.png or .svg)")
 			budget := fs.Duration("budget", defaultSimBudget, "sim only: the `time` the runs may take; unless --steps is given, the steps per strategy are cut to fit it, and bench says so (0: no budget)")
 			fs.StringVar(&wf.run.Dump, "dump", "", "write eager's last step's inputs and outputs to `file` (safetensors; every strategy matched them)")
-			pairFloor := fs.Bool("pair-floor", true, "time the floor's step after each measured step of every row, and set each row's host time, latency and GPU time against those (medians of the per-step differences and ratios) rather than against the floor row's, run seconds apart; on sim only when given")
+			pairFloor := fs.Bool("pair-floor", true, "time the floor's steps beside every row's measured steps, in blocks of 8, and set each row's host time, latency and GPU time against those (medians over the blocks) rather than against the floor row's, run seconds apart; on sim only when given")
 			return func(e *env) error {
 				if *budget < 0 {
 					return usagef("--budget must not be negative, got %v", *budget)
