@@ -25,16 +25,36 @@ type driverClock struct {
 	*cuda.Backend
 	update, launch, patcher, other time.Duration
 	updates                        int
-	// The last step's exec updates (its last Apply) and launch, which
-	// BenchmarkCUDARunAgainstRaw makes again without Run.
-	lastSet gpu.KernelNodeSet
-	lastIdx []int32
+	// The exec updates (each Apply) of the steps since the last reset,
+	// and the last launch, which BenchmarkCUDARunAgainstRaw makes again
+	// without Run.
+	applies []applyCall
 	lastX   gpu.GraphExec
 	lastS   gpu.Stream
+	// words are the pointer words the steps since the last reset set on
+	// their node sets (BenchmarkCUDARunAgainstRaw moves them back and
+	// forth without Run).
+	words []setWord
+}
+
+// applyCall is one KernelNodeSet.Apply call.
+type applyCall struct {
+	set gpu.KernelNodeSet
+	idx []int32
+}
+
+// setWord is one KernelNodeSet.SetWord call.
+type setWord struct {
+	set         gpu.KernelNodeSet
+	i, arg, off int
+	v           uint64
 }
 
 // reset zeroes the clocks before a step.
-func (d *driverClock) reset() { d.update, d.launch, d.patcher, d.other, d.updates = 0, 0, 0, 0, 0 }
+func (d *driverClock) reset() {
+	d.update, d.launch, d.patcher, d.other, d.updates = 0, 0, 0, 0, 0
+	d.words, d.applies = d.words[:0], d.applies[:0]
+}
 
 func (d *driverClock) StreamIsCapturing(s gpu.Stream) (bool, error) {
 	t0 := time.Now()
@@ -86,6 +106,11 @@ type clockedSet struct {
 	patcher bool
 }
 
+func (s *clockedSet) SetWord(i, arg, off int, v uint64) error {
+	s.d.words = append(s.d.words, setWord{s.KernelNodeSet, i, arg, off, v})
+	return s.KernelNodeSet.SetWord(i, arg, off, v)
+}
+
 func (s *clockedSet) Apply(idx []int32) (int, error) {
 	t0 := time.Now()
 	n, err := s.KernelNodeSet.Apply(idx)
@@ -95,7 +120,7 @@ func (s *clockedSet) Apply(idx []int32) (int, error) {
 		s.d.patcher += dt
 	}
 	s.d.updates += n
-	s.d.lastSet, s.d.lastIdx = s.KernelNodeSet, append(s.d.lastIdx[:0], idx...)
+	s.d.applies = append(s.d.applies, applyCall{s.KernelNodeSet, slices.Clone(idx)})
 	return n, err
 }
 
@@ -269,37 +294,51 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 }
 
 // BenchmarkCUDARunAgainstRaw sets a moving patch step's Run beside the
-// same driver calls made without it, in one process, on mlp and mlp-large
-// with fresh addresses: whatever Run adds to the driver's price of a move
-// shows as the difference of the differences. Steps of four kinds take
-// turns, each after its inputs are written as the bench's caller writes
-// them: Run of the moving step (run-µs, and within it its exec updates
-// and its launch), its last exec updates and launch made again through
-// the backend (raw-µs, raw-launch-µs: the updates set what the exec
-// already holds, which the driver may price lower than a move; the C probe
-// bench/probes/movelatency prices real moves), the launch alone
-// (launch-µs), and Run of the same workload on fixed buffers (floor-µs).
-// Where the platform has a per-thread CPU clock, *-cpu-µs are the thread's
-// CPU time over the same spans and switches/step its context switches:
-// CPU time equal to the wall time says the time is spent running (in our
-// code or the driver's), not waiting. A CPU profile cannot split it: the
-// samples it takes inside the driver are a small fraction of the time
-// spent there.
+// same driver calls made without it, in one process, on the workloads of
+// BenchmarkCUDAStepHost with their moving patterns: whatever Run adds to
+// the driver's price of a move shows as the difference of the
+// differences. Steps of five kinds take turns, each after its inputs are
+// written as the bench's caller writes them:
+//
+//   - run: Run of the moving step (run-µs; within it its exec updates,
+//     run-updates-µs, and its launch, run-launch-µs);
+//   - raw: its last exec updates and launch made again through the
+//     backend (raw-µs, raw-launch-µs), which set what the exec already
+//     holds;
+//   - launch: the launch alone (launch-µs);
+//   - floor: Run of the same workload on fixed buffers (floor-µs);
+//   - move: real moves without Run (move-µs, move-launch-µs): the pointer
+//     words of the Run before last set and applied, then launched, then
+//     those of the last Run: the driver calls the C probe
+//     bench/probes/movelatency makes, on our graph, through our loader
+//     (move-after-bind-µs: the first, which follows the inputs' write as
+//     Run's step does; move-after-launch-µs: the second).
+//
+// So run − floor is what a moving step costs through Run, and move −
+// launch what the driver charges for the same move. *-lat-µs are each
+// kind's latency: from the call to the end of its device work as the host
+// sees it (a stream synchronization), one step at a time as a decode loop
+// waits. Where the platform has a per-thread CPU clock, *-cpu-µs are the
+// thread's CPU time over the same spans and switches/step its context
+// switches: CPU time equal to the wall time says the time is spent
+// running (in our code or the driver's), not waiting. A CPU profile cannot
+// split it: the samples it takes inside the driver are a small fraction of
+// the time spent there.
 func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 	cb := openCUDABench(bm)
 	ctx := context.Background()
-	for _, name := range []string{"mlp", "mlp-large"} {
-		w, err := New(name, Config{})
+	for _, hc := range stepHostCases() {
+		w, err := New(hc.workload, hc.cfg)
 		if err != nil {
 			bm.Fatal(err)
 		}
-		bm.Run(name, func(bm *testing.B) {
+		bm.Run(hc.name, func(bm *testing.B) {
 			// The thread clock and switch counts are the thread's: the
 			// sub-benchmark's goroutine keeps one.
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			d, fd := &driverClock{Backend: cb}, &driverClock{Backend: cb}
-			c, exe, s, done := openRig(ctx, bm, d, w, Random, sg.Options{Strategy: sg.StrategyPatch})
+			c, exe, s, done := openRig(ctx, bm, d, w, hc.moving, sg.Options{Strategy: sg.StrategyPatch})
 			defer done()
 			fc, fexe, fs, fdone := openRig(ctx, bm, fd, w, Fixed, sg.Options{Strategy: sg.StrategyPatch})
 			defer fdone()
@@ -307,48 +346,108 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 				timedStep(ctx, bm, d, c, exe, s, i)
 				timedStep(ctx, bm, fd, fc, fexe, fs, i)
 			}
-			if d.lastSet == nil || d.lastX == 0 {
-				bm.Fatal("no exec update or launch was seen in a moving step")
+			if d.lastX == 0 {
+				bm.Fatal("no launch was seen in a moving step")
 			}
-			var t [4]spanTimes // run, raw, launch, floor
-			var runUpd, runLaunch, rawLaunch []float64
+			kinds := []string{"run", "raw", "launch", "floor", "move"}
+			var t [5]spanTimes
+			var runUpd, runLaunch, rawLaunch, moveLaunch []float64
+			var prev, cur []setWord // the pointer words of the Run before last, and of the last
+			var applies []applyCall // the last Run's exec updates
+			var after [2][]float64  // move's first and second steps
+			// driverStep times the exec updates of applies (none: the
+			// launch alone) and the last Run's launch as kind k, and
+			// waits for them.
+			driverStep := func(k int, applies []applyCall) float64 {
+				var l time.Duration
+				t0 := time.Now()
+				t[k].time(func() {
+					for _, a := range applies {
+						if _, err := a.set.Apply(a.idx); err != nil {
+							bm.Fatal(err)
+						}
+					}
+					t1 := time.Now()
+					if err := cb.GraphLaunch(d.lastX, d.lastS); err != nil {
+						bm.Fatal(err)
+					}
+					l = time.Since(t1)
+				})
+				if err := cb.StreamSynchronize(d.lastS); err != nil {
+					bm.Fatal(err)
+				}
+				t[k].lat = append(t[k].lat, us(time.Since(t0)))
+				return us(l)
+			}
 			for step := 0; bm.Loop(); step++ {
-				switch k := step % 4; k {
-				case 0:
+				k := step % len(kinds)
+				switch kinds[k] {
+				case "run":
 					spannedStep(ctx, bm, d, c, exe, s, 30+step, &t[k])
 					runUpd, runLaunch = append(runUpd, us(d.update)), append(runLaunch, us(d.launch))
-				case 1, 2:
+					prev, cur = append(prev[:0], cur...), append(cur[:0], d.words...)
+					applies = append(applies[:0], d.applies...)
+				case "floor":
+					// An untimed floor step first: each timed step
+					// follows one of its own executable, as in a loop
+					// of steps (the floor's weights are its own, and
+					// mlp-large's two sets do not fit in the card's L2
+					// together).
+					timedStep(ctx, bm, fd, fc, fexe, fs, 30+step)
+					spannedStep(ctx, bm, fd, fc, fexe, fs, 30+step, &t[k])
+				case "raw", "launch":
+					if kinds[k] == "raw" && len(applies) == 0 {
+						continue // moved by whole-graph updates: no exec update to make again
+					}
 					if _, err := c.Bind(30 + step); err != nil {
 						bm.Fatal(err)
 					}
-					var l time.Duration
-					t[k].time(func() {
-						if k == 1 {
-							if _, err := d.lastSet.Apply(d.lastIdx); err != nil {
-								bm.Fatal(err)
-							}
-						}
-						t0 := time.Now()
-						if err := cb.GraphLaunch(d.lastX, d.lastS); err != nil {
-							bm.Fatal(err)
-						}
-						l = time.Since(t0)
-					})
-					if k == 1 {
-						rawLaunch = append(rawLaunch, us(l))
+					if kinds[k] == "launch" {
+						driverStep(k, nil)
+						continue
+					}
+					rawLaunch = append(rawLaunch, driverStep(k, applies))
+				case "move":
+					// Set back to the Run before's words (freed buffers
+					// of the caller's region, its memory still mapped),
+					// then forward again: two moving steps, and the
+					// exec left as Run knows it. Only when the two Runs
+					// moved the same words (swapping caches may not).
+					if len(applies) == 0 || !sameWords(prev, cur) {
+						continue
+					}
+					if _, err := c.Bind(30 + step); err != nil {
+						bm.Fatal(err)
+					}
+					// After the floor's step: an untimed launch first.
+					if err := cb.GraphLaunch(d.lastX, d.lastS); err != nil {
+						bm.Fatal(err)
 					}
 					if err := cb.StreamSynchronize(d.lastS); err != nil {
 						bm.Fatal(err)
 					}
-				case 3:
-					spannedStep(ctx, bm, fd, fc, fexe, fs, 30+step, &t[k])
+					for j, words := range [][]setWord{prev, cur} {
+						for _, w := range words {
+							if err := w.set.SetWord(w.i, w.arg, w.off, w.v); err != nil {
+								bm.Fatal(err)
+							}
+						}
+						moveLaunch = append(moveLaunch, driverStep(k, applies))
+						// The first follows the inputs' write, as Run
+						// does; the second a launch of the same exec.
+						after[j] = append(after[j], t[k].wall[len(t[k].wall)-1])
+					}
 				}
 			}
 			if len(t[3].wall) == 0 {
 				return
 			}
-			for k, n := range []string{"run", "raw", "launch", "floor"} {
+			for k, n := range kinds {
+				if len(t[k].wall) == 0 {
+					continue
+				}
 				bm.ReportMetric(p50(t[k].wall), n+"-µs")
+				bm.ReportMetric(p50(t[k].lat), n+"-lat-µs")
 				if len(t[k].cpu) > 0 {
 					bm.ReportMetric(p50(t[k].cpu), n+"-cpu-µs")
 					bm.ReportMetric(float64(t[k].switches)/float64(len(t[k].wall)), n+"-switches/step")
@@ -356,18 +455,45 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 			}
 			bm.ReportMetric(p50(runUpd), "run-updates-µs")
 			bm.ReportMetric(p50(runLaunch), "run-launch-µs")
-			bm.ReportMetric(p50(rawLaunch), "raw-launch-µs")
-			bm.ReportMetric(float64(len(d.lastIdx)), "updates/step")
+			for n, v := range map[string][]float64{"raw-launch-µs": rawLaunch, "move-launch-µs": moveLaunch} {
+				if len(v) > 0 {
+					bm.ReportMetric(p50(v), n)
+				}
+			}
+			if len(after[0]) > 0 {
+				bm.ReportMetric(p50(after[0]), "move-after-bind-µs")
+				bm.ReportMetric(p50(after[1]), "move-after-launch-µs")
+			}
+			n := 0
+			for _, a := range applies {
+				n += len(a.idx)
+			}
+			bm.ReportMetric(float64(n), "updates/step")
 		})
 	}
+}
+
+// sameWords reports whether two steps set the same pointer words (their
+// values aside), and any at all.
+func sameWords(a, b []setWord) bool {
+	if len(a) == 0 || len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := a[i], b[i]
+		if x.set != y.set || x.i != y.i || x.arg != y.arg || x.off != y.off {
+			return false
+		}
+	}
+	return true
 }
 
 // spanTimes collects the wall time of spans, and where the platform has a
 // per-thread CPU clock (threadclock_linux_test.go) their CPU time and the
 // thread's context switches.
 type spanTimes struct {
-	wall, cpu []float64
-	switches  int64
+	wall, cpu, lat []float64
+	switches       int64
 }
 
 // time runs f, which must not leave the thread, and records its span.
@@ -514,10 +640,10 @@ func spannedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, 
 	var outs sg.Outputs
 	run := func() { outs, err = exe.Run(ctx, s, bind) }
 	var host time.Duration
+	t0 := time.Now()
 	if span != nil {
 		host = span.time(run)
 	} else {
-		t0 := time.Now()
 		run()
 		host = time.Since(t0)
 	}
@@ -526,6 +652,9 @@ func spannedStep(ctx context.Context, bm *testing.B, d *driverClock, c *Caller, 
 	}
 	if err := d.StreamSynchronize(s); err != nil {
 		bm.Fatal(err)
+	}
+	if span != nil {
+		span.lat = append(span.lat, us(time.Since(t0)))
 	}
 	outs.Release()
 	return host
