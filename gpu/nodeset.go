@@ -65,6 +65,20 @@ type KernelNodeSets interface {
 	PrepareKernelNodes(x GraphExec, nodes []GraphNode, params []KernelParams) (KernelNodeSet, error)
 }
 
+// KernelNodeWords is the optional capability of a KernelNodeSet that holds
+// its nodes' arguments as 8-byte words in host memory of its own (CUDA's
+// set, and PrepareKernelNodes' own for typed arguments). Word returns the
+// word SetWord(i, arg, off, v) would write, for the caller to write in its
+// place with no call and no check: a moving step writes its pointers
+// through words found once, when the set was prepared, touching only the
+// memory the driver reads next. The word stays the node's until the set is
+// closed or SetArgs lays the node out anew. A word SetWord refuses, or one
+// the set holds at no 8-byte boundary (an opaque argument's unaligned
+// bytes), is ErrInvalidValue: write it with SetWord.
+type KernelNodeWords interface {
+	Word(i, arg, off int) (*uint64, error)
+}
+
 // GraphNodeSetter is the optional capability of a backend that can change
 // the parameters of a node of a graph (not of an exec) in place, as CUDA's
 // cuGraphKernelNodeSetParams does: a graph kept as the host template of an
@@ -149,6 +163,19 @@ func SetArgWord(a *Arg, off int, v uint64) error {
 		return Errorf("KernelNodeSet.SetWord", ErrInvalidValue, "no 8-byte word at byte %d of a %s argument of %d bytes", off, a.Kind, a.Size())
 	}
 	return nil
+}
+
+// Word implements KernelNodeWords for a typed pointer-sized argument; an
+// opaque one's bytes are no aligned word of the set's.
+func (s *nodeSet) Word(i, arg, off int) (*uint64, error) {
+	if i < 0 || i >= len(s.params) || arg < 0 || arg >= len(s.params[i].Args) {
+		return nil, Errorf("KernelNodeSet.Word", ErrInvalidValue, "node %d argument %d out of range", i, arg)
+	}
+	a := &s.params[i].Args[arg]
+	if a.Kind == ArgBytes || off != 0 || a.Kind.Size() != 8 {
+		return nil, Errorf("KernelNodeSet.Word", ErrInvalidValue, "no word of the set's at byte %d of a %s argument", off, a.Kind)
+	}
+	return &a.Bits, nil
 }
 
 func (s *nodeSet) SetArgs(i int, args []Arg) error {

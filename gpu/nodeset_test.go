@@ -91,3 +91,36 @@ func TestGenericNodeSet(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestGenericNodeSetWords: the generic set lends the word of a typed
+// pointer argument, and a write through it is what the next Apply sets;
+// an opaque argument's bytes, a 4-byte argument and anything out of range
+// lend none.
+func TestGenericNodeSetWords(t *testing.T) {
+	args := []gpu.Arg{gpu.Ptr(0x1000), gpu.F32(2), gpu.Bytes(make([]byte, 16))}
+	e := &execSetter{fail: -1}
+	set, err := gpu.PrepareKernelNodes(e, 1, []gpu.GraphNode{10, 11}, []gpu.KernelParams{{Func: 5, Args: args}, {Func: 6, Args: args}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	words, ok := set.(gpu.KernelNodeWords)
+	if !ok {
+		t.Fatal("the generic set lends no words")
+	}
+	w, err := words.Word(1, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	*w = 0x4000
+	if n, err := set.Apply([]int32{1, 0}); err != nil || n != 2 {
+		t.Fatalf("Apply = %d, %v", n, err)
+	}
+	if e.got[0].Args[0].AsPtr() != 0x4000 || e.got[1].Args[0].AsPtr() != 0x1000 {
+		t.Errorf("after a write through node 1's word, Apply set %v and %v", e.got[0].Args[0], e.got[1].Args[0])
+	}
+	for _, c := range []struct{ i, arg, off int }{{0, 1, 0}, {0, 2, 0}, {0, 0, 8}, {0, 3, 0}, {2, 0, 0}, {-1, 0, 0}} {
+		if w, err := words.Word(c.i, c.arg, c.off); w != nil || !errors.Is(err, gpu.ErrInvalidValue) {
+			t.Errorf("Word(%d, %d, %d) = %v, %v; want ErrInvalidValue", c.i, c.arg, c.off, w, err)
+		}
+	}
+}

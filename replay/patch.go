@@ -25,7 +25,9 @@ import (
 // next to nothing of its own: the nodes it moves are prepared once as a
 // gpu.KernelNodeSet (the parameters checked and packed in the driver's
 // form at the first move), a step rewrites in place only the pointer words
-// of the nodes that moved, and one Apply hands them to the driver, one call
+// into buffers that moved (a decode step's attention kernel keeps its
+// pointers to weights and activations, and only those into the caches it
+// swapped are written), and one Apply hands them to the driver, one call
 // per node, the context made current once (internal/graph/hostset.go).
 // Nothing is allocated per step, on sim or CUDA (TestStubStepAllocatesNothing
 // in package gpu/cuda runs whole executables over a stubbed driver). When

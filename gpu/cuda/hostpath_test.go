@@ -290,3 +290,29 @@ func TestStubDeviceStepDriverCalls(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkStubStepHostCold is BenchmarkStubStepHost's patch with the
+// host's caches cold at every step, as a GPU machine's driver calls (and
+// the caller's input writes) leave them between one step and the next:
+// before each step, untimed, the benchmark writes coldBytes of memory of
+// its own. A step then pays for every cache line it touches, which a warm
+// loop over the stub hides; compare a moving step with its fixed one.
+func BenchmarkStubStepHostCold(bm *testing.B) {
+	const coldBytes = 1 << 20
+	evict := make([]byte, coldBytes)
+	for _, c := range stubBenchCases {
+		bm.Run(fmt.Sprintf("%s/%s/patch", c.name, c.pat), func(bm *testing.B) {
+			e := newStubStepsWith(bm, c.name, c.cfg, sg.Options{Strategy: sg.StrategyPatch}, c.pat)
+			i := 0
+			for bm.Loop() {
+				bm.StopTimer()
+				for j := 0; j < len(evict); j += 64 {
+					evict[j]++
+				}
+				bm.StartTimer()
+				e.step(bm, i)
+				i++
+			}
+		})
+	}
+}

@@ -12,6 +12,7 @@ import (
 var (
 	_ gpu.KernelNodeSets  = (*Backend)(nil)
 	_ gpu.GraphNodeSetter = (*Backend)(nil)
+	_ gpu.KernelNodeWords = (*kernelNodeSet)(nil)
 )
 
 // Kernel node sets (gpu.KernelNodeSet): the per-node exec updates of a step
@@ -173,6 +174,24 @@ func (s *kernelNodeSet) SetWord(i, arg, off int, v uint64) error {
 		return errf("KernelNodeSet.SetWord", gpu.ErrInvalidValue, "no 8-byte word at byte %d of argument %d (%s)", off, arg, k)
 	}
 	return nil
+}
+
+// Word implements gpu.KernelNodeWords: the word of sn.words that SetWord
+// would write, for a typed pointer-sized argument or 8 aligned bytes of an
+// opaque one.
+func (s *kernelNodeSet) Word(i, arg, off int) (*uint64, error) {
+	if i < 0 || i >= len(s.nodes) || arg < 0 || arg >= len(s.nodes[i].kinds) {
+		return nil, errf("KernelNodeSet.Word", gpu.ErrInvalidValue, "node %d argument %d out of range", i, arg)
+	}
+	sn := &s.nodes[i]
+	size := 8 * int(sn.first[arg+1]-sn.first[arg])
+	switch k := sn.kinds[arg]; {
+	case k == gpu.ArgBytes && off >= 0 && off+8 <= size && off%8 == 0:
+		return &sn.words[int(sn.first[arg])+off/8], nil
+	case k != gpu.ArgBytes && off == 0 && k.Size() == 8:
+		return &sn.words[sn.first[arg]], nil
+	}
+	return nil, errf("KernelNodeSet.Word", gpu.ErrInvalidValue, "no aligned 8-byte word at byte %d of argument %d (%s)", off, arg, sn.kinds[arg])
 }
 
 // SetArgs implements gpu.KernelNodeSet. Opaque arguments of another size

@@ -105,8 +105,17 @@ func TestStubKernelNodeSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := set.SetWord(1, 0, 0, 0x3000); err != nil {
+	// Node 1's pointer written through the word the set lends, as Patch
+	// writes it: the same as SetWord.
+	w, err := set.(gpu.KernelNodeWords).Word(1, 0, 0)
+	if err != nil {
 		t.Fatal(err)
+	}
+	*w = 0x3000
+	for _, c := range []struct{ i, arg, off int }{{1, 1, 0}, {1, 0, 8}, {1, 3, 0}, {2, 0, 0}} {
+		if w, err := set.(gpu.KernelNodeWords).Word(c.i, c.arg, c.off); w != nil || !errors.Is(err, gpu.ErrInvalidValue) {
+			t.Errorf("Word(%d, %d, %d) = %v, %v; want ErrInvalidValue", c.i, c.arg, c.off, w, err)
+		}
 	}
 	if err := set.SetWord(1, 1, 0, 1); !errors.Is(err, gpu.ErrInvalidValue) {
 		t.Errorf("SetWord of a 4-byte argument: %v", err)

@@ -528,7 +528,7 @@ func (cb *CommandBuffer) patchHost(b ExecPatcher, x *Exec, hs *hostSet, i int32,
 	n := x.Nodes[i]
 	switch c.Kind {
 	case KindKernel: // a lead command
-		return 1, false, hs.stageKernel(c, i, addrs)
+		return 1, false, hs.stageKernel(c, i, x.addrs, addrs)
 	case KindMemcpy:
 		return 1, false, b.GraphExecMemcpyNodeSetParams(x.X, n, c.memcpyParams(addrs))
 	case KindMemset:

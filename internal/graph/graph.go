@@ -74,6 +74,16 @@ type Command struct {
 	// collectives can be read back; they take the host path all the same,
 	// so that the sim runs what CUDA runs.
 	HostPath bool
+
+	// ptrs are a kernel command's pointer arguments (New fills it): a
+	// moving step visits only them, in a slice of their own.
+	ptrs []ptrWord
+}
+
+// ptrWord is pointer argument Arg of a kernel command, at Ref.
+type ptrWord struct {
+	Arg int
+	Ref Ref
 }
 
 // buffers returns the buffers c references (with repeats).
@@ -160,6 +170,14 @@ func New(dev, nbufs int, cmds []Command, tr *trace.Tracer) (*CommandBuffer, erro
 		}
 		if c.Kind < KindKernel || c.Kind > KindTraced {
 			return nil, gpu.Errorf("graph.New", gpu.ErrInvalidValue, "%s: unknown kind %d", c.Name, c.Kind)
+		}
+		c.ptrs = nil
+		if c.Kind == KindKernel {
+			for j := range c.Args {
+				if c.Args[j].IsPtr() {
+					c.ptrs = append(c.ptrs, ptrWord{j, c.Args[j].Ref})
+				}
+			}
 		}
 		for _, b := range c.buffers() {
 			if b < 0 || b >= nbufs {
@@ -417,6 +435,7 @@ type Exec struct {
 	mark    []uint32 // mark[c] == gen: command c is in dirty
 	gen     uint32
 	dirty   []int32
+	moved   []int // the buffers markDirty found moved
 	key     []gpu.DevicePtr
 	changed []int
 }
@@ -575,9 +594,15 @@ type ExecPatcher interface {
 
 // markDirty returns, each once, the commands that watch[buf] lists for
 // every buffer of used whose address in addrs is not x's (x.dirty, reused
-// from call to call).
+// from call to call), and leaves those buffers in x.moved.
 func (x *Exec) markDirty(used []int, watch [][]int32, addrs []gpu.DevicePtr) []int32 {
-	x.dirty = x.markAgainst(x.dirty[:0], x.addrs, used, watch, addrs)
+	x.moved = x.moved[:0]
+	for _, buf := range used {
+		if x.addrs[buf] != addrs[buf] {
+			x.moved = append(x.moved, buf)
+		}
+	}
+	x.dirty = x.markAgainst(x.dirty[:0], x.addrs, x.moved, watch, addrs)
 	return x.dirty
 }
 
@@ -634,7 +659,11 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 		var err error
 		switch c.Kind {
 		case KindKernel:
-			err = hs.stageKernel(c, i, addrs)
+			// Its node is staged with the words of the buffers that
+			// moved (stageMoved, below).
+			if hs.cmd[i] < 0 {
+				err = gpu.Errorf("graph.Patch", gpu.ErrInvalidValue, "%s has no prepared node", c.Name)
+			}
 			updated++
 		case KindMemcpy, KindMemset:
 			switch m := x.madeAt(i); {
@@ -668,6 +697,9 @@ func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (i
 		if err != nil {
 			return 0, fmt.Errorf("patch %s: %w", c.Name, err)
 		}
+	}
+	if err := hs.stageMoved(x.moved, addrs); err != nil {
+		return 0, fmt.Errorf("patch: %w", err)
 	}
 	if err := hs.applyExec(cb); err != nil {
 		return 0, err

@@ -77,6 +77,7 @@ func TestPatchRewritesOnlyMovedPointers(t *testing.T) {
 		t.Fatal("Moved is wrong")
 	}
 	r := newPatchRecorder()
+	first := r
 	n, err := cb.Patch(r, x, next)
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +108,27 @@ func TestPatchRewritesOnlyMovedPointers(t *testing.T) {
 	r = newPatchRecorder()
 	if n, err := cb.Patch(r, x, next); err != nil || n != 0 || len(r.kernels) != 0 {
 		t.Fatalf("second patch: %d nodes, %v", n, err)
+	}
+	// Only buffer 2 moves: the nodes keep the pointers into 0 and 1 that
+	// the last patch set (a step writes only the moved pointer words).
+	next = []gpu.DevicePtr{0x5000, 0x6000, 0x7000}
+	// The exec's prepared node set calls the recorder it was prepared
+	// with: the same one, emptied.
+	r = first
+	clear(r.kernels)
+	clear(r.memcpys)
+	clear(r.memsets)
+	if n, err := cb.Patch(r, x, next); err != nil || n != 3 {
+		t.Fatalf("third patch: %d nodes, %v", n, err)
+	}
+	if k0 := r.kernels[1].Args; k0[0].AsPtr() != 0x5010 || k0[1].AsU64() != 0x1000 || k0[2].AsPtr() != 0x7000 {
+		t.Errorf("k0 args after buffer 2 moved: %v", k0)
+	}
+	if k1 := r.kernels[2].Args; k1[0].AsPtr() != 0x7000 || k1[1].AsU64() != 0x2000 {
+		t.Errorf("k1 args after buffer 2 moved: %v", k1)
+	}
+	if cp := r.memcpys[3]; cp.Dst != 0x6008 || cp.Src != 0x7000 {
+		t.Errorf("memcpy after buffer 2 moved: %+v", cp)
 	}
 	// A refused update is reported and the exec's addresses are not
 	// advanced.
@@ -193,4 +215,56 @@ func (noopPatcher) GraphExecMemsetNodeSetParams(gpu.GraphExec, gpu.GraphNode, gp
 }
 func (noopPatcher) GraphExecChildGraphNodeSetParams(gpu.GraphExec, gpu.GraphNode, gpu.Graph) error {
 	return nil
+}
+
+// wordlessSets is a recorder whose node sets lend no words
+// (gpu.KernelNodeWords): Patch then writes through SetWord.
+type wordlessSets struct {
+	*patchRecorder
+	setWords int
+}
+
+type wordlessSet struct {
+	gpu.KernelNodeSet
+	r *wordlessSets
+}
+
+func (s wordlessSet) SetWord(i, arg, off int, v uint64) error {
+	s.r.setWords++
+	return s.KernelNodeSet.SetWord(i, arg, off, v)
+}
+
+func (r *wordlessSets) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode, params []gpu.KernelParams) (gpu.KernelNodeSet, error) {
+	set, err := gpu.PrepareKernelNodes(r.patchRecorder, x, nodes, params)
+	return wordlessSet{set, r}, err
+}
+
+// TestPatchWithoutLentWords: over node sets that lend no words, Patch
+// writes the moved pointers with SetWord, one call per moved word, and
+// the nodes get what they get from sets that lend them.
+func TestPatchWithoutLentWords(t *testing.T) {
+	old := []gpu.DevicePtr{0x1000, 0x2000, 0x3000}
+	cmds := []Command{
+		{Name: "k0", Kind: KindKernel, Func: 1, Args: []Arg{ptrArg(0, 16), {Value: gpu.U64(0x1000)}, ptrArg(2, 0)}},
+		{Name: "k1", Kind: KindKernel, Func: 1, Args: []Arg{ptrArg(2, 0), ptrArg(1, 8), ptrArg(2, 4)}},
+	}
+	cb, err := New(0, 3, cmds, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := execFor(cb, old)
+	r := &wordlessSets{patchRecorder: newPatchRecorder()}
+	if n, err := cb.Patch(r, x, []gpu.DevicePtr{0x5000, 0x2000, 0x7000}); err != nil || n != 2 {
+		t.Fatalf("Patch = %d, %v", n, err)
+	}
+	if r.setWords != 4 {
+		t.Errorf("%d SetWord calls; want 4 (k0's pointer into 0 and into 2, k1's two into 2)", r.setWords)
+	}
+	k0, k1 := r.kernels[1].Args, r.kernels[2].Args
+	if k0[0].AsPtr() != 0x5010 || k0[1].AsU64() != 0x1000 || k0[2].AsPtr() != 0x7000 {
+		t.Errorf("k0 args %v", k0)
+	}
+	if k1[0].AsPtr() != 0x7000 || k1[1].AsPtr() != 0x2008 || k1[2].AsPtr() != 0x7004 {
+		t.Errorf("k1 args %v", k1)
+	}
 }

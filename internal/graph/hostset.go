@@ -16,9 +16,17 @@ import (
 // template pointer slot (under PatchDevice only those of commands that move
 // from the host). The set holds what each node holds on the exec: a step
 // rewrites in place the pointer words of the nodes that moved (for a kernel
-// command every pointer argument, for a flattened node every slot of its
-// template) and hands them to the backend in one Apply, one driver call per
-// node on CUDA.
+// command its pointer arguments into the buffers that moved, for a
+// flattened node every slot of its template) and hands them to the backend
+// in one Apply, one driver call per node on CUDA.
+//
+// Patch writes the kernel commands' words buffer by buffer: the set lends
+// each word (gpu.KernelNodeWords), and the list of a buffer's words is made
+// with the set (wordsByBuffer), so that a moving step touches the moved
+// words, which the driver reads next, and little else. Between two steps
+// the driver's own calls (and the caller's input writes) leave the host's
+// caches cold, and there every line a step touches is paid for
+// (BenchmarkStubStepHostCold in package gpu/cuda).
 //
 // The set's words of a node equal the exec's parameters for it whenever the
 // exec is consistent: after every Patch, and after the exec's
@@ -43,6 +51,23 @@ type hostSet struct {
 	// for none; hostStaged says whether it is staged for the next apply.
 	host       int32
 	hostStaged bool
+	// byBuf[b] are the pointer words into buffer b of the kernel
+	// commands' nodes: what Patch writes when b moves (stageMoved).
+	// staged[k] == gen: node k is in apply already.
+	byBuf  [][]hostWord
+	staged []uint32
+	gen    uint32
+}
+
+// hostWord is a pointer argument of a kernel command's node in the set:
+// node k's argument arg, off bytes into its buffer. w is the argument's
+// word in the set's own memory (gpu.KernelNodeWords), nil when the set
+// lends none: it is then written with SetWord.
+type hostWord struct {
+	w   *uint64
+	off uint64
+	k   int32
+	arg int32
 }
 
 // preparedSet returns x's host set, preparing it at the first call: every
@@ -70,7 +95,7 @@ func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, includ
 		}
 		switch c.Kind {
 		case KindKernel:
-			if hasPtr(c.Args) {
+			if len(c.ptrs) > 0 {
 				hs.cmd[i] = add(i, x.Nodes[i], c.kernelParams(x.addrs))
 			}
 		case KindMemcpy, KindMemset:
@@ -108,17 +133,62 @@ func (x *Exec) preparedSet(b gpu.ExecKernelNodeSetter, cb *CommandBuffer, includ
 		return nil, fmt.Errorf("prepare the exec's kernel nodes: %w", err)
 	}
 	hs.set = set
+	hs.wordsByBuffer(cb, len(x.addrs))
 	x.hs = hs
 	return hs, nil
 }
 
-func hasPtr(args []Arg) bool {
-	for _, a := range args {
-		if a.IsPtr() {
-			return true
+// wordsByBuffer lists, per buffer, the pointer words of the kernel
+// commands' nodes in the set. A moving step then visits only the words
+// that moved, each where the driver reads it next, rather than every
+// pointer argument of every node that moved and the bookkeeping around
+// them: on a decode step most of a node's pointers (weights, activations)
+// stay, and what the host touches per step is what it pays for when the
+// driver's own calls have left its caches cold.
+func (hs *hostSet) wordsByBuffer(cb *CommandBuffer, nbufs int) {
+	hs.byBuf = make([][]hostWord, nbufs)
+	hs.staged = make([]uint32, hs.set.Len())
+	words, _ := hs.set.(gpu.KernelNodeWords)
+	for i, k := range hs.cmd {
+		c := &cb.cmds[i]
+		if k < 0 || c.Kind != KindKernel {
+			continue
+		}
+		for _, p := range c.ptrs {
+			hw := hostWord{off: p.Ref.Off, k: k, arg: int32(p.Arg)}
+			if words != nil {
+				hw.w, _ = words.Word(int(k), p.Arg, 0) // nil: SetWord
+			}
+			hs.byBuf[p.Ref.Buf] = append(hs.byBuf[p.Ref.Buf], hw)
 		}
 	}
-	return false
+}
+
+// stageMoved writes the pointer words into the buffers bufs, now at addrs,
+// of the kernel commands' nodes and stages each node once.
+func (hs *hostSet) stageMoved(bufs []int, addrs []gpu.DevicePtr) error {
+	hs.gen++
+	if hs.gen == 0 {
+		// The generation wrapped: stale marks could equal it again.
+		clear(hs.staged)
+		hs.gen = 1
+	}
+	for _, b := range bufs {
+		base := addrs[b]
+		for _, hw := range hs.byBuf[b] {
+			v := uint64(base.Add(hw.off))
+			if hw.w != nil {
+				*hw.w = v
+			} else if err := hs.set.SetWord(int(hw.k), int(hw.arg), 0, v); err != nil {
+				return err
+			}
+			if hs.staged[hw.k] != hs.gen {
+				hs.staged[hw.k] = hs.gen
+				hs.apply = append(hs.apply, hw.k)
+			}
+		}
+	}
+	return nil
 }
 
 // dropSet releases x's host set; the next move prepares it again.
@@ -132,9 +202,9 @@ func (x *Exec) dropSet() error {
 }
 
 // stageKernel writes kernel command i's pointers at addrs into the set and
-// stages its node.
-func (hs *hostSet) stageKernel(c *Command, i int32, addrs []gpu.DevicePtr) error {
-	k, err := hs.writeKernel(c, i, addrs)
+// stages its node; held are the addresses the set's words hold.
+func (hs *hostSet) stageKernel(c *Command, i int32, held, addrs []gpu.DevicePtr) error {
+	k, err := hs.writeKernel(c, i, held, addrs)
 	if err == nil {
 		hs.apply = append(hs.apply, k)
 	}
@@ -142,17 +212,21 @@ func (hs *hostSet) stageKernel(c *Command, i int32, addrs []gpu.DevicePtr) error
 }
 
 // writeKernel writes kernel command i's pointers at addrs into the set and
-// returns its node there.
-func (hs *hostSet) writeKernel(c *Command, i int32, addrs []gpu.DevicePtr) (int32, error) {
+// returns its node there. The set's words are command i's at held (the
+// exec's addresses, which they mirror), so only the pointers into buffers
+// whose address changed are written: on a decode step most of a kernel's
+// pointers (weights, activations) stay where they were.
+func (hs *hostSet) writeKernel(c *Command, i int32, held, addrs []gpu.DevicePtr) (int32, error) {
 	k := hs.cmd[i]
 	if k < 0 {
 		return 0, gpu.Errorf("graph.Patch", gpu.ErrInvalidValue, "%s has no prepared node", c.Name)
 	}
-	for j := range c.Args {
-		if a := &c.Args[j]; a.IsPtr() {
-			if err := hs.set.SetWord(int(k), j, 0, uint64(a.Ref.At(addrs))); err != nil {
-				return 0, err
-			}
+	for _, p := range c.ptrs {
+		if held[p.Ref.Buf] == addrs[p.Ref.Buf] {
+			continue
+		}
+		if err := hs.set.SetWord(int(k), p.Arg, 0, uint64(p.Ref.At(addrs))); err != nil {
+			return 0, err
 		}
 	}
 	return k, nil

@@ -185,7 +185,7 @@ func (cb *CommandBuffer) PatchWhole(b gpu.Backend, x *Exec, addrs []gpu.DevicePt
 		switch c.Kind {
 		case KindKernel:
 			var k int32
-			if k, err = hs.writeKernel(c, i, addrs); err == nil {
+			if k, err = hs.writeKernel(c, i, x.addrs, addrs); err == nil {
 				onTemplate = append(onTemplate, k)
 			}
 			set++
@@ -240,7 +240,7 @@ func (cb *CommandBuffer) PatchWhole(b gpu.Backend, x *Exec, addrs []gpu.DevicePt
 		var err error
 		switch c.Kind {
 		case KindKernel:
-			_, err = hs.writeKernel(c, i, addrs)
+			_, err = hs.writeKernel(c, i, x.addrs, addrs)
 		case KindMemcpy, KindMemset:
 			if m := x.madeAt(i); m != devNone {
 				_, err = hs.writeMade(c, i, m, x.Nodes[i], addrs)
