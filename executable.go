@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -733,6 +734,14 @@ func (e *Executable) ReadBuffer(ctx context.Context, buf Buffer) ([]byte, error)
 // of output buf as placed in outs. Outputs whose lease was released are
 // ErrReleased: their slot may hold another step's results.
 func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) ([]byte, error) {
+	return e.AppendOutput(ctx, nil, outs, buf)
+}
+
+// AppendOutput is ReadOutput appending the contents to dst, as strconv's
+// Append functions do: a loop that reads an output every step (a decode
+// loop's logits) reuses one buffer, dst[:0], and makes no garbage. On
+// error dst is returned unchanged.
+func (e *Executable) AppendOutput(ctx context.Context, dst []byte, outs Outputs, buf Buffer) ([]byte, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	d, err := e.liveOwnerLocked(buf)
@@ -741,21 +750,27 @@ func (e *Executable) ReadOutput(ctx context.Context, outs Outputs, buf Buffer) (
 	}
 	p, ok := outs.lookup(buf)
 	if d.class != Output || !ok {
-		return nil, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
+		return dst, fmt.Errorf("%w: %s %q is not among the outputs given", ErrInvalidBinding, d.class, d.name)
 	}
 	if outs.lease != nil && outs.lease.Released() {
-		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, ErrReleased)
+		return dst, fmt.Errorf("stablegraph: read %q: %w", d.name, ErrReleased)
 	}
-	return e.readLocked(ctx, d, p)
+	return e.appendLocked(ctx, dst, d, p)
 }
 
 func (e *Executable) readLocked(ctx context.Context, d *bufDecl, p gpu.DevicePtr) ([]byte, error) {
+	return e.appendLocked(ctx, nil, d, p)
+}
+
+// appendLocked appends the contents of buffer d, at p, to dst once the
+// last step is complete; on error dst is returned unchanged.
+func (e *Executable) appendLocked(ctx context.Context, dst []byte, d *bufDecl, p gpu.DevicePtr) ([]byte, error) {
 	if err := e.waitLocked(ctx); err != nil {
-		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
+		return dst, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
 	}
-	out := make([]byte, d.size)
-	if err := e.b.MemcpyDtoH(out, p); err != nil {
-		return nil, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
+	out := slices.Grow(dst, int(d.size))[:len(dst)+int(d.size)]
+	if err := e.b.MemcpyDtoH(out[len(dst):], p); err != nil {
+		return dst, fmt.Errorf("stablegraph: read %q: %w", d.name, err)
 	}
 	return out, nil
 }

@@ -71,3 +71,46 @@ func TestOutputsAddresses(t *testing.T) {
 		})
 	}
 }
+
+// TestAppendOutput: AppendOutput appends an output's contents after what
+// dst holds, reuses dst's storage when it is large enough (a loop reading
+// every step's output into dst[:0] allocates no new buffer), and returns
+// dst unchanged on an error.
+func TestAppendOutput(t *testing.T) {
+	ctx := context.Background()
+	b := simtest.New(t, 1)
+	s := simtest.Stream(t, b, 0)
+	p := stablegraph.NewProgram("append")
+	in := p.Param("in", 64)
+	out := p.Output("out", 64)
+	p.Launch(kernels.Fill, kernels.Elementwise(16), stablegraph.Out(out.All()), stablegraph.F32(3), stablegraph.I32(16))
+	p.Launch(kernels.Fill, kernels.Elementwise(16), stablegraph.Out(in.All()), stablegraph.F32(1), stablegraph.I32(16))
+	exe, err := stablegraph.Compile(ctx, b, p, stablegraph.Options{Strategy: stablegraph.StrategyPatch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer exe.Close()
+	res, err := exe.Run(ctx, s, stablegraph.Bindings{in: simtest.Alloc(t, b, 0, 64), out: simtest.Alloc(t, b, 0, 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := exe.AppendOutput(ctx, []byte("head"), res, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got[:4]) != "head" || len(got) != 4+64 {
+		t.Fatalf("appended %d bytes after %q", len(got)-4, got[:4])
+	}
+	if v := gpu.BytesToF32(got[4:]); v[0] != 3 || v[15] != 3 {
+		t.Errorf("appended %v, want 3s", v[:2])
+	}
+	scratch := make([]byte, 0, 64)
+	again, err := exe.AppendOutput(ctx, scratch, res, out)
+	if err != nil || &again[0] != &scratch[:1][0] || !slices.Equal(again, got[4:]) {
+		t.Errorf("into a buffer of room enough: %v, same storage %v, same contents %v", err, err == nil && &again[0] == &scratch[:1][0], slices.Equal(again, got[4:]))
+	}
+	keep := []byte("kept")
+	if r, err := exe.AppendOutput(ctx, keep, res, in); err == nil || string(r) != "kept" {
+		t.Errorf("a param read as an output: %q, %v; want an error and dst unchanged", r, err)
+	}
+}

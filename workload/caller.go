@@ -70,6 +70,79 @@ type Caller struct {
 	current []gpu.DevicePtr   // random: this step's buffers
 	filler  []gpu.DevicePtr   // random: live fillers
 	seq     *seqCaller        // the sequences of a gpt2-decode workload
+	// loader makes the next step's inputs while this one runs.
+	loader inputLoader
+	// sameInput writes every step the inputs of step 0, made once (same
+	// holds them): a benchmark's knob to tell what writing an input costs
+	// the step after it from what making it does.
+	sameInput bool
+	same      [][]byte
+}
+
+// inputLoader makes a step's inputs ahead, on a goroutine of its own, as a
+// training loop's data loader does: once step k's inputs are written, step
+// k+1's are made while step k runs. Made on the thread that then writes
+// them and runs the step, 256 KiB of fresh inputs (mlp-large's) leave that
+// core's caches cold for the step's own calls, and a bench would time the
+// making as the runtime's and the driver's host cost (BENCHMARKS.md,
+// section 00). Two sets of buffers take turns, so that the inputs make no
+// garbage for a collection to run under the measured steps.
+type inputLoader struct {
+	w     *Workload
+	cur   [][]byte      // the inputs returned last, written since
+	spare [][]byte      // buffers free to make into
+	next  int           // the step made ahead, when pending
+	made  chan [][]byte // receives next's inputs, made into spare's buffers
+	// pending says a making is in flight (made will receive once).
+	pending bool
+}
+
+// fill makes step's inputs into set's buffers (grown where short).
+func (l *inputLoader) fill(set [][]byte, step int) [][]byte {
+	out := set[:0]
+	for i := range l.w.Params {
+		var dst []byte
+		if i < len(set) {
+			dst = set[i]
+		}
+		out = append(out, l.w.appendInput(dst, step, i))
+	}
+	return out
+}
+
+// inputs returns step's inputs: those made ahead when they are step's,
+// else made now. They stay the loader's until the next call.
+func (l *inputLoader) inputs(step int) [][]byte {
+	if l.pending {
+		set := <-l.made
+		l.pending = false
+		if l.next == step {
+			l.spare, l.cur = l.cur, set
+			return set
+		}
+		l.spare = set // another step's: free again
+	}
+	l.cur = l.fill(l.cur, step)
+	return l.cur
+}
+
+// ahead starts making step's inputs on a goroutine of its own.
+func (l *inputLoader) ahead(step int) {
+	l.wait()
+	if l.made == nil {
+		l.made = make(chan [][]byte, 1)
+	}
+	spare := l.spare
+	l.spare, l.next, l.pending = nil, step, true
+	go func() { l.made <- l.fill(spare, step) }()
+}
+
+// wait lets a making in flight finish.
+func (l *inputLoader) wait() {
+	if l.pending {
+		l.spare = <-l.made
+		l.pending = false
+	}
 }
 
 // allocator is what a Caller allocates its buffers with: a bfc.Allocator
@@ -124,7 +197,7 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 		if err != nil {
 			return nil, fmt.Errorf("workload: remappable caller: %w", err)
 		}
-		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng}
+		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng, loader: inputLoader{w: w}}
 		if err := c.start(seed); err != nil {
 			return nil, errors.Join(err, a.Close())
 		}
@@ -147,7 +220,7 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 	if err != nil {
 		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
 	}
-	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng}
+	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng, loader: inputLoader{w: w}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, b.MemFree(region))
@@ -264,12 +337,30 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 		}
 		return bind, nil
 	}
+	inputs := c.inputsOf(step)
 	for i, buf := range c.w.Params {
-		if err := c.b.MemcpyHtoD(set[i], c.w.Input(step, i)); err != nil {
+		if err := c.b.MemcpyHtoD(set[i], inputs[i]); err != nil {
 			return nil, fmt.Errorf("workload: write input %s of step %d: %w", buf.Name(), step, err)
 		}
 	}
+	if !c.sameInput {
+		c.loader.ahead(step + 1)
+	}
 	return bind, nil
+}
+
+// inputsOf returns the inputs of step, per param (with sameInput, step
+// 0's, made once).
+func (c *Caller) inputsOf(step int) [][]byte {
+	if !c.sameInput {
+		return c.loader.inputs(step)
+	}
+	if c.same == nil {
+		for i := range c.w.Params {
+			c.same = append(c.same, c.w.Input(0, i))
+		}
+	}
+	return c.same
 }
 
 // ErrNoBatch is BindBatch's error for a caller that cannot bind a batch of
@@ -326,8 +417,9 @@ func (c *Caller) BindBatch(first, n int) (_ []sg.Bindings, _ func() error, err e
 		for j, buf := range c.w.movable() {
 			bind[buf] = set[j]
 		}
+		inputs := c.inputsOf(first + i)
 		for j, buf := range c.w.Params {
-			if err := c.b.MemcpyHtoD(set[j], c.w.Input(first+i, j)); err != nil {
+			if err := c.b.MemcpyHtoD(set[j], inputs[j]); err != nil {
 				return nil, nil, fmt.Errorf("workload: write input %s of step %d: %w", buf.Name(), first+i, err)
 			}
 		}
@@ -377,6 +469,7 @@ func (c *Caller) freeCurrent() error {
 // Close frees the caller's region, or every remappable buffer. The caller
 // must have waited for every step that used it.
 func (c *Caller) Close() error {
+	c.loader.wait()
 	if c.remap != nil {
 		err := c.remap.Close()
 		if err == nil {

@@ -121,3 +121,58 @@ func (b noVMM) DeviceProps(dev int) (gpu.DeviceProps, error) {
 	p.VMM, p.Granularity = false, 0
 	return p, err
 }
+
+// TestCallerMakesInputsAhead: the inputs a caller writes are each step's
+// own, whether the loader made them ahead (steps bound in order), made
+// them for a step that was not bound next (a jump, and back), or the same
+// knob writes step 0's; BindBatch's too; and after Close no making is left
+// in flight.
+func TestCallerMakesInputsAhead(t *testing.T) {
+	b := openSim(t)
+	w := small(t, "train") // two params
+	c, err := NewCaller(b, 0, w, Random, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(bind sg.Bindings, step int) {
+		t.Helper()
+		for i, buf := range w.Params {
+			got := make([]byte, buf.Size())
+			if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
+				t.Fatal(err)
+			}
+			if want := w.Input(step, i); string(got) != string(want) {
+				t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
+			}
+		}
+	}
+	for _, step := range []int{0, 1, 2, 7, 3, 4} {
+		bind, err := c.Bind(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(bind, step)
+	}
+	binds, release, err := c.BindBatch(10, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, bind := range binds {
+		check(bind, 10+i)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	c.sameInput = true
+	bind, err := c.Bind(20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check(bind, 0)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if c.loader.pending {
+		t.Error("an input is still being made after Close")
+	}
+}

@@ -103,6 +103,11 @@ func dp(c Config) (*Workload, error) {
 
 // shardInput is a param input of n values: values [off, off+n) of the
 // global input of total values uniform in [-1, 1] (uniformInput(total)).
-func shardInput(total, off, n int) func(*rand.Rand) []byte {
-	return func(r *rand.Rand) []byte { return gpu.F32ToBytes(uniform(r, total, 1)[off : off+n]) }
+func shardInput(total, off, n int) inputFunc {
+	return func(r *rand.Rand, dst []byte) []byte {
+		for range off {
+			r.Float64() // the values before the shard's
+		}
+		return appendUniform(dst, r, n, 1)
+	}
 }

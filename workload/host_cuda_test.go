@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -29,18 +30,23 @@ type driverClock struct {
 	// and the last launch, which BenchmarkCUDARunAgainstRaw makes again
 	// without Run.
 	applies []applyCall
-	lastX   gpu.GraphExec
-	lastS   gpu.Stream
+	// idx holds the applies' node indexes: one buffer, reused from step
+	// to step, so that the clock allocates nothing inside Run.
+	idx   []int32
+	lastX gpu.GraphExec
+	lastS gpu.Stream
 	// words are the pointer words the steps since the last reset set on
-	// their node sets (BenchmarkCUDARunAgainstRaw moves them back and
+	// their node sets with SetWord and, once lent has read them, those
+	// Run wrote in place (BenchmarkCUDARunAgainstRaw moves them back and
 	// forth without Run).
 	words []setWord
 }
 
-// applyCall is one KernelNodeSet.Apply call.
+// applyCall is one KernelNodeSet.Apply call, on cs's set.
 type applyCall struct {
 	set gpu.KernelNodeSet
 	idx []int32
+	cs  *clockedSet
 }
 
 // setWord is one KernelNodeSet.SetWord call.
@@ -53,7 +59,7 @@ type setWord struct {
 // reset zeroes the clocks before a step.
 func (d *driverClock) reset() {
 	d.update, d.launch, d.patcher, d.other, d.updates = 0, 0, 0, 0, 0
-	d.words, d.applies = d.words[:0], d.applies[:0]
+	d.words, d.applies, d.idx = d.words[:0], d.applies[:0], d.idx[:0]
 }
 
 func (d *driverClock) StreamIsCapturing(s gpu.Stream) (bool, error) {
@@ -99,11 +105,52 @@ func (d *driverClock) PrepareKernelNodes(x gpu.GraphExec, nodes []gpu.GraphNode,
 }
 
 // clockedSet times a node set's Apply as exec updates, and also apart when
-// the set is the inline patcher's.
+// the set is the inline patcher's. It lends the set's words
+// (gpu.KernelNodeWords) as the set does, so that Run takes its own path.
 type clockedSet struct {
 	gpu.KernelNodeSet
 	d       *driverClock
 	patcher bool
+	// refs[k] are the words of node k lent through Word: Run writes them
+	// with no call to record, and lent reads them after the step.
+	refs [][]wordRef
+}
+
+// wordRef is a word of a set's node lent through Word: argument arg, byte
+// off.
+type wordRef struct {
+	arg, off int
+	w        *uint64
+}
+
+func (s *clockedSet) Word(i, arg, off int) (*uint64, error) {
+	kw, ok := s.KernelNodeSet.(gpu.KernelNodeWords)
+	if !ok {
+		return nil, gpu.Errorf("clockedSet.Word", gpu.ErrInvalidValue, "the set lends no words")
+	}
+	w, err := kw.Word(i, arg, off)
+	if err == nil {
+		for len(s.refs) <= i {
+			s.refs = append(s.refs, nil)
+		}
+		s.refs[i] = append(s.refs[i], wordRef{arg, off, w})
+	}
+	return w, err
+}
+
+// lent appends to d.words, after a step, the lent words of the nodes the
+// step applied, as they are now: the words Run wrote in place.
+func (d *driverClock) lent() {
+	for _, a := range d.applies {
+		for _, k := range a.idx {
+			if int(k) >= len(a.cs.refs) {
+				continue
+			}
+			for _, r := range a.cs.refs[k] {
+				d.words = append(d.words, setWord{a.set, int(k), r.arg, r.off, *r.w})
+			}
+		}
+	}
 }
 
 func (s *clockedSet) SetWord(i, arg, off int, v uint64) error {
@@ -120,7 +167,9 @@ func (s *clockedSet) Apply(idx []int32) (int, error) {
 		s.d.patcher += dt
 	}
 	s.d.updates += n
-	s.d.applies = append(s.d.applies, applyCall{s.KernelNodeSet, slices.Clone(idx)})
+	start := len(s.d.idx)
+	s.d.idx = append(s.d.idx, idx...)
+	s.d.applies = append(s.d.applies, applyCall{s.KernelNodeSet, s.d.idx[start:len(s.d.idx):len(s.d.idx)], s})
 	return n, err
 }
 
@@ -180,6 +229,9 @@ func stepHostCases() []stepHostCase {
 		// The bench's gpt2-b1-swap row: device's host time there is the
 		// furthest over the floor.
 		{"gpt2-b1", "gpt2-decode", Config{Batch: 1}, Swap},
+		// The bench's gpt2-b8-random row: every cache of eight
+		// sequences moves, the most buffers device's table moves.
+		{"gpt2-b8", "gpt2-decode", Config{Batch: 8}, Random},
 	}
 }
 
@@ -326,6 +378,10 @@ func TestCUDAHostPathMatchesEager(t *testing.T) {
 // the time spent there.
 func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 	cb := openCUDABench(bm)
+	// RUNRAW_SAME_INPUT=1: every step's inputs are step 0's, made once
+	// and written again: what the write costs the driver calls after it,
+	// without the making.
+	sameInput := os.Getenv("RUNRAW_SAME_INPUT") == "1"
 	ctx := context.Background()
 	for _, hc := range stepHostCases() {
 		w, err := New(hc.workload, hc.cfg)
@@ -342,6 +398,7 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 			defer done()
 			fc, fexe, fs, fdone := openRig(ctx, bm, fd, w, Fixed, sg.Options{Strategy: sg.StrategyPatch})
 			defer fdone()
+			c.sameInput, fc.sameInput = sameInput, sameInput
 			for i := range 30 { // recording, proving the templates, preparing the node sets
 				timedStep(ctx, bm, d, c, exe, s, i)
 				timedStep(ctx, bm, fd, fc, fexe, fs, i)
@@ -385,6 +442,7 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 				case "run":
 					spannedStep(ctx, bm, d, c, exe, s, 30+step, &t[k])
 					runUpd, runLaunch = append(runUpd, us(d.update)), append(runLaunch, us(d.launch))
+					d.lent()
 					prev, cur = append(prev[:0], cur...), append(cur[:0], d.words...)
 					applies = append(applies[:0], d.applies...)
 				case "floor":
@@ -729,7 +787,7 @@ func harnessSteps(ctx context.Context, bm *testing.B, d *driverClock, w *Workloa
 		}
 		u, l := d.update, d.launch
 		if strings.HasPrefix(mode, "gated-digest") {
-			if _, _, err := digest(ctx, exe, w, outs); err != nil {
+			if _, _, err := digest(ctx, exe, w, outs, nil); err != nil {
 				bm.Fatal(err)
 			}
 		}

@@ -22,7 +22,8 @@ type floorPair struct {
 	exe    *sg.Executable
 	w      *Workload
 	caller *Caller
-	steps  int // the steps bound so far
+	steps  int      // the steps bound so far
+	out    [][]byte // the outputs' readback buffers, reused
 	s      gpu.Stream
 	timer  *stepTimer
 	// undo releases what newFloorPair made, newest first.
@@ -118,7 +119,7 @@ func (p *floorPair) step(ctx context.Context) (stepTimes, error) {
 		return stepTimes{}, fmt.Errorf("the paired floor's step: %w", err)
 	}
 	defer outs.Release()
-	if _, _, err := digest(ctx, p.exe, p.w, outs); err != nil {
+	if _, p.out, err = digest(ctx, p.exe, p.w, outs, p.out); err != nil {
 		return stepTimes{}, fmt.Errorf("the paired floor's step: %w", err)
 	}
 	return times, nil

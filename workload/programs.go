@@ -3,6 +3,7 @@ package workload
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 
 	sg "github.com/stablegraph/stablegraph"
 	"github.com/stablegraph/stablegraph/kernels"
@@ -164,7 +165,11 @@ func buildChain(name string, c Config, moving bool) (*Workload, error) {
 				// do not matter, zeros keep every run identical.
 				t[i] = p.Param(name, f32Bytes(n))
 				wl.Params = append(wl.Params, t[i])
-				wl.inputs = append(wl.inputs, func(*rand.Rand) []byte { return make([]byte, f32Bytes(n)) })
+				wl.inputs = append(wl.inputs, func(_ *rand.Rand, dst []byte) []byte {
+					dst = slices.Grow(dst, int(f32Bytes(n)))[:f32Bytes(n)]
+					clear(dst)
+					return dst
+				})
 			} else {
 				t[i] = p.Temp(name, f32Bytes(n))
 			}

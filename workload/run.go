@@ -245,6 +245,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	var (
 		stepUS, hostUS, latencyUS, skewUS       []float64
 		floorHostUS, floorLatencyUS, floorGPUUS []float64
+		data                                    [][]byte // the last step's outputs
 		before                                  sg.Counters
 		peak                                    uint64
 	)
@@ -283,7 +284,11 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: step %d with %s: %w", w.Name, step, opts.Strategy, err)
 		}
-		d, data, err := digest(ctx, exe, w, outs)
+		// The outputs are read into the same buffers every step: a
+		// step's readback makes no garbage for a collection to run under
+		// the next measured steps.
+		var d Digest
+		d, data, err = digest(ctx, exe, w, outs, data)
 		if err != nil {
 			return nil, fmt.Errorf("workload %s: step %d: %w", w.Name, step, err)
 		}
@@ -522,21 +527,22 @@ func usedMemory(b gpu.Backend, dev int) (uint64, bool) {
 }
 
 // digest reads a step's outputs and hashes them; it returns the outputs
-// too, in the order of w.Outputs.
-func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Outputs) (Digest, [][]byte, error) {
+// too, in the order of w.Outputs, read into into's buffers (grown where
+// they are short).
+func digest(ctx context.Context, exe *sg.Executable, w *Workload, outs sg.Outputs, into [][]byte) (Digest, [][]byte, error) {
 	h := sha256.New()
-	var all [][]byte
-	for _, buf := range w.Outputs {
-		data, err := exe.ReadOutput(ctx, outs, buf)
+	into = slices.Grow(into[:0], len(w.Outputs))[:len(w.Outputs)]
+	for i, buf := range w.Outputs {
+		data, err := exe.AppendOutput(ctx, into[i][:0], outs, buf)
 		if err != nil {
-			return Digest{}, nil, fmt.Errorf("read output %s: %w", buf.Name(), err)
+			return Digest{}, into, fmt.Errorf("read output %s: %w", buf.Name(), err)
 		}
 		h.Write(data)
-		all = append(all, data)
+		into[i] = data
 	}
 	var d Digest
 	h.Sum(d[:0])
-	return d, all, nil
+	return d, into, nil
 }
 
 // BenchOrder is the order in which Bench runs strategies (nil or empty:

@@ -68,6 +68,7 @@
 package workload
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -143,7 +144,7 @@ type Workload struct {
 	Comm *stablegraph.Comm
 
 	seed   uint64
-	inputs []func(r *rand.Rand) []byte // per param
+	inputs []inputFunc // per param
 	// gpt2 is set for gpt2-decode: its params hold per-sequence state that
 	// the Caller keeps across steps (gpt2.go, gpt2caller.go).
 	gpt2 *gpt2Model
@@ -212,12 +213,22 @@ func New(name string, cfg Config) (*Workload, error) {
 // the fixed pattern (row r holds sequence r): the tokens, the positions,
 // and for a cache param its sequence's initial cache.
 func (w *Workload) Input(step, i int) []byte {
+	return w.appendInput(nil, step, i)
+}
+
+// appendInput is Input written into dst's storage when it is large
+// enough (the caller's scratch, so that a step's inputs make no garbage:
+// a collection running under a measured step would time the collector).
+func (w *Workload) appendInput(dst []byte, step, i int) []byte {
 	if w.gpt2 != nil {
 		return w.gpt2.input(step, i)
 	}
 	r := rand.New(rand.NewPCG(w.seed, uint64(step)<<16|uint64(i)))
-	return w.inputs[i](r)
+	return w.inputs[i](r, dst[:0])
 }
+
+// inputFunc makes a param's input from r, appended to dst.
+type inputFunc func(r *rand.Rand, dst []byte) []byte
 
 // uniform returns n float32 values uniform in [-a, a] from r.
 func uniform(r *rand.Rand, n int, a float64) []float32 {
@@ -229,8 +240,17 @@ func uniform(r *rand.Rand, n int, a float64) []float32 {
 }
 
 // uniformInput is a param input of n values uniform in [-1, 1].
-func uniformInput(n int) func(*rand.Rand) []byte {
-	return func(r *rand.Rand) []byte { return gpu.F32ToBytes(uniform(r, n, 1)) }
+func uniformInput(n int) inputFunc {
+	return func(r *rand.Rand, dst []byte) []byte { return appendUniform(dst, r, n, 1) }
+}
+
+// appendUniform appends to dst the little-endian bytes of uniform(r, n, a)
+// without the intermediate slice.
+func appendUniform(dst []byte, r *rand.Rand, n int, a float64) []byte {
+	for range n {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32((2*r.Float64()-1)*a)))
+	}
+	return dst
 }
 
 // weights returns the state contents for one layer's matrix and bias:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -216,5 +217,24 @@ func TestBenchSkipsUnsupported(t *testing.T) {
 	}
 	if live := raw.LiveHandles(); !live.IsZero() {
 		t.Errorf("live handles %s", live)
+	}
+}
+
+// TestInputsAreUniformValues: a param's input written into a reused
+// buffer is the little-endian float32 encoding of uniform's values from
+// the same generator, and a data-parallel rank's shard is its rows of the
+// global input, made in a reused buffer that held other bytes.
+func TestInputsAreUniformValues(t *testing.T) {
+	const total, off, n = 96, 32, 40
+	seed := func() *rand.Rand { return rand.New(rand.NewPCG(7, 9)) }
+	want := gpu.F32ToBytes(uniform(seed(), total, 1))
+	got := uniformInput(total)(seed(), nil)
+	if !bytes.Equal(got, want) {
+		t.Fatal("uniformInput differs from uniform's values")
+	}
+	scratch := bytes.Repeat([]byte{0xff}, 4*total)
+	shard := shardInput(total, off, n)(seed(), scratch[:0])
+	if !bytes.Equal(shard, want[4*off:4*(off+n)]) {
+		t.Fatalf("shard of %d values at %d: %d bytes, not the global input's rows", n, off, len(shard))
 	}
 }
