@@ -147,6 +147,28 @@ if steprows:
             w, pat, way, g("run-µs"), "%.2f" % (g("run-µs") - fl) if fl else "-", g("launch-µs"), g("updates-µs"),
             g("patcher-µs"), g("updates/step"), g("other-µs"), g("rest-µs"), g("moved/step")))
 
+# patch's moving step against the driver's price of the same move
+# (BenchmarkCUDARunAgainstRaw): per run (inputs made each step; made in
+# page-locked memory; made once), Run - the floor's Run, the driver's move
+# after the inputs' write and after a launch (each less a launch), and what
+# Run adds to the first.
+raws = [(p, n) for p, n in (("runraw.log", "inputs made each step"), ("runraw-pinned.log", "inputs in page-locked memory"),
+                             ("runraw-same.log", "inputs made once")) if os.path.exists(os.path.join(work, p))]
+if raws:
+    print("\n== patch's Run against the driver's move (us; BenchmarkCUDARunAgainstRaw)")
+    print("   %-30s %-14s %8s %10s %12s %9s" % ("run", "workload", "run-flr", "move-bind", "move-launch", "Run adds"))
+    for path, what in raws:
+        for l in open(os.path.join(work, path)):
+            f = l.split()
+            if not f or not f[0].startswith("BenchmarkCUDARunAgainstRaw/"):
+                continue
+            m = {f[i + 1]: float(f[i]) for i in range(2, len(f) - 1, 2) if f[i + 1] != "ns/op"}
+            g = lambda k: m.get(k, float("nan"))
+            rf = g("run-µs") - g("floor-µs")
+            mb = g("move-after-bind-µs") - g("launch-µs")
+            ml = g("move-after-launch-µs") - g("launch-µs")
+            print("   %-30s %-14s %8.2f %10.2f %12.2f %9.2f" % (what, f[0].split("/", 1)[1].rsplit("-", 1)[0], rf, mb, ml, rf - mb))
+
 for path in ("stephost.log", "autohost.log", "gemmupdate.log"):
     lines = [l.rstrip() for l in open(os.path.join(work, path))] if os.path.exists(os.path.join(work, path)) else []
     lines = [l for l in lines if l.startswith("Benchmark") or "auto kept" in l]

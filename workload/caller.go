@@ -72,6 +72,10 @@ type Caller struct {
 	seq     *seqCaller        // the sequences of a gpt2-decode workload
 	// loader makes the next step's inputs while this one runs.
 	loader inputLoader
+	// pinned are the page-locked buffers the loader makes inputs into
+	// (PinnedInputs), freed by Close.
+	pinned []gpu.HostMem
+	hosts  hostAllocator
 	// sameInput writes every step the inputs of step 0, made once (same
 	// holds them): a benchmark's knob to tell what writing an input costs
 	// the step after it from what making it does.
@@ -168,6 +172,20 @@ type CallerOptions struct {
 	// at once: the bfc caller's region gets room for them. Zero: no
 	// BindBatch beyond what the region's slack happens to hold.
 	BatchSets int
+	// PinnedInputs makes every step's inputs in page-locked host memory
+	// (the backend's HostAlloc), which the driver copies to the device by
+	// DMA, as a training loop's pinned data loader hands them over: a
+	// copy from pageable memory passes the bytes through the calling
+	// core's caches, and leaves them cold for the step's own calls. It
+	// needs a backend with page-locked host memory (gpu.StreamMemOps'
+	// HostAlloc). Not for gpt2-decode, whose inputs are a few bytes.
+	PinnedInputs bool
+}
+
+// hostAllocator is the part of a backend that PinnedInputs needs.
+type hostAllocator interface {
+	HostAlloc(size uint64) (gpu.HostMem, error)
+	HostFree(h gpu.HostAlloc) error
 }
 
 // CallerOptionsFor returns the caller a run of strategy st needs: a
@@ -198,8 +216,11 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 			return nil, fmt.Errorf("workload: remappable caller: %w", err)
 		}
 		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng, loader: inputLoader{w: w}}
+		if err := c.pin(opts.PinnedInputs); err != nil {
+			return nil, errors.Join(err, c.unpin(), a.Close())
+		}
 		if err := c.start(seed); err != nil {
-			return nil, errors.Join(err, a.Close())
+			return nil, errors.Join(err, c.unpin(), a.Close())
 		}
 		return c, nil
 	}
@@ -223,9 +244,12 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng, loader: inputLoader{w: w}}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, b.MemFree(region))
+			err = errors.Join(err, c.unpin(), b.MemFree(region))
 		}
 	}()
+	if err := c.pin(opts.PinnedInputs); err != nil {
+		return nil, err
+	}
 	if c.alloc, err = bfc.New(region, size, bfc.Options{Name: "caller"}); err != nil {
 		return nil, fmt.Errorf("workload: caller allocator: %w", err)
 	}
@@ -233,6 +257,47 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 		return nil, err
 	}
 	return c, nil
+}
+
+// pin gives the loader two sets of page-locked buffers, one per param,
+// when on is set.
+func (c *Caller) pin(on bool) error {
+	if !on {
+		return nil
+	}
+	if c.w.gpt2 != nil {
+		return fmt.Errorf("workload %s: pinned inputs: its inputs are a few bytes written with its sequences", c.w.Name)
+	}
+	h, ok := c.b.(hostAllocator)
+	if !ok {
+		return fmt.Errorf("workload: pinned inputs: backend %s has no page-locked host memory: %w", c.b.Name(), gpu.ErrNotSupported)
+	}
+	c.hosts = h
+	var sets [2][][]byte
+	for k := range sets {
+		for _, buf := range c.w.Params {
+			m, err := h.HostAlloc(uint64(buf.Size()))
+			if err != nil {
+				return fmt.Errorf("workload: pinned input %s: %w", buf.Name(), err)
+			}
+			c.pinned = append(c.pinned, m)
+			sets[k] = append(sets[k], m.Bytes[:buf.Size():buf.Size()])
+		}
+	}
+	c.loader.cur, c.loader.spare = sets[0], sets[1]
+	return nil
+}
+
+// unpin frees the page-locked buffers, once no input is being made in
+// them.
+func (c *Caller) unpin() error {
+	c.loader.wait()
+	var errs []error
+	for _, m := range c.pinned {
+		errs = append(errs, c.hosts.HostFree(m.Handle))
+	}
+	c.pinned, c.loader.cur, c.loader.spare = nil, nil, nil
+	return errors.Join(errs...)
 }
 
 // start allocates the buffer sets of fixed, pingpong and swap, and the
@@ -469,18 +534,18 @@ func (c *Caller) freeCurrent() error {
 // Close frees the caller's region, or every remappable buffer. The caller
 // must have waited for every step that used it.
 func (c *Caller) Close() error {
-	c.loader.wait()
+	perr := c.unpin()
 	if c.remap != nil {
 		err := c.remap.Close()
 		if err == nil {
 			c.remap = nil
 		}
-		return err
+		return errors.Join(perr, err)
 	}
 	if c.region == 0 {
-		return nil
+		return perr
 	}
 	err := c.b.MemFree(c.region)
 	c.region = 0
-	return err
+	return errors.Join(perr, err)
 }

@@ -3,6 +3,7 @@ package workload
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	sg "github.com/stablegraph/stablegraph"
@@ -174,5 +175,65 @@ func TestCallerMakesInputsAhead(t *testing.T) {
 	}
 	if c.loader.pending {
 		t.Error("an input is still being made after Close")
+	}
+}
+
+// TestCallerPinnedInputs: with PinnedInputs the caller makes every step's
+// inputs in page-locked host memory of its own (two sets, one per param)
+// and writes each step's own; Close frees it; a gpt2-decode workload and a
+// backend without page-locked memory are refused with errors that say so.
+func TestCallerPinnedInputs(t *testing.T) {
+	b := openSim(t)
+	hc := b.(gpu.HandleCounter)
+	before := hc.LiveHandles().HostAllocs
+	w := small(t, "train")
+	c, err := NewCallerWith(b, 0, w, Random, 1, CallerOptions{PinnedInputs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := hc.LiveHandles().HostAllocs - before; n != 2*len(w.Params) {
+		t.Errorf("%d page-locked buffers for %d params; want two sets", n, len(w.Params))
+	}
+	pinned := func(p []byte) bool {
+		for _, m := range c.pinned {
+			if len(p) > 0 && len(m.Bytes) > 0 && &p[0] == &m.Bytes[0] {
+				return true
+			}
+		}
+		return false
+	}
+	for _, step := range []int{0, 1, 2, 5, 6} {
+		bind, err := c.Bind(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, buf := range w.Params {
+			got := make([]byte, buf.Size())
+			if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(w.Input(step, i)) {
+				t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
+			}
+			if !pinned(c.loader.cur[i]) {
+				t.Fatalf("step %d: input %s was not made in the page-locked buffers", step, buf.Name())
+			}
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := hc.LiveHandles().HostAllocs; n != before {
+		t.Errorf("%d page-locked buffers live after Close, %d before", n, before)
+	}
+	if _, err := NewCallerWith(b, 0, small(t, "gpt2-decode-tiny"), Fixed, 1, CallerOptions{PinnedInputs: true}); err == nil || !strings.Contains(err.Error(), "pinned inputs") {
+		t.Errorf("gpt2-decode with pinned inputs: %v", err)
+	}
+	type plain struct{ gpu.Backend }
+	if _, err := NewCallerWith(plain{b}, 0, w, Fixed, 1, CallerOptions{PinnedInputs: true}); !errors.Is(err, gpu.ErrNotSupported) {
+		t.Errorf("a backend without page-locked memory: %v", err)
+	}
+	if n := hc.LiveHandles().HostAllocs; n != before {
+		t.Errorf("%d page-locked buffers live after the refusals, %d before", n, before)
 	}
 }

@@ -380,8 +380,11 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 	cb := openCUDABench(bm)
 	// RUNRAW_SAME_INPUT=1: every step's inputs are step 0's, made once
 	// and written again: what the write costs the driver calls after it,
-	// without the making.
+	// without the making. RUNRAW_PINNED_INPUT=1: the inputs are made in
+	// page-locked memory and copied by DMA (CallerOptions.PinnedInputs;
+	// not gpt2-decode's, a few bytes).
 	sameInput := os.Getenv("RUNRAW_SAME_INPUT") == "1"
+	pinned := os.Getenv("RUNRAW_PINNED_INPUT") == "1"
 	ctx := context.Background()
 	for _, hc := range stepHostCases() {
 		w, err := New(hc.workload, hc.cfg)
@@ -394,9 +397,10 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			d, fd := &driverClock{Backend: cb}, &driverClock{Backend: cb}
-			c, exe, s, done := openRig(ctx, bm, d, w, hc.moving, sg.Options{Strategy: sg.StrategyPatch})
+			copts := CallerOptions{PinnedInputs: pinned && w.gpt2 == nil}
+			c, exe, s, done := openRigWith(ctx, bm, d, w, hc.moving, copts, sg.Options{Strategy: sg.StrategyPatch})
 			defer done()
-			fc, fexe, fs, fdone := openRig(ctx, bm, fd, w, Fixed, sg.Options{Strategy: sg.StrategyPatch})
+			fc, fexe, fs, fdone := openRigWith(ctx, bm, fd, w, Fixed, copts, sg.Options{Strategy: sg.StrategyPatch})
 			defer fdone()
 			c.sameInput, fc.sameInput = sameInput, sameInput
 			for i := range 30 { // recording, proving the templates, preparing the node sets

@@ -50,7 +50,9 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 			err = errors.Join(fmt.Errorf("workload %s: the paired floor: %w", w.Name, err), p.close())
 		}
 	}()
-	caller, err := NewCallerWith(b, opts.Device, w, Fixed, opts.Seed, CallerOptionsFor(sg.StrategyPatch))
+	copts := CallerOptionsFor(sg.StrategyPatch)
+	copts.PinnedInputs = opts.PinnedInputs // the row's harness
+	caller, err := NewCallerWith(b, opts.Device, w, Fixed, opts.Seed, copts)
 	if err != nil {
 		return nil, err
 	}

@@ -96,6 +96,10 @@ type RunOptions struct {
 	AutoBound      sg.AutoBound
 	DeviceInline   bool
 	DeviceHostLead bool
+	// PinnedInputs makes the caller's inputs (the row's and the paired
+	// floor's) in page-locked host memory, copied to the device by DMA
+	// (CallerOptions.PinnedInputs). Default false: pageable memory.
+	PinnedInputs bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -200,6 +204,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	// buffer as a remappable allocation; every other strategy's, from a
 	// bfc region.
 	copts := CallerOptionsFor(opts.Strategy)
+	copts.PinnedInputs = opts.PinnedInputs
 	if opts.Pattern == Random && opts.WallBatches > 0 {
 		copts.BatchSets = opts.WallBatchSize // measureWallFresh's batches
 	}
