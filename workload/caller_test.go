@@ -137,14 +137,8 @@ func TestCallerMakesInputsAhead(t *testing.T) {
 	}
 	check := func(bind sg.Bindings, step int) {
 		t.Helper()
-		for i, buf := range w.Params {
-			got := make([]byte, buf.Size())
-			if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
-				t.Fatal(err)
-			}
-			if want := w.Input(step, i); string(got) != string(want) {
-				t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
-			}
+		for i := range w.Params {
+			checkInput(t, b, w, bind, step, i)
 		}
 	}
 	for _, step := range []int{0, 1, 2, 7, 3, 4} {
@@ -208,13 +202,7 @@ func TestCallerPinnedInputs(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, buf := range w.Params {
-			got := make([]byte, buf.Size())
-			if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
-				t.Fatal(err)
-			}
-			if string(got) != string(w.Input(step, i)) {
-				t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
-			}
+			checkInput(t, b, w, bind, step, i)
 			if !pinned(c.loader.cur[i]) {
 				t.Fatalf("step %d: input %s was not made in the page-locked buffers", step, buf.Name())
 			}
@@ -235,5 +223,18 @@ func TestCallerPinnedInputs(t *testing.T) {
 	}
 	if n := hc.LiveHandles().HostAllocs; n != before {
 		t.Errorf("%d page-locked buffers live after the refusals, %d before", n, before)
+	}
+}
+
+// checkInput fails t unless param i of w, bound in bind, holds step's input.
+func checkInput(t *testing.T, b gpu.Backend, w *Workload, bind sg.Bindings, step, i int) {
+	t.Helper()
+	buf := w.Params[i]
+	got := make([]byte, buf.Size())
+	if err := b.MemcpyDtoH(got, bind[buf]); err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(w.Input(step, i)) {
+		t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
 	}
 }
