@@ -81,6 +81,9 @@ type Caller struct {
 	// the step after it from what making it does.
 	sameInput bool
 	same      [][]byte
+	// shadow makes a Fixed caller's Bind do a Random caller's moves
+	// without moving what it binds (CallerOptions.ShadowMoves).
+	shadow bool
 }
 
 // inputLoader makes a step's inputs ahead, on a goroutine of its own, as a
@@ -180,6 +183,17 @@ type CallerOptions struct {
 	// needs a backend with page-locked host memory (gpu.StreamMemOps'
 	// HostAlloc). Not for gpt2-decode, whose inputs are a few bytes.
 	PinnedInputs bool
+	// ShadowMoves, under Fixed, makes every Bind do the allocator's work
+	// and the copies a Random caller's does (the fillers' churn and a
+	// fresh set of buffers, freed at once; for gpt2-decode, from the
+	// second step on, every cache copied to a fresh allocation freed at
+	// once), while the buffers it binds stay where they are: the paired
+	// floor's caller beside a Random row (RunOptions.PairFloor), so that
+	// the row's host time over the floor's is the strategy's, not the
+	// moves'. The moves' host work leaves the core's caches as cold for
+	// the floor's step as for the row's, and their device copies leave
+	// the device as busy before it. Only with Fixed.
+	ShadowMoves bool
 }
 
 // hostAllocator is the part of a backend that PinnedInputs needs.
@@ -209,13 +223,16 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 	if pattern == Swap && w.gpt2 == nil {
 		return nil, fmt.Errorf("workload %s: pattern swap needs per-sequence state (gpt2-decode); use fixed, pingpong or random", w.Name)
 	}
+	if opts.ShadowMoves && pattern != Fixed {
+		return nil, fmt.Errorf("workload %s: shadow moves are a fixed caller's; pattern %s moves its buffers itself", w.Name, pattern)
+	}
 	rng := rand.New(rand.NewPCG(seed, 0xca11e5))
 	if opts.Remappable {
 		a, err := remappable.New(b, dev, nil)
 		if err != nil {
 			return nil, fmt.Errorf("workload: remappable caller: %w", err)
 		}
-		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng, loader: inputLoader{w: w}}
+		c := &Caller{b: b, w: w, pattern: pattern, remap: a, alloc: a, rng: rng, loader: inputLoader{w: w}, shadow: opts.ShadowMoves}
 		if err := c.pin(opts.PinnedInputs); err != nil {
 			return nil, errors.Join(err, c.unpin(), a.Close())
 		}
@@ -236,12 +253,16 @@ func NewCallerWith(b gpu.Backend, dev int, w *Workload, pattern Pattern, seed ui
 	if pattern == Random && opts.BatchSets > 0 {
 		sets += uint64(opts.BatchSets) + 1
 	}
-	size := gpu.RoundUp(sets*perSet+2*fillers*fillerMaxSize+seqRegion(w, pattern), 1<<20)
+	room := pattern
+	if opts.ShadowMoves {
+		room = Random // the moves' sequences
+	}
+	size := gpu.RoundUp(sets*perSet+2*fillers*fillerMaxSize+seqRegion(w, room), 1<<20)
 	region, err := b.MemAlloc(dev, size)
 	if err != nil {
 		return nil, fmt.Errorf("workload: caller region of %d bytes: %w", size, err)
 	}
-	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng, loader: inputLoader{w: w}}
+	c := &Caller{b: b, w: w, pattern: pattern, region: region, rng: rng, loader: inputLoader{w: w}, shadow: opts.ShadowMoves}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.unpin(), b.MemFree(region))
@@ -374,6 +395,11 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 	switch c.pattern {
 	case Fixed, PingPong, Swap:
 		set = c.sets[step%len(c.sets)]
+		if c.shadow {
+			if err := c.shadowSet(); err != nil {
+				return nil, err
+			}
+		}
 	case Random:
 		// A remappable buffer has an address range of its own: a new
 		// one lands at a new address without fillers around it.
@@ -412,6 +438,21 @@ func (c *Caller) Bind(step int) (sg.Bindings, error) {
 		c.loader.ahead(step + 1)
 	}
 	return bind, nil
+}
+
+// shadowSet does the allocator's work of a Random Bind (the fillers'
+// churn, a fresh set) and frees the set at once (ShadowMoves).
+func (c *Caller) shadowSet() error {
+	if c.remap == nil {
+		if err := c.churn(); err != nil {
+			return err
+		}
+	}
+	set, err := c.allocSet()
+	if err != nil {
+		return err
+	}
+	return c.freeSet(set)
 }
 
 // inputsOf returns the inputs of step, per param (with sameInput, step

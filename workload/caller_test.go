@@ -238,3 +238,125 @@ func checkInput(t *testing.T, b gpu.Backend, w *Workload, bind sg.Bindings, step
 		t.Fatalf("step %d: input %s is not the step's", step, buf.Name())
 	}
 }
+
+// countingAlloc counts a caller's allocations and frees.
+type countingAlloc struct {
+	allocator
+	allocs, frees int
+}
+
+func (a *countingAlloc) Alloc(size uint64) (gpu.DevicePtr, error) {
+	a.allocs++
+	return a.allocator.Alloc(size)
+}
+
+func (a *countingAlloc) Free(p gpu.DevicePtr) error {
+	a.frees++
+	return a.allocator.Free(p)
+}
+
+// dtodCounter counts device-to-device copies.
+type dtodCounter struct {
+	gpu.Backend
+	n int
+}
+
+func (b *dtodCounter) MemcpyDtoD(dst, src gpu.DevicePtr, size uint64) error {
+	b.n++
+	return b.Backend.MemcpyDtoD(dst, src, size)
+}
+
+// TestCallerShadowMoves: a fixed caller with ShadowMoves binds the same
+// buffers every step, with every step's inputs, while every Bind allocates
+// and frees what a random caller's does (the fillers churned, a fresh set)
+// and, for gpt2-decode, copies every cache from the second step on, each
+// cache keeping its address and its contents; a moving pattern refuses it.
+func TestCallerShadowMoves(t *testing.T) {
+	b := openSim(t)
+	w := small(t, "train")
+	c, err := NewCallerWith(b, 0, w, Fixed, 1, CallerOptions{ShadowMoves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	count := &countingAlloc{allocator: c.alloc}
+	c.alloc = count
+	var first sg.Bindings
+	for step := range 4 {
+		allocs, frees := count.allocs, count.frees
+		bind, err := c.Bind(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if step == 0 {
+			first = bind
+		}
+		for _, buf := range w.movable() {
+			if bind[buf] != first[buf] {
+				t.Fatalf("step %d: %s moved from %#x to %#x", step, buf.Name(), first[buf], bind[buf])
+			}
+		}
+		for i := range w.Params {
+			checkInput(t, b, w, bind, step, i)
+		}
+		if n := count.allocs - allocs; n < len(w.movable()) {
+			t.Errorf("step %d: %d allocations; want a fresh set of %d at least", step, n, len(w.movable()))
+		}
+		// The fillers are made at the first Bind and churned after it;
+		// the fresh set is freed at once.
+		if live := (count.allocs - count.frees) - (allocs - frees); step > 0 && live != 0 {
+			t.Errorf("step %d: %d allocations left live", step, live)
+		}
+		if len(c.filler) != fillers {
+			t.Errorf("step %d: %d fillers; want %d, churned", step, len(c.filler), fillers)
+		}
+	}
+
+	dc := &dtodCounter{Backend: b}
+	gw := small(t, "gpt2-decode-tiny")
+	gc, err := NewCallerWith(dc, 0, gw, Fixed, 1, CallerOptions{ShadowMoves: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gc.Close()
+	caches := func() [][]byte {
+		var out [][]byte
+		for _, p := range gc.seq.seqs {
+			data := make([]byte, 4*gw.gpt2.cacheFloats())
+			if err := b.MemcpyDtoH(data, p); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, data)
+		}
+		return out
+	}
+	seqs := append([]gpu.DevicePtr(nil), gc.seq.seqs...)
+	before := caches()
+	for step := range 3 {
+		n := dc.n
+		bind, err := gc.Bind(step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		if step > 0 {
+			want = len(seqs)
+		}
+		if got := dc.n - n; got != want {
+			t.Errorf("step %d: %d cache copies; want %d", step, got, want)
+		}
+		for r, buf := range gw.gpt2.caches {
+			if bind[buf] != seqs[r] {
+				t.Errorf("step %d: the cache of row %d moved from %#x to %#x", step, r, seqs[r], bind[buf])
+			}
+		}
+	}
+	for i, data := range caches() {
+		if string(data) != string(before[i]) {
+			t.Errorf("the cache of sequence %d changed under the shadow moves", i)
+		}
+	}
+	if _, err := NewCallerWith(b, 0, w, Random, 1, CallerOptions{ShadowMoves: true}); err == nil || !strings.Contains(err.Error(), "shadow moves") {
+		t.Errorf("random with shadow moves: %v", err)
+	}
+}

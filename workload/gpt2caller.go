@@ -121,6 +121,12 @@ func (sc *seqCaller) bind(step int, bind sg.Bindings) error {
 			if err := sc.move(); err != nil {
 				return err
 			}
+		case Fixed:
+			if sc.c.shadow {
+				if err := sc.shadowMove(); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	sc.bound++
@@ -173,6 +179,23 @@ func (sc *seqCaller) move() error {
 			return fmt.Errorf("workload: free the old KV cache of sequence %d: %w", seq, err)
 		}
 		sc.seqs[seq] = p
+	}
+	return nil
+}
+
+// shadowMove copies every cache to a new allocation, as move does, and
+// frees the copy: the caches stay where they are (ShadowMoves).
+func (sc *seqCaller) shadowMove() error {
+	size := uint64(4 * sc.m.cacheFloats())
+	for seq, old := range sc.seqs {
+		p, err := sc.c.alloc.Alloc(size)
+		if err != nil {
+			return fmt.Errorf("workload: shadow the move of the KV cache of sequence %d: %w", seq, err)
+		}
+		err = sc.c.b.MemcpyDtoD(p, old, size)
+		if err = errors.Join(err, sc.c.alloc.Free(p)); err != nil {
+			return fmt.Errorf("workload: shadow the move of the KV cache of sequence %d: %w", seq, err)
+		}
 	}
 	return nil
 }

@@ -12,7 +12,9 @@ import (
 // floorPair is the floor Bench times beside every row (RunOptions.PairFloor):
 // the workload compiled with patch on fixed buffers, warmed up, its step
 // timed by a step timer of its own on a stream of its own, exactly as a
-// row's step is timed (gated where the row's is). After every pairBlock of
+// row's step is timed (gated where the row's is), its caller doing the
+// row's caller's allocations and copies without moving anything
+// (CallerOptions.ShadowMoves) beside a Random row. After every pairBlock of
 // its own measured steps, Run times a block of as many of the floor's
 // behind one untimed step (block), so that a row's host time, latency and
 // GPU time and the floor's are taken in the same regime of the host's
@@ -52,6 +54,10 @@ func newFloorPair(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptio
 	}()
 	copts := CallerOptionsFor(sg.StrategyPatch)
 	copts.PinnedInputs = opts.PinnedInputs // the row's harness
+	// A Random row's caller allocates, frees and (gpt2-decode) copies
+	// before every step; the floor's does the same work, to keep the
+	// buffers it binds.
+	copts.ShadowMoves = opts.Pattern == Random
 	caller, err := NewCallerWith(b, opts.Device, w, Fixed, opts.Seed, copts)
 	if err != nil {
 		return nil, err
