@@ -128,6 +128,18 @@ func (c Costs) wholeUS(w graph.Whole) float64 {
 	return float64(w.Template)*c.GraphNodeSetUS + c.ExecUpdateUS + float64(w.Graph)*c.ExecUpdateNodeUS
 }
 
+// perNodeAtMost is the most moved nodes whose per-node updates cost no
+// more than the update of a graph of graphNodes nodes alone, the part of
+// a whole-graph update no template work lowers: beyond it, the template
+// is worth asking (wholeCheaper).
+func (c Costs) perNodeAtMost(graphNodes int) int {
+	n := c.wholeUS(graph.Whole{Graph: graphNodes}) / c.NodeUpdateUS
+	if c.NodeUpdateUS <= 0 || n >= math.MaxInt32 {
+		return math.MaxInt
+	}
+	return int(n)
+}
+
 // wholeCheaper reports whether the whole-graph update of w costs less than
 // its w.Nodes per-node updates: many moved nodes in a small graph.
 func (c Costs) wholeCheaper(w graph.Whole) bool {

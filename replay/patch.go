@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/stablegraph/stablegraph/gpu"
 	"github.com/stablegraph/stablegraph/internal/graph"
@@ -124,20 +125,29 @@ func (st *patch) Run(_ context.Context, s gpu.Stream, addrs []gpu.DevicePtr) (Re
 // move brings the exec graph to addrs: per node, or with one whole-graph
 // update from the template when that is priced cheaper.
 func (st *patch) move(addrs []gpu.DevicePtr) error {
-	// The per-node updates first: when they cost less than the update of
-	// the whole graph alone, the template is not asked.
-	if st.whole && float64(st.cb.MovedNodes(st.x, addrs))*st.costs.NodeUpdateUS > st.costs.wholeUS(graph.Whole{Graph: st.x.GraphNodes()}) {
-		if w := st.cb.WholeCounts(st.x, addrs); w.Why == "" && st.costs.wholeCheaper(w) {
-			if _, err := st.cb.PatchWhole(st.b, st.x, addrs); err != nil {
-				return err
-			}
-			st.c.GraphUpdates++
-			st.c.PatchedNodes += int64(w.Nodes)
-			return nil
-		}
+	// The per-node updates, unless they would cost more than the update
+	// of the whole graph alone: only then is the template asked.
+	most := math.MaxInt
+	if st.whole {
+		most = st.costs.perNodeAtMost(st.x.GraphNodes())
 	}
-	n, err := st.cb.Patch(st.b, st.x, addrs)
+	n, patched, err := st.cb.PatchAtMost(st.b, st.x, addrs, most)
 	if err != nil {
+		return err
+	}
+	if patched {
+		st.c.PatchedNodes += int64(n)
+		return nil
+	}
+	if w := st.cb.WholeCounts(st.x, addrs); w.Why == "" && st.costs.wholeCheaper(w) {
+		if _, err := st.cb.PatchWhole(st.b, st.x, addrs); err != nil {
+			return err
+		}
+		st.c.GraphUpdates++
+		st.c.PatchedNodes += int64(w.Nodes)
+		return nil
+	}
+	if n, err = st.cb.Patch(st.b, st.x, addrs); err != nil {
 		return err
 	}
 	st.c.PatchedNodes += int64(n)

@@ -3,6 +3,7 @@ package graph
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/stablegraph/stablegraph/gpu"
@@ -645,11 +646,36 @@ func (x *Exec) markAgainst(dirty []int32, held []gpu.DevicePtr, used []int, watc
 // must be destroyed; an error wrapping gpu.ErrGraphUpdate means the driver
 // refused a node update and re-recording will succeed where this did not.
 func (cb *CommandBuffer) Patch(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr) (int, error) {
+	n, _, err := cb.PatchAtMost(b, x, addrs, math.MaxInt)
+	return n, err
+}
+
+// PatchAtMost is Patch when it would update at most most nodes (counted as
+// WholeCounts counts Whole.Nodes); when it would update more, it changes nothing
+// and returns that count and false, so that a caller weighing per-node
+// updates against a whole-graph one (PatchWhole) finds what moved once on
+// a step that stays per node.
+func (cb *CommandBuffer) PatchAtMost(b ExecPatcher, x *Exec, addrs []gpu.DevicePtr, most int) (int, bool, error) {
 	hs, err := x.preparedSet(b, cb, nil)
 	if err != nil {
-		return 0, fmt.Errorf("patch: %w", err)
+		return 0, false, fmt.Errorf("patch: %w", err)
 	}
 	dirty := x.markDirty(cb.used, cb.byBuf, addrs)
+	if most < math.MaxInt {
+		n := 0
+		for _, i := range dirty {
+			n += cb.movedNodes(x, i)
+		}
+		if n > most {
+			return n, false, nil
+		}
+	}
+	updated, err := cb.patchDirty(b, x, hs, dirty, addrs)
+	return updated, err == nil, err
+}
+
+// patchDirty is Patch's work once the dirty commands are marked.
+func (cb *CommandBuffer) patchDirty(b ExecPatcher, x *Exec, hs *hostSet, dirty []int32, addrs []gpu.DevicePtr) (int, error) {
 	hs.apply = hs.apply[:0]
 	updated := 0
 	stale := false

@@ -67,19 +67,6 @@ type Whole struct {
 	Why string
 }
 
-// MovedNodes counts, without changing anything, the nodes Patch would
-// update to bring x to addrs (Whole.Nodes, without the template's count):
-// with GraphNodes, enough for a caller to find a whole-graph update out of
-// the question before it asks WholeCounts.
-func (cb *CommandBuffer) MovedNodes(x *Exec, addrs []gpu.DevicePtr) int {
-	x.dirty = x.markAgainst(x.dirty[:0], x.addrs, cb.used, cb.byBuf, addrs)
-	n := 0
-	for _, i := range x.dirty {
-		n += cb.movedNodes(x, i)
-	}
-	return n
-}
-
 // GraphNodes is the number of nodes of x's graph: what a whole-graph update
 // of it applies.
 func (x *Exec) GraphNodes() int { return x.tmpl.nodes }

@@ -106,3 +106,43 @@ func TestPatchWholeMatchesEager(t *testing.T) {
 		t.Error("the template is still used after a per-node move to another class")
 	}
 }
+
+// TestPatchAtMost: a move that would update more nodes than allowed is
+// refused with nothing changed (the exec still runs at its old addresses),
+// with the count WholeCounts gives; within the allowance it is Patch.
+func TestPatchAtMost(t *testing.T) {
+	m := newMLP(t, 8, 128, 4, trace.Options{})
+	a0 := m.fresh(0)
+	m.eager(a0)
+	x, err := m.cb.Instantiate(m.b, a0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Destroy(m.b)
+	a1 := m.fresh(0)
+	moved := m.cb.WholeCounts(x, a1).Nodes
+	if moved == 0 {
+		t.Fatal("a fresh address set moves no node")
+	}
+	n, patched, err := m.cb.PatchAtMost(m.b, x, a1, moved-1)
+	if err != nil || patched || n != moved {
+		t.Fatalf("PatchAtMost(%d) of a move of %d nodes: %d, %v, %v; want %d, false, nil", moved-1, moved, n, patched, err, moved)
+	}
+	want := m.eager(a0)
+	if err := x.Launch(m.b, m.s); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.out(a0); got != want {
+		t.Fatal("a refused PatchAtMost changed the exec")
+	}
+	if n, patched, err = m.cb.PatchAtMost(m.b, x, a1, moved); err != nil || !patched || n == 0 || n > moved {
+		t.Fatalf("PatchAtMost(%d) of a move of %d nodes: %d, %v, %v", moved, moved, n, patched, err)
+	}
+	want = m.eager(a1)
+	if err := x.Launch(m.b, m.s); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.out(a1); got != want {
+		t.Fatal("the step after PatchAtMost differs from eager")
+	}
+}
