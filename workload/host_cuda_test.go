@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -205,6 +204,8 @@ func BenchmarkCUDAStepHost(bm *testing.B) {
 		for _, pat := range []Pattern{Fixed, c.moving} {
 			for _, v := range hostVariants() {
 				bm.Run(fmt.Sprintf("%s/%s/%s", c.name, pat, v.name), func(bm *testing.B) {
+					// One thread on one core, as Run holds it.
+					defer holdCore()()
 					stepHost(ctx, bm, &driverClock{Backend: cb}, w, pat, v.opts)
 				})
 			}
@@ -393,9 +394,9 @@ func BenchmarkCUDARunAgainstRaw(bm *testing.B) {
 		}
 		bm.Run(hc.name, func(bm *testing.B) {
 			// The thread clock and switch counts are the thread's: the
-			// sub-benchmark's goroutine keeps one.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
+			// sub-benchmark's goroutine keeps one, on one core, as Run
+			// holds it.
+			defer holdCore()()
 			d, fd := &driverClock{Backend: cb}, &driverClock{Backend: cb}
 			copts := CallerOptions{PinnedInputs: pinned && w.gpt2 == nil}
 			c, exe, s, done := openRigWith(ctx, bm, d, w, hc.moving, copts, sg.Options{Strategy: sg.StrategyPatch})
@@ -592,6 +593,7 @@ func BenchmarkCUDAAutoStepHost(bm *testing.B) {
 	ctx := context.Background()
 	for _, name := range []string{"mlp", "mlp-large", "chain-moving"} {
 		bm.Run(name, func(bm *testing.B) {
+			defer holdCore()()
 			d := &driverClock{Backend: cb}
 			for bm.Loop() {
 				kept, r, u, l := hostSteps(ctx, bm, d, name, sg.Options{Strategy: sg.StrategyAuto}, 100)

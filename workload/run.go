@@ -100,6 +100,14 @@ type RunOptions struct {
 	// floor's) in page-locked host memory, copied to the device by DMA
 	// (CallerOptions.PinnedInputs). Default false: pageable memory.
 	PinnedInputs bool
+	// FreeThread lets Run's goroutine change OS threads between steps,
+	// and its thread change CPUs, as any goroutine does. Default false:
+	// Run holds its goroutine on one thread for all its steps (the paired
+	// floor's too), and on Linux that thread on the CPU it starts on, so
+	// that the host times are one core's calls with the caches its last
+	// step left, not the scheduler's moves: a thread woken after a wait on
+	// another core finds its caches cold and the core's clock low.
+	FreeThread bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
 	// positions and the sequence in each row) and outputs to, by buffer
@@ -245,6 +253,10 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	// synchronized before it is destroyed (cleanup runs newest first).
 	cleanup = append(cleanup, exe.Close)
 
+	if !opts.FreeThread {
+		release := holdCore()
+		cleanup = append(cleanup, func() error { release(); return nil })
+	}
 	res := &RunResult{Mismatch: -1}
 	total := opts.Warmup + opts.Steps
 	var (
@@ -591,8 +603,14 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		Steps:    opts.Steps,
 	}
 	if !opts.NoProbe {
-		// The driver's own price of a node update, in this run.
+		// The driver's own price of a node update, in this run, on one
+		// core as the rows' steps are.
+		release := func() {}
+		if !opts.FreeThread {
+			release = holdCore()
+		}
 		p, err := drivercost.MeasureNodeUpdates(ctx, b, opts.Device, opts.ProbeParamBytes, probeNodes, probeSamples)
+		release()
 		if err != nil {
 			return nil, fmt.Errorf("workload: node update probe: %w", err)
 		}

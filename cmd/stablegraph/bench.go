@@ -43,6 +43,7 @@ func (f *workloadFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.run.DeviceInline, "device-inline", false, "the device strategy passes a step's pointer moves in its patcher's own parameters when few buffers move (one exec update of the patcher node per moving step; its patcher then reads no table over the bus)")
 	fs.BoolVar(&f.run.DeviceHostLead, "device-host-lead", false, "the device strategy moves the step's first command from the host (one exec update of it per moving step; its patcher then runs beside that command, not in front of it)")
 	fs.BoolVar(&f.run.PinnedInputs, "pinned-inputs", false, "make each step's inputs in page-locked host memory, which the driver copies by DMA, as a pinned data loader hands them over (default: pageable memory, copied through the calling core's caches); not for gpt2-decode")
+	fs.BoolVar(&f.run.FreeThread, "free-thread", false, "let the measuring goroutine change OS threads and its thread change CPUs between steps (default: one thread, held on the CPU it starts on, for all of a row's steps and its paired floor's); to compare")
 	fs.BoolVar(&f.run.NoGate, "no-gate", false, "time every step with events around Run on the idle stream, never holding the stream behind a gate: the GPU column is then the latency; to compare host times with and without the gate")
 	f.ranks.register(fs)
 	f.run.WallBatches, f.run.WallBatchSize = wallBatches.n, wallBatches.size
