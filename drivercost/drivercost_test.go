@@ -427,7 +427,8 @@ func TestNodeUpdateRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []int{24, 152} {
-		for _, what := range []string{"idle", "in-flight", "call", "slope", "template-set", "exec-update", "whole-per-node"} {
+		for _, what := range []string{"idle", "in-flight", "call", "slope", "template-set", "exec-update", "whole-per-node",
+			"launch-plain", "launch-device-updatable"} {
 			if r, ok := res.Row(UpdateRow(what, p, 4, 0)); !ok || r.Samples == 0 || r.Skipped != "" {
 				t.Errorf("row %q: %+v (found %v)", UpdateRow(what, p, 4, 0), r, ok)
 			}

@@ -40,16 +40,20 @@ const (
 	rowWholeSet     = "whole update P=%dB K=%d: template node set, per node"
 	rowWholeExec    = "whole update P=%dB K=%d: GraphExecUpdate"
 	rowWholePerNode = "whole update P=%dB K=%d: template + update, per node"
+	rowLaunchPlain  = "node update P=%dB K=%d: launch awaited, no update, plain nodes"
+	rowLaunchDevUpd = "node update P=%dB K=%d: launch awaited, no update, every node device-updatable"
 )
 
 // UpdateRow names a row of the node update section for parameter blocks of
 // p bytes and a chain of k nodes; what is one of "idle", "in-flight",
-// "call", "slope", "template-set", "exec-update", "whole-per-node", or
-// "step" (with m updates). Empty for anything else.
+// "call", "slope", "template-set", "exec-update", "whole-per-node",
+// "launch-plain", "launch-device-updatable", or "step" (with m updates).
+// Empty for anything else.
 func UpdateRow(what string, p, k, m int) string {
 	f, ok := map[string]string{
 		"idle": rowUpdIdle, "in-flight": rowUpdFlight, "call": rowUpdCall, "slope": rowUpdSlope,
 		"template-set": rowWholeSet, "exec-update": rowWholeExec, "whole-per-node": rowWholePerNode,
+		"launch-plain": rowLaunchPlain, "launch-device-updatable": rowLaunchDevUpd,
 	}[what]
 	switch {
 	case what == "step":
@@ -158,6 +162,13 @@ type chain struct {
 // newChain builds a chain of k nodes of f (parameter blocks of p bytes) on
 // s, every handle pushed onto st.
 func newChain(b gpu.Backend, dev int, s gpu.Stream, f gpu.Function, p, k int, st *stack) (*chain, error) {
+	return newChainWith(b, dev, s, f, p, k, nil, st)
+}
+
+// newChainWith is newChain with, when du is set, every node opted in to
+// device-side updates (as the device strategy opts in the nodes it moves)
+// and the graph uploaded, with no node set prepared.
+func newChainWith(b gpu.Backend, dev int, s gpu.Stream, f gpu.Function, p, k int, du gpu.DeviceUpdates, st *stack) (*chain, error) {
 	c := &chain{b: b, s: s, f: f, p: p, k: k}
 	for set := range c.bufs {
 		for range k + 1 {
@@ -198,12 +209,26 @@ func newChain(b gpu.Backend, dev int, s gpu.Stream, f gpu.Function, p, k int, st
 		}
 		c.nodes = append(c.nodes, n)
 		c.all = append(c.all, int32(i))
+		if du != nil {
+			if _, err := du.GraphKernelNodeSetDeviceUpdatable(n, true); err != nil {
+				return nil, fmt.Errorf("GraphKernelNodeSetDeviceUpdatable: %w", err)
+			}
+		}
 	}
 	if c.x, err = b.GraphInstantiate(g); err != nil {
 		return nil, fmt.Errorf("GraphInstantiate: %w", err)
 	}
 	x := c.x
 	st.push(func() error { return b.GraphExecDestroy(x) })
+	if du != nil {
+		if err := du.GraphUpload(c.x, s); err != nil {
+			return nil, fmt.Errorf("GraphUpload: %w", err)
+		}
+		if err := b.GraphLaunch(c.x, s); err != nil {
+			return nil, fmt.Errorf("GraphLaunch: %w", err)
+		}
+		return c, b.StreamSynchronize(s)
+	}
 	if c.set, err = gpu.PrepareKernelNodes(b, c.x, c.nodes, params); err != nil {
 		return nil, fmt.Errorf("PrepareKernelNodes: %w", err)
 	}
@@ -346,7 +371,7 @@ func (m *bench) updateRows(s gpu.Stream, f gpu.Function, p, k int) (err error) {
 		last := updateSteps[len(steps)-1]
 		m.add(fmt.Sprintf(rowUpdSlope, p, k), Host, false, (steps[len(steps)-1]-steps[0])/float64(last))
 	}
-	return m.iterate(n, func(warm bool) error {
+	if err := m.iterate(n, func(warm bool) error {
 		set, exec, err := c.whole()
 		if errors.Is(err, gpu.ErrNotSupported) {
 			for _, r := range []string{rowWholeSet, rowWholeExec, rowWholePerNode} {
@@ -360,6 +385,56 @@ func (m *bench) updateRows(s gpu.Stream, f gpu.Function, p, k int) (err error) {
 		m.add(fmt.Sprintf(rowWholeSet, p, k), Host, warm, set/float64(k))
 		m.add(fmt.Sprintf(rowWholeExec, p, k), Host, warm, exec)
 		m.add(fmt.Sprintf(rowWholePerNode, p, k), Host, warm, (set+exec)/float64(k))
+		return nil
+	}); err != nil {
+		return err
+	}
+	return m.launchRows(c, s, f, p, k, &st)
+}
+
+// launchRows times the launch of c's graph, awaited before the next, beside
+// the launch of the same chain with every node opted in to device-side
+// updates: what the driver charges a launch for the device strategy's
+// graph, apart from stablegraph. Skipped where the device has no
+// device-side updates.
+func (m *bench) launchRows(c *chain, s gpu.Stream, f gpu.Function, p, k int, st *stack) error {
+	plain, dev := fmt.Sprintf(rowLaunchPlain, p, k), fmt.Sprintf(rowLaunchDevUpd, p, k)
+	du, ok := m.b.(gpu.DeviceUpdates)
+	var why error = fmt.Errorf("backend %s: %w", m.b.Name(), gpu.ErrNotSupported)
+	if ok {
+		why = du.DeviceUpdatesSupported(m.dev)
+	}
+	if why != nil {
+		m.skip(plain, Host, why)
+		m.skip(dev, Host, why)
+		return nil
+	}
+	d, err := newChainWith(m.b, m.dev, s, f, p, k, du, st)
+	if err != nil {
+		return fmt.Errorf("the device-updatable chain: %w", err)
+	}
+	// One launch of each in turn, each awaited, so that both meet the
+	// host in the same state.
+	const launches = 20
+	return m.iterate(m.opts.UpdateIterations, func(warm bool) error {
+		var tp, td time.Duration
+		for range launches {
+			for _, x := range []struct {
+				g gpu.GraphExec
+				t *time.Duration
+			}{{c.x, &tp}, {d.x, &td}} {
+				t0 := time.Now()
+				if err := m.b.GraphLaunch(x.g, s); err != nil {
+					return errors.Join(fmt.Errorf("GraphLaunch: %w", err), m.b.StreamSynchronize(s))
+				}
+				*x.t += time.Since(t0)
+				if err := m.b.StreamSynchronize(s); err != nil {
+					return err
+				}
+			}
+		}
+		m.add(plain, Host, warm, us(tp)/launches)
+		m.add(dev, Host, warm, us(td)/launches)
 		return nil
 	})
 }

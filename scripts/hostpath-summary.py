@@ -23,7 +23,8 @@ if drv:
     print("\n== driver probe (p50 us; %s, driver %s)" % (drv.get("device"), drv.get("device_props", {}).get("driver_version")))
     rows = {r["name"]: r.get("p50_us") for r in drv.get("rows", [])}
     cols = [("idle", "idle, per node"), ("in flight", "in flight, per node"), ("per call", "GraphExecKernelNodeSetParams, idle, per node"),
-            ("step/node", "step cost per updated node")]
+            ("step/node", "step cost per updated node"), ("launch", "launch awaited, no update, plain nodes"),
+            ("dev-upd", "launch awaited, no update, every node device-updatable")]
     whole = [("tmpl set", "template node set, per node"), ("exec upd", "GraphExecUpdate"), ("whole/node", "template + update, per node")]
     print("  %-14s" % "P, K" + "".join("%11s" % c for c, _ in cols + whole))
     for p in drv.get("param_bytes", []):

@@ -25,7 +25,8 @@ moving step at the driver's own price (exec updates of kernel nodes by
 parameter block size --param-bytes, in chains of --update-nodes, with the
 graph idle and while it runs, through GraphExecKernelNodeSetParams and the
 prepared node sets patch uses; steps of m updates and a launch back to back;
-whole-graph updates from a host template, per node), FuncParamInfo, and
+whole-graph updates from a host template, per node; the launch of the chain
+beside the same chain with every node device-updatable), FuncParamInfo, and
 the remap strategy's per-step calls: unmap, map and set access of a granule
 (and set access for every device, on several), and whole steps of N moved
 buffers (--remap-buffers).
