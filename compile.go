@@ -275,7 +275,20 @@ func (e *Executable) buildCommands(decls []cmdDecl) (*graph.CommandBuffer, error
 			}
 		}
 	}
-	return graph.New(e.dev, len(e.bufs), cmds, e.mu.tr)
+	cb, err := graph.New(e.dev, len(e.bufs), cmds, e.mu.tr)
+	if err != nil {
+		return nil, err
+	}
+	// The temps stay where the arena put them, and the constants where
+	// they were written, for the executable's life.
+	var fixed []int
+	for id := range e.bufs {
+		if c := e.bufs[id].class; c == Temp || c == Constant {
+			fixed = append(fixed, id)
+		}
+	}
+	cb.Fix(fixed)
+	return cb, nil
 }
 
 // tempPlan places the temps in one arena. Each temp lives from the first

@@ -301,18 +301,29 @@ func BenchmarkStubStepHostCold(bm *testing.B) {
 	const coldBytes = 1 << 20
 	evict := make([]byte, coldBytes)
 	for _, c := range stubBenchCases {
-		bm.Run(fmt.Sprintf("%s/%s/patch", c.name, c.pat), func(bm *testing.B) {
-			e := newStubStepsWith(bm, c.name, c.cfg, sg.Options{Strategy: sg.StrategyPatch}, c.pat)
-			i := 0
-			for bm.Loop() {
-				bm.StopTimer()
-				for j := 0; j < len(evict); j += 64 {
-					evict[j]++
+		for _, v := range []struct {
+			name string
+			opts sg.Options
+		}{
+			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
+			// device's host path without the ring, which the stub's
+			// missing patcher would fill (BenchmarkStubStepHost).
+			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
+				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
+		} {
+			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(bm *testing.B) {
+				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
+				i := 0
+				for bm.Loop() {
+					bm.StopTimer()
+					for j := 0; j < len(evict); j += 64 {
+						evict[j]++
+					}
+					bm.StartTimer()
+					e.step(bm, i)
+					i++
 				}
-				bm.StartTimer()
-				e.step(bm, i)
-				i++
-			}
-		})
+			})
+		}
 	}
 }

@@ -155,8 +155,9 @@ type CommandBuffer struct {
 	// byBuf is the patch table: for each buffer, the commands that
 	// reference it, each once, in order.
 	byBuf [][]int32
-	// used lists the buffers some command references; addresses of the
-	// others never matter.
+	// used lists the buffers some command references whose address may
+	// change (Fix takes out those that cannot); addresses of the others
+	// never matter to a move.
 	used []int
 }
 
@@ -196,6 +197,21 @@ func New(dev, nbufs int, cmds []Command, tr *trace.Tracer) (*CommandBuffer, erro
 		}
 	}
 	return cb, nil
+}
+
+// Fix tells cb that buffers fixed never change address while it lives (an
+// executable's temps, placed once in its arena): the scans for what moved
+// (Moved, Patch, PatchDevice, WholeCounts) skip them, so that a step reads
+// the addresses that can move, not every buffer's. A buffer fixed that
+// moves anyway is not seen to.
+func (cb *CommandBuffer) Fix(fixed []int) {
+	out := make([]bool, cb.nbufs)
+	for _, b := range fixed {
+		if b >= 0 && b < cb.nbufs {
+			out[b] = true
+		}
+	}
+	cb.used = slices.DeleteFunc(cb.used, func(b int) bool { return out[b] })
 }
 
 // Len is the number of commands.

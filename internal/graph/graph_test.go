@@ -268,3 +268,38 @@ func TestPatchWithoutLentWords(t *testing.T) {
 		t.Errorf("k1 args %v", k1)
 	}
 }
+
+// TestFixSkipsFixedBuffers: once buffer 2 is fixed, a step in which only
+// its address differs is no move, and a move of buffer 0 patches the
+// commands over buffer 0 alone; an index out of range is ignored.
+func TestFixSkipsFixedBuffers(t *testing.T) {
+	old := []gpu.DevicePtr{0x1000, 0x2000, 0x3000}
+	cmds := []Command{
+		{Name: "k0", Kind: KindKernel, Func: 1, Args: []Arg{ptrArg(0, 0), ptrArg(2, 0)}},
+		{Name: "k1", Kind: KindKernel, Func: 1, Args: []Arg{ptrArg(2, 0)}},
+		{Name: "k2", Kind: KindKernel, Func: 1, Args: []Arg{ptrArg(1, 0)}},
+	}
+	cb, err := New(0, 3, cmds, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cb.Moved(old, []gpu.DevicePtr{0x1000, 0x2000, 0x9000}) {
+		t.Fatal("before Fix, buffer 2's move is not seen")
+	}
+	cb.Fix([]int{2, 7, -1})
+	if cb.Moved(old, []gpu.DevicePtr{0x1000, 0x2000, 0x9000}) {
+		t.Error("a fixed buffer's address counts as a move")
+	}
+	next := []gpu.DevicePtr{0x5000, 0x2000, 0x9000}
+	if !cb.Moved(old, next) {
+		t.Fatal("buffer 0's move is not seen")
+	}
+	r := newPatchRecorder()
+	n, err := cb.Patch(r, execFor(cb, old), next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := r.kernels[2]; n != 1 || ok {
+		t.Errorf("patched %d nodes (%v); want k0 alone", n, r.kernels)
+	}
+}
