@@ -72,7 +72,7 @@ for path in sorted(glob.glob(os.path.join(work, "bench-*.json"))):
     if not floor:
         verdicts.append((name, "floor", False, "no floor row"))
         continue
-    base = name.split("-pingpong")[0]
+    base = name.split("-pingpong")[0].removesuffix("-pinned")
     pingpong = name.endswith("-pingpong")
     variant = name.endswith(("-inline", "-lead"))  # one strategy with an option: no best-of verdict
     bad = [st for st, r in rows.items() if not r.get("outputs_match_eager") and "not supported" not in r.get("note", "")]

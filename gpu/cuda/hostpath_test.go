@@ -107,8 +107,9 @@ var stubCases = []struct {
 	{"mlp", workload.Config{}, workload.Fixed},
 }
 
-// stubBenchCases are stubCases and GPT-2 small at batch 1 (the bench's
-// gpt2-b1-swap row and its floor), too slow to build for every test.
+// stubBenchCases are stubCases and GPT-2 small at batch 1 and 8 (the
+// bench's gpt2-b1-swap and gpt2-b8-random rows and their floors), too slow
+// to build for every test.
 var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct {
 	name string
 	cfg  workload.Config
@@ -116,9 +117,20 @@ var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct 
 }{
 	{"gpt2-decode", workload.Config{Batch: 1}, workload.Swap},
 	{"gpt2-decode", workload.Config{Batch: 1}, workload.Fixed},
+	{"gpt2-decode", workload.Config{Batch: 8, Positions: 256}, workload.Random},
+	{"gpt2-decode", workload.Config{Batch: 8, Positions: 256}, workload.Fixed},
 	{"mlp-large", workload.Config{}, workload.Random},
 	{"mlp-large", workload.Config{}, workload.Fixed},
 }...)
+
+// caseName names a stub case in a benchmark: the workload, and its batch
+// where the case sets one.
+func caseName(name string, cfg workload.Config) string {
+	if cfg.Batch > 0 {
+		return fmt.Sprintf("%s-b%d", name, cfg.Batch)
+	}
+	return name
+}
 
 // BenchmarkStubStepHost is Executable.Run of a moving step over the stubbed
 // driver, per workload, pattern and strategy (device also with its first
@@ -139,7 +151,7 @@ func BenchmarkStubStepHost(bm *testing.B) {
 			{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice,
 				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
 		} {
-			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(bm *testing.B) {
+			bm.Run(fmt.Sprintf("%s/%s/%s", caseName(c.name, c.cfg), c.pat, v.name), func(bm *testing.B) {
 				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
 				upd0, ctx0, launch0 := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
 				before := e.exe.Stats().Counters
@@ -311,7 +323,7 @@ func BenchmarkStubStepHostCold(bm *testing.B) {
 			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
 				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
 		} {
-			bm.Run(fmt.Sprintf("%s/%s/%s", c.name, c.pat, v.name), func(bm *testing.B) {
+			bm.Run(fmt.Sprintf("%s/%s/%s", caseName(c.name, c.cfg), c.pat, v.name), func(bm *testing.B) {
 				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
 				i := 0
 				for bm.Loop() {
