@@ -3,6 +3,9 @@ package workload
 import (
 	"runtime"
 	"testing"
+	"time"
+
+	"github.com/stablegraph/stablegraph/internal/commtest"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,5 +34,38 @@ func TestHoldCore(t *testing.T) {
 	}
 	if after != before {
 		t.Errorf("after release the thread may run on %d CPUs, %d before", after.Count(), before.Count())
+	}
+}
+
+// TestHoldForRanks: a rank of several is held on its thread but not pinned
+// to a CPU (two ranks could start on one); a single rank is pinned.
+func TestHoldForRanks(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var before unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &before); err != nil || before.Count() < 2 {
+		t.Skipf("affinity %v, %d CPUs", err, before.Count())
+	}
+	b := openSimN(t, 2, 30*time.Second)
+	ws, err := ForRanks("dp", dpShape, commtest.Comms(t, b, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := holdFor(ws[0])
+	var held unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &held); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if held != before {
+		t.Errorf("a rank of 2 was pinned to %d CPUs of %d", held.Count(), before.Count())
+	}
+	release = holdFor(small(t, "mlp"))
+	if err := unix.SchedGetaffinity(0, &held); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if held.Count() != 1 {
+		t.Errorf("a single rank was held on %d CPUs", held.Count())
 	}
 }

@@ -103,10 +103,11 @@ type RunOptions struct {
 	// FreeThread lets Run's goroutine change OS threads between steps,
 	// and its thread change CPUs, as any goroutine does. Default false:
 	// Run holds its goroutine on one thread for all its steps (the paired
-	// floor's too), and on Linux that thread on the CPU it starts on, so
-	// that the host times are one core's calls with the caches its last
-	// step left, not the scheduler's moves: a thread woken after a wait on
-	// another core finds its caches cold and the core's clock low.
+	// floor's too), and on Linux, for a workload of one rank, that thread
+	// on the CPU it starts on, so that the host times are one core's calls
+	// with the caches its last step left, not the scheduler's moves: a
+	// thread woken after a wait on another core finds its caches cold. The
+	// ranks of a communicator keep their threads but not a CPU (holdFor).
 	FreeThread bool
 	// Dump, when set, names a safetensors file that Run writes the last
 	// step's inputs (those the caller writes: for gpt2-decode the tokens,
@@ -254,7 +255,7 @@ func Run(ctx context.Context, b gpu.Backend, w *Workload, opts RunOptions) (_ *R
 	cleanup = append(cleanup, exe.Close)
 
 	if !opts.FreeThread {
-		release := holdCore()
+		release := holdFor(w)
 		cleanup = append(cleanup, func() error { release(); return nil })
 	}
 	res := &RunResult{Mismatch: -1}
@@ -607,7 +608,7 @@ func Bench(ctx context.Context, b gpu.Backend, w *Workload, strategies []sg.Stra
 		// core as the rows' steps are.
 		release := func() {}
 		if !opts.FreeThread {
-			release = holdCore()
+			release = holdFor(w)
 		}
 		p, err := drivercost.MeasureNodeUpdates(ctx, b, opts.Device, opts.ProbeParamBytes, probeNodes, probeSamples)
 		release()
@@ -723,3 +724,16 @@ const NotSupportedNote = "not supported on this device: "
 // FloorRow is the name of Bench's row for the step graph replayed with no
 // buffer moving: the floor of every strategy's step time.
 const FloorRow = "replay-fixed"
+
+// holdFor holds the calling goroutine for a run of w (RunOptions.FreeThread):
+// on its OS thread, and, when w is a single rank, that thread on its CPU.
+// The ranks of a communicator, goroutines of one process or processes of
+// their own, each start on whatever CPU is free, and two held on one
+// would share it for the whole run: they keep their threads only.
+func holdFor(w *Workload) (release func()) {
+	if w.Comm != nil && w.Comm.Size() > 1 {
+		runtime.LockOSThread()
+		return runtime.UnlockOSThread
+	}
+	return holdCore()
+}
