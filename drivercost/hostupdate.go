@@ -221,19 +221,17 @@ func newChainWith(b gpu.Backend, dev int, s gpu.Stream, f gpu.Function, p, k int
 	x := c.x
 	st.push(func() error { return b.GraphExecDestroy(x) })
 	if du != nil {
+		// A graph with device-updatable nodes must be uploaded before it
+		// is launched; its nodes move on the device, not through a set.
 		if err := du.GraphUpload(c.x, s); err != nil {
 			return nil, fmt.Errorf("GraphUpload: %w", err)
 		}
-		if err := b.GraphLaunch(c.x, s); err != nil {
-			return nil, fmt.Errorf("GraphLaunch: %w", err)
+	} else {
+		if c.set, err = gpu.PrepareKernelNodes(b, c.x, c.nodes, params); err != nil {
+			return nil, fmt.Errorf("PrepareKernelNodes: %w", err)
 		}
-		return c, b.StreamSynchronize(s)
+		st.push(c.set.Close)
 	}
-	if c.set, err = gpu.PrepareKernelNodes(b, c.x, c.nodes, params); err != nil {
-		return nil, fmt.Errorf("PrepareKernelNodes: %w", err)
-	}
-	set := c.set
-	st.push(set.Close)
 	// The first launch uploads the graph: not what a step pays.
 	if err := b.GraphLaunch(c.x, s); err != nil {
 		return nil, fmt.Errorf("GraphLaunch: %w", err)

@@ -133,11 +133,11 @@ func (c Costs) wholeUS(w graph.Whole) float64 {
 // a whole-graph update no template work lowers: beyond it, the template
 // is worth asking (wholeCheaper).
 func (c Costs) perNodeAtMost(graphNodes int) int {
-	n := c.wholeUS(graph.Whole{Graph: graphNodes}) / c.NodeUpdateUS
-	if c.NodeUpdateUS <= 0 || n >= math.MaxInt32 {
+	if c.NodeUpdateUS <= 0 {
 		return math.MaxInt
 	}
-	return int(n)
+	// Bounded before the conversion, which is undefined past MaxInt.
+	return int(min(c.wholeUS(graph.Whole{Graph: graphNodes})/c.NodeUpdateUS, math.MaxInt32))
 }
 
 // wholeCheaper reports whether the whole-graph update of w costs less than

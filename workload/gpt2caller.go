@@ -166,14 +166,10 @@ func (sc *seqCaller) swap() {
 // move copies every cache to a new allocation and frees the old one. The
 // previous step must be complete.
 func (sc *seqCaller) move() error {
-	size := uint64(4 * sc.m.cacheFloats())
 	for seq, old := range sc.seqs {
-		p, err := sc.c.alloc.Alloc(size)
+		p, err := sc.copyCache(seq, old)
 		if err != nil {
 			return fmt.Errorf("workload: move the KV cache of sequence %d: %w", seq, err)
-		}
-		if err := sc.c.b.MemcpyDtoD(p, old, size); err != nil {
-			return errors.Join(fmt.Errorf("workload: move the KV cache of sequence %d: %w", seq, err), sc.c.alloc.Free(p))
 		}
 		if err := sc.c.alloc.Free(old); err != nil {
 			return fmt.Errorf("workload: free the old KV cache of sequence %d: %w", seq, err)
@@ -186,18 +182,30 @@ func (sc *seqCaller) move() error {
 // shadowMove copies every cache to a new allocation, as move does, and
 // frees the copy: the caches stay where they are (ShadowMoves).
 func (sc *seqCaller) shadowMove() error {
-	size := uint64(4 * sc.m.cacheFloats())
 	for seq, old := range sc.seqs {
-		p, err := sc.c.alloc.Alloc(size)
-		if err != nil {
-			return fmt.Errorf("workload: shadow the move of the KV cache of sequence %d: %w", seq, err)
+		p, err := sc.copyCache(seq, old)
+		if err == nil {
+			err = sc.c.alloc.Free(p)
 		}
-		err = sc.c.b.MemcpyDtoD(p, old, size)
-		if err = errors.Join(err, sc.c.alloc.Free(p)); err != nil {
+		if err != nil {
 			return fmt.Errorf("workload: shadow the move of the KV cache of sequence %d: %w", seq, err)
 		}
 	}
 	return nil
+}
+
+// copyCache copies sequence seq's cache at old to a new allocation and
+// returns it; on error nothing new is left allocated.
+func (sc *seqCaller) copyCache(seq int, old gpu.DevicePtr) (gpu.DevicePtr, error) {
+	size := uint64(4 * sc.m.cacheFloats())
+	p, err := sc.c.alloc.Alloc(size)
+	if err != nil {
+		return 0, err
+	}
+	if err := sc.c.b.MemcpyDtoD(p, old, size); err != nil {
+		return 0, errors.Join(err, sc.c.alloc.Free(p))
+	}
+	return p, nil
 }
 
 // lastInputs are the inputs the caller wrote for its last bound step, as

@@ -123,6 +123,20 @@ var stubBenchCases = append(stubCases[:len(stubCases):len(stubCases)], []struct 
 	{"mlp-large", workload.Config{}, workload.Fixed},
 }...)
 
+// stubHostWays are the ways the stub benchmarks move a step: patch, and
+// device without the ring of tables (device's default), which the stub's
+// missing patcher would fill; the cold benchmark takes the first two.
+var stubHostWays = []struct {
+	name string
+	opts sg.Options
+}{
+	{"patch", sg.Options{Strategy: sg.StrategyPatch}},
+	{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
+		StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
+	{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice,
+		StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
+}
+
 // caseName names a stub case in a benchmark: the workload, and its batch
 // where the case sets one.
 func caseName(name string, cfg workload.Config) string {
@@ -139,18 +153,7 @@ func caseName(name string, cfg workload.Config) string {
 // made (node updates, context queries, launches).
 func BenchmarkStubStepHost(bm *testing.B) {
 	for _, c := range stubBenchCases {
-		for _, v := range []struct {
-			name string
-			opts sg.Options
-		}{
-			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
-			// Not the ring of tables (device's default): the stub runs no
-			// patcher, so the ring would fill.
-			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
-				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
-			{"device-inline-host-lead", sg.Options{Strategy: sg.StrategyDevice,
-				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true, HostLead: true}}}},
-		} {
+		for _, v := range stubHostWays {
 			bm.Run(fmt.Sprintf("%s/%s/%s", caseName(c.name, c.cfg), c.pat, v.name), func(bm *testing.B) {
 				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
 				upd0, ctx0, launch0 := e.calls("cuGraphExecKernelNodeSetParams_v2"), e.calls("cuCtxGetCurrent"), e.calls("cuGraphLaunch")
@@ -313,16 +316,7 @@ func BenchmarkStubStepHostCold(bm *testing.B) {
 	const coldBytes = 1 << 20
 	evict := make([]byte, coldBytes)
 	for _, c := range stubBenchCases {
-		for _, v := range []struct {
-			name string
-			opts sg.Options
-		}{
-			{"patch", sg.Options{Strategy: sg.StrategyPatch}},
-			// device's host path without the ring, which the stub's
-			// missing patcher would fill (BenchmarkStubStepHost).
-			{"device-inline", sg.Options{Strategy: sg.StrategyDevice,
-				StrategyOptions: sg.StrategyOptions{DeviceStrategy: sg.DeviceOptions{Inline: true}}}},
-		} {
+		for _, v := range stubHostWays[:2] {
 			bm.Run(fmt.Sprintf("%s/%s/%s", caseName(c.name, c.cfg), c.pat, v.name), func(bm *testing.B) {
 				e := newStubStepsWith(bm, c.name, c.cfg, v.opts, c.pat)
 				i := 0
